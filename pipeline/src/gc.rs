@@ -1,0 +1,79 @@
+//! `zflow gc STORE RECIPE...`: removes store entries that none of the given recipes reference.
+//!
+//! A recipe references, for every stage whose identity can be computed now, that identity's
+//! output folder and (for resumable stages) its partial folder. Everything else at the top of
+//! the store (old identities, abandoned attempts) goes, together with its log. Stages being
+//! run right now (live lease) are never touched.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::identity::short;
+use crate::lease;
+use crate::plan::{Engine, StageState};
+
+/// What gc found (and removed, unless dry-run).
+#[derive(Debug, Default)]
+pub struct GcReport {
+    /// Folders removed (or that would be).
+    pub removed: Vec<PathBuf>,
+    /// Bytes freed (or that would be).
+    pub bytes: u64,
+    /// Folders kept.
+    pub kept: usize,
+}
+
+/// Collects garbage in the store shared by `engines` (each a recipe opened on that store).
+pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
+    let Some(first) = engines.first() else { anyhow::bail!("gc needs at least one recipe") };
+    let store = &first.store;
+    let mut keep: BTreeSet<String> = BTreeSet::new();
+    for engine in engines {
+        let plan = engine.plan(&BTreeSet::new())?;
+        for (node, state) in engine.graph.nodes().iter().zip(&plan) {
+            let identity = match state {
+                StageState::Cached { manifest } => manifest.identity.clone(),
+                StageState::WillRun { identity, .. } => identity.clone(),
+                StageState::Waits { .. } => continue,
+            };
+            let slot = format!("{}-{}", node.name, short(&identity));
+            keep.insert(format!("{slot}.partial"));
+            keep.insert(slot);
+        }
+    }
+    let mut report = GcReport::default();
+    for folder in store.stage_folders()? {
+        let slot = folder.split(".tmp-").next().unwrap_or(&folder).trim_end_matches(".partial").to_string();
+        if keep.contains(&folder) {
+            report.kept += 1;
+            continue;
+        }
+        let lease_path = store.root().join(".zflow/leases").join(format!("{slot}.lease"));
+        if lease::read(&lease_path).is_some_and(|l| !l.is_stale(lease::lease_timeout())) {
+            report.kept += 1;
+            continue;
+        }
+        let path = store.root().join(&folder);
+        report.bytes += dir_size(&path);
+        if !dry_run {
+            std::fs::remove_dir_all(&path)?;
+            if !keep.contains(&slot) {
+                let _ = std::fs::remove_file(store.root().join(".zflow/logs").join(format!("{slot}.log")));
+            }
+        }
+        report.removed.push(path);
+    }
+    Ok(report)
+}
+
+fn dir_size(path: &std::path::Path) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return 0 };
+    if !meta.is_dir() {
+        return meta.len();
+    }
+    std::fs::read_dir(path)
+        .map(|d| d.flatten().map(|e| dir_size(&e.path())).sum())
+        .unwrap_or(0)
+}

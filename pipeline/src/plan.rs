@@ -1,0 +1,220 @@
+//! Planning: for each stage, is its output already in the store, and if not, why will it run?
+//!
+//! A stage's identity can only be computed once the contents of all its inputs are known
+//! (identities hash input *contents*). So planning walks the graph in topological order:
+//! a stage whose inputs are all complete gets an identity and is either cached or will run;
+//! a stage behind a stage that will run waits on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+use crate::graph::StageGraph;
+use crate::identity::{Change, IdentityDoc, diff};
+use crate::recipe::{Recipe, StageNode};
+use crate::store::{Manifest, Store};
+
+/// A recipe opened against its store.
+pub struct Engine {
+    /// The recipe.
+    pub recipe: Recipe,
+    /// Its stage graph.
+    pub graph: StageGraph,
+    /// Its store.
+    pub store: Store,
+    /// The directory relative paths resolve against.
+    pub cwd: PathBuf,
+}
+
+/// Why a stage will run.
+#[derive(Clone, Debug)]
+pub enum Reason {
+    /// No output of this stage name was ever completed in this store.
+    NeverRun,
+    /// What changed since the last completed run of this stage name.
+    Changed(Vec<Change>),
+    /// The identity was completed before, but its output is gone from the store.
+    OutputMissing,
+    /// `--force`.
+    Forced,
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::NeverRun => write!(f, "never run before"),
+            Reason::OutputMissing => write!(f, "its output is no longer in the store"),
+            Reason::Forced => write!(f, "forced (--force)"),
+            Reason::Changed(changes) if changes.is_empty() => write!(f, "identity changed"),
+            Reason::Changed(changes) => {
+                let parts: Vec<String> = changes.iter().map(|c| c.to_string()).collect();
+                write!(f, "{}", parts.join("; "))
+            }
+        }
+    }
+}
+
+/// A stage's state in a plan.
+#[derive(Clone, Debug)]
+pub enum StageState {
+    /// Complete in the store.
+    Cached {
+        /// Its manifest.
+        manifest: Box<Manifest>,
+    },
+    /// All inputs are complete; the stage itself is not.
+    WillRun {
+        /// Identity it will have.
+        identity: String,
+        /// What the identity hashes.
+        doc: IdentityDoc,
+        /// Why it runs.
+        reason: Reason,
+        /// A resumable stage's partial output exists and will be continued.
+        resumes: bool,
+    },
+    /// Some inputs will be (re)built first; the identity is known only after.
+    Waits {
+        /// Inputs that are not complete yet.
+        on: Vec<String>,
+    },
+}
+
+impl Engine {
+    /// Opens `recipe`'s store and builds its graph.
+    pub fn open(recipe: Recipe) -> Result<Engine> {
+        let graph = StageGraph::new(&recipe)?;
+        let store = Store::open(&recipe.store)?;
+        let cwd = std::env::current_dir().context("reading the current directory")?;
+        Ok(Engine { recipe, graph, store, cwd })
+    }
+
+    /// The identity doc of node `i` given the content hashes of its inputs.
+    pub fn identity_doc(&self, node: &StageNode, input_hashes: &BTreeMap<String, String>) -> Result<IdentityDoc> {
+        let mut inputs = BTreeMap::new();
+        for need in &node.needs {
+            let Some(h) = input_hashes.get(need) else { bail!("input `{need}` of `{}` is not complete", node.name) };
+            inputs.insert(need.clone(), h.clone());
+        }
+        let external = node
+            .stage
+            .external_fingerprint(&self.cwd)
+            .with_context(|| format!("stage `{}`: fingerprinting its files", node.name))?;
+        Ok(IdentityDoc {
+            kind: node.stage.kind().to_string(),
+            version: node.stage.version(),
+            config: node.stage.canonical_config(),
+            inputs,
+            external,
+        })
+    }
+
+    /// Why node `node` with identity `identity` is not cached.
+    pub fn reason(&self, node: &StageNode, identity: &str, doc: &IdentityDoc) -> Reason {
+        match self.store.last_completed(&node.name) {
+            None => Reason::NeverRun,
+            Some(last) if last.identity == identity => Reason::OutputMissing,
+            Some(last) => Reason::Changed(diff(&last.identity_doc, doc)),
+        }
+    }
+
+    /// Whether a resumable stage has a partial output to continue.
+    pub fn has_partial(&self, node: &StageNode, identity: &str) -> bool {
+        node.stage.resumable() && self.store.partial_dir(&node.name, identity).exists()
+    }
+
+    /// The plan for every stage, in recipe order. `force` stages are treated as not cached.
+    pub fn plan(&self, force: &BTreeSet<usize>) -> Result<Vec<StageState>> {
+        let nodes = self.graph.nodes();
+        let mut states: Vec<Option<StageState>> = vec![None; nodes.len()];
+        let mut hashes: BTreeMap<String, String> = BTreeMap::new();
+        for &i in self.graph.topo_order() {
+            let node = &nodes[i];
+            let waiting: Vec<String> = node.needs.iter().filter(|n| !hashes.contains_key(*n)).cloned().collect();
+            if !waiting.is_empty() {
+                states[i] = Some(StageState::Waits { on: waiting });
+                continue;
+            }
+            let doc = self.identity_doc(node, &hashes)?;
+            let identity = doc.hash();
+            let cached = if force.contains(&i) { None } else { self.store.manifest(&node.name, &identity) };
+            states[i] = Some(match cached {
+                Some(manifest) => {
+                    hashes.insert(node.name.clone(), manifest.content_hash.clone());
+                    StageState::Cached { manifest: Box::new(manifest) }
+                }
+                None => {
+                    let reason = if force.contains(&i) { Reason::Forced } else { self.reason(node, &identity, &doc) };
+                    let resumes = self.has_partial(node, &identity);
+                    StageState::WillRun { identity, doc, reason, resumes }
+                }
+            });
+        }
+        Ok(states.into_iter().map(|s| s.expect("every node planned")).collect())
+    }
+
+    /// The output folder of a cached stage.
+    pub fn output_dir(&self, name: &str, identity: &str) -> PathBuf {
+        self.store.output_dir(name, identity)
+    }
+
+    /// The log file path of the newest attempt of stage `name` at any identity.
+    pub fn latest_log(&self, name: &str) -> Option<PathBuf> {
+        let dir = self.store.root().join(".zflow/logs");
+        let prefix = format!("{name}-");
+        let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+        for entry in std::fs::read_dir(&dir).ok()? {
+            let entry = entry.ok()?;
+            let fname = entry.file_name().to_string_lossy().into_owned();
+            // `<name>-<12 hex>.log`: the suffix must be exactly that, so `a` does not match `a-b`.
+            let Some(rest) = fname.strip_prefix(&prefix).and_then(|r| r.strip_suffix(".log")) else { continue };
+            if rest.len() != 12 || !rest.chars().all(|c| c.is_ascii_hexdigit()) {
+                continue;
+            }
+            let modified = entry.metadata().and_then(|m| m.modified()).ok()?;
+            if best.as_ref().is_none_or(|(t, _)| modified > *t) {
+                best = Some((modified, entry.path()));
+            }
+        }
+        best.map(|(_, p)| p)
+    }
+}
+
+/// Renders a plan as a table, one line per stage.
+pub fn render(engine: &Engine, states: &[StageState]) -> String {
+    let nodes = engine.graph.nodes();
+    let width = nodes.iter().map(|n| n.name.len()).max().unwrap_or(5).max(5);
+    let kinds = nodes.iter().map(|n| n.stage.kind().len()).max().unwrap_or(4).max(4);
+    let mut out = String::new();
+    let (mut cached, mut run, mut wait) = (0, 0, 0);
+    for &i in engine.graph.topo_order() {
+        let n = &nodes[i];
+        let (word, detail) = match &states[i] {
+            StageState::Cached { manifest } => {
+                cached += 1;
+                ("cached", format!("{}", short_path(&engine.output_dir(&n.name, &manifest.identity), engine.store.root())))
+            }
+            StageState::WillRun { reason, resumes, .. } => {
+                run += 1;
+                let resume = if *resumes { " (resumes its partial output)" } else { "" };
+                ("run", format!("{reason}{resume}"))
+            }
+            StageState::Waits { on } => {
+                wait += 1;
+                ("run", format!("after {}", on.join(", ")))
+            }
+        };
+        out.push_str(&format!("  {word:<7} {:<width$}  {:<kinds$}  {detail}\n", n.name, n.stage.kind()));
+    }
+    out.push_str(&format!(
+        "{} stages: {cached} cached, {} to run ({run} ready, {wait} after their inputs)\n",
+        nodes.len(),
+        run + wait
+    ));
+    out
+}
+
+fn short_path(p: &Path, root: &Path) -> String {
+    p.strip_prefix(root).map(|r| r.display().to_string()).unwrap_or_else(|_| p.display().to_string())
+}

@@ -1,0 +1,217 @@
+//! Run records: one row per stage attempt, appended to the store as Parquet.
+//!
+//! Each attempt is its own small Parquet file (written to a temp name, then renamed), so
+//! "append" never rewrites anything and concurrent runs never contend. `zflow query` reads
+//! the folder as one table named `runs`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use parquet::arrow::ArrowWriter;
+
+use crate::store::now_ms;
+
+/// How an attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Output committed.
+    Ok,
+    /// The stage returned an error.
+    Failed,
+    /// Stopped by Ctrl-C / SIGTERM.
+    Cancelled,
+}
+
+impl Status {
+    /// The word stored in the `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One stage attempt.
+#[derive(Clone, Debug)]
+pub struct RunRecord {
+    /// Unique id of the `zflow run` invocation.
+    pub run_id: String,
+    /// Recipe name.
+    pub recipe: String,
+    /// Stage name.
+    pub stage: String,
+    /// Stage kind.
+    pub kind: String,
+    /// Full identity.
+    pub identity: String,
+    /// How it ended.
+    pub status: Status,
+    /// Error message, for failed attempts.
+    pub error: Option<String>,
+    /// Unix ms at start.
+    pub start_ms: i64,
+    /// Unix ms at end.
+    pub end_ms: i64,
+    /// Host name.
+    pub host: String,
+    /// Process id of `zflow run`.
+    pub pid: u32,
+    /// The stage's log file.
+    pub log: String,
+}
+
+/// The Arrow schema of the `runs` table.
+pub fn schema() -> Arc<Schema> {
+    let ts = DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()));
+    Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, false),
+        Field::new("recipe", DataType::Utf8, false),
+        Field::new("stage", DataType::Utf8, false),
+        Field::new("kind", DataType::Utf8, false),
+        Field::new("identity", DataType::Utf8, false),
+        Field::new("status", DataType::Utf8, false),
+        Field::new("error", DataType::Utf8, true),
+        Field::new("start", ts.clone(), false),
+        Field::new("end", ts, false),
+        Field::new("duration_s", DataType::Float64, false),
+        Field::new("host", DataType::Utf8, false),
+        Field::new("pid", DataType::Int64, false),
+        Field::new("zflow_version", DataType::Utf8, false),
+        Field::new("log", DataType::Utf8, false),
+    ]))
+}
+
+/// Appends `record` to the store's records folder.
+pub fn append(records_dir: &Path, record: &RunRecord) -> Result<()> {
+    let r = record;
+    let str1 = |s: &str| Arc::new(StringArray::from(vec![s])) as ArrayRef;
+    let ts = |ms: i64| Arc::new(TimestampMillisecondArray::from(vec![ms]).with_timezone("UTC")) as ArrayRef;
+    let columns: Vec<ArrayRef> = vec![
+        str1(&r.run_id),
+        str1(&r.recipe),
+        str1(&r.stage),
+        str1(&r.kind),
+        str1(&r.identity),
+        str1(r.status.as_str()),
+        Arc::new(StringArray::from(vec![r.error.as_deref()])),
+        ts(r.start_ms),
+        ts(r.end_ms),
+        Arc::new(Float64Array::from(vec![(r.end_ms - r.start_ms) as f64 / 1000.0])),
+        str1(&r.host),
+        Arc::new(Int64Array::from(vec![r.pid as i64])),
+        str1(env!("CARGO_PKG_VERSION")),
+        str1(&r.log),
+    ];
+    let batch = RecordBatch::try_new(schema(), columns)?;
+    let name = format!("{}-{}-{}", r.start_ms, r.pid, sanitize(&r.stage));
+    let tmp = records_dir.join(format!(".{name}.{}.tmp", now_ms()));
+    let dest = records_dir.join(format!("{name}.parquet"));
+    {
+        let file = std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        let mut writer = ArrowWriter::try_new(file, schema(), None)?;
+        writer.write(&batch)?;
+        let file = writer.into_inner()?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, &dest)?;
+    Ok(())
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' }).collect()
+}
+
+/// Reads every record in the folder (used by `zflow status`; `zflow query` uses DataFusion).
+pub fn read_all(records_dir: &Path) -> Result<Vec<RunRecord>> {
+    use arrow::array::Array;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(records_dir) else { return Ok(out) };
+    for entry in entries {
+        let path = entry?.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("parquet") {
+            continue;
+        }
+        let file = std::fs::File::open(&path)?;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
+        for batch in reader {
+            let batch = batch?;
+            let s = |name: &str| {
+                batch.column_by_name(name).and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned())
+            };
+            let t = |name: &str| {
+                batch
+                    .column_by_name(name)
+                    .and_then(|c| c.as_any().downcast_ref::<TimestampMillisecondArray>().cloned())
+            };
+            let (Some(run_id), Some(recipe), Some(stage), Some(kind), Some(identity), Some(status), Some(error)) =
+                (s("run_id"), s("recipe"), s("stage"), s("kind"), s("identity"), s("status"), s("error"))
+            else {
+                continue;
+            };
+            let (Some(start), Some(end), Some(host), Some(log)) = (t("start"), t("end"), s("host"), s("log")) else {
+                continue;
+            };
+            let pid = batch.column_by_name("pid").and_then(|c| c.as_any().downcast_ref::<Int64Array>().cloned());
+            for i in 0..batch.num_rows() {
+                out.push(RunRecord {
+                    run_id: run_id.value(i).into(),
+                    recipe: recipe.value(i).into(),
+                    stage: stage.value(i).into(),
+                    kind: kind.value(i).into(),
+                    identity: identity.value(i).into(),
+                    status: match status.value(i) {
+                        "ok" => Status::Ok,
+                        "cancelled" => Status::Cancelled,
+                        _ => Status::Failed,
+                    },
+                    error: (!error.is_null(i)).then(|| error.value(i).to_string()),
+                    start_ms: start.value(i),
+                    end_ms: end.value(i),
+                    host: host.value(i).into(),
+                    pid: pid.as_ref().map(|p| p.value(i) as u32).unwrap_or(0),
+                    log: log.value(i).into(),
+                });
+            }
+        }
+    }
+    out.sort_by_key(|r| (r.start_ms, r.end_ms));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn append_then_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = RunRecord {
+            run_id: "r1".into(),
+            recipe: "demo".into(),
+            stage: "fetch.x".into(),
+            kind: "fetch".into(),
+            identity: "abc".into(),
+            status: Status::Failed,
+            error: Some("boom".into()),
+            start_ms: 1000,
+            end_ms: 3500,
+            host: "h".into(),
+            pid: 42,
+            log: "/tmp/l".into(),
+        };
+        append(dir.path(), &rec).unwrap();
+        append(dir.path(), &RunRecord { status: Status::Ok, error: None, start_ms: 4000, ..rec.clone() }).unwrap();
+        let all = read_all(dir.path()).unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[0].error.as_deref(), Some("boom"));
+        assert_eq!(all[1].status, Status::Ok);
+        assert_eq!(all[1].error, None);
+        assert_eq!(all[0].pid, 42);
+    }
+}

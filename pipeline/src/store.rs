@@ -1,0 +1,338 @@
+//! The content-addressed store.
+//!
+//! ```text
+//! <store>/<stage>-<short identity>/          a complete output (the manifest is inside)
+//! <store>/<stage>-<short identity>/.zflow-manifest.json
+//! <store>/<stage>-<short identity>.partial/  a resumable stage's unfinished output
+//! <store>/<stage>-<short identity>.tmp-*/    a non-resumable attempt in progress
+//! <store>/.zflow/logs/<stage>-<short>.log    the stage's log (all attempts)
+//! <store>/.zflow/leases/<stage>-<short>.lease  who runs it now
+//! <store>/.zflow/index/<stage>.json          the last completed identity of each stage name
+//! <store>/.zflow/records/*.parquet           run records (one file per attempt)
+//! <store>/.zflow/cache/                      shared downloads
+//! ```
+//! An output is complete only when its folder exists under its final name *with* a manifest
+//! whose identity matches. The manifest is written into the attempt folder, fsynced, and the
+//! folder renamed into place, so a crash at any moment leaves either no output or a whole one.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::identity::{IdentityDoc, short};
+
+/// Name of the manifest file inside a completed output folder.
+pub const MANIFEST: &str = ".zflow-manifest.json";
+
+/// One output file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Path relative to the output folder, `/`-separated.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// blake3 of the contents.
+    pub blake3: String,
+}
+
+/// What a completed output holds and how it was made. Written last.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Stage name.
+    pub stage: String,
+    /// Full identity.
+    pub identity: String,
+    /// What the identity hashes.
+    pub identity_doc: IdentityDoc,
+    /// blake3 over the file list (paths, sizes, file hashes): what downstream identities use.
+    pub content_hash: String,
+    /// Every output file.
+    pub files: Vec<FileEntry>,
+    /// Unix milliseconds when the attempt started.
+    pub started_ms: i64,
+    /// Unix milliseconds when the output was committed.
+    pub finished_ms: i64,
+    /// The zflow version that made it.
+    pub zflow_version: String,
+}
+
+/// The last completed identity of a stage name, so `zflow why` can say what changed since.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct IndexEntry {
+    /// Full identity.
+    pub identity: String,
+    /// What it hashes.
+    pub identity_doc: IdentityDoc,
+    /// Unix milliseconds of completion.
+    pub finished_ms: i64,
+}
+
+/// A store rooted at a folder.
+#[derive(Clone, Debug)]
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `root`.
+    pub fn open(root: &Path) -> Result<Store> {
+        for sub in ["logs", "leases", "index", "records", "cache"] {
+            fs::create_dir_all(root.join(".zflow").join(sub))
+                .with_context(|| format!("creating store folders in {}", root.display()))?;
+        }
+        // Absolute, so child processes started elsewhere see the same paths.
+        let root = root.canonicalize().with_context(|| format!("opening store {}", root.display()))?;
+        Ok(Store { root })
+    }
+
+    /// The store's root folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn slot(name: &str, identity: &str) -> String {
+        format!("{name}-{}", short(identity))
+    }
+
+    /// The final output folder of `name` at `identity`.
+    pub fn output_dir(&self, name: &str, identity: &str) -> PathBuf {
+        self.root.join(Self::slot(name, identity))
+    }
+
+    /// The folder a resumable stage accumulates its output in until it completes.
+    pub fn partial_dir(&self, name: &str, identity: &str) -> PathBuf {
+        self.root.join(format!("{}.partial", Self::slot(name, identity)))
+    }
+
+    /// A fresh folder for one attempt of a non-resumable stage.
+    pub fn attempt_dir(&self, name: &str, identity: &str, attempt: &str) -> PathBuf {
+        self.root.join(format!("{}.tmp-{attempt}", Self::slot(name, identity)))
+    }
+
+    /// The stage's log file.
+    pub fn log_path(&self, name: &str, identity: &str) -> PathBuf {
+        self.root.join(".zflow/logs").join(format!("{}.log", Self::slot(name, identity)))
+    }
+
+    /// The stage's lease file.
+    pub fn lease_path(&self, name: &str, identity: &str) -> PathBuf {
+        self.root.join(".zflow/leases").join(format!("{}.lease", Self::slot(name, identity)))
+    }
+
+    /// Where run records go.
+    pub fn records_dir(&self) -> PathBuf {
+        self.root.join(".zflow/records")
+    }
+
+    /// The shared download cache.
+    pub fn cache_dir(&self) -> PathBuf {
+        self.root.join(".zflow/cache")
+    }
+
+    /// The manifest of `name` at `identity`, if that output is complete.
+    pub fn manifest(&self, name: &str, identity: &str) -> Option<Manifest> {
+        let path = self.output_dir(name, identity).join(MANIFEST);
+        let text = fs::read(&path).ok()?;
+        let m: Manifest = serde_json::from_slice(&text).ok()?;
+        (m.identity == identity).then_some(m)
+    }
+
+    /// The last completed identity recorded for stage `name`.
+    pub fn last_completed(&self, name: &str) -> Option<IndexEntry> {
+        let text = fs::read(self.root.join(".zflow/index").join(format!("{name}.json"))).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// Makes `work` (an attempt or partial folder) the complete output of `name` at the
+    /// manifest's identity: hashes every file, writes the manifest last, fsyncs, renames.
+    pub fn commit(&self, name: &str, work: &Path, mut manifest: Manifest) -> Result<Manifest> {
+        let files = hash_tree(work)?;
+        manifest.content_hash = content_hash(&files);
+        manifest.files = files;
+        manifest.finished_ms = now_ms();
+        write_atomic(&work.join(MANIFEST), &serde_json::to_vec_pretty(&manifest)?)?;
+        fsync_tree(work)?;
+        let dest = self.output_dir(name, &manifest.identity);
+        if dest.exists() {
+            // A folder without a valid manifest (should not happen; never trust it).
+            let trash = self.root.join(format!(".trash-{}-{}", std::process::id(), now_ms()));
+            fs::rename(&dest, &trash)?;
+            let _ = fs::remove_dir_all(&trash);
+        }
+        fs::rename(work, &dest).with_context(|| format!("committing {} -> {}", work.display(), dest.display()))?;
+        fsync_dir(&self.root)?;
+        let entry = IndexEntry {
+            identity: manifest.identity.clone(),
+            identity_doc: manifest.identity_doc.clone(),
+            finished_ms: manifest.finished_ms,
+        };
+        write_atomic(
+            &self.root.join(".zflow/index").join(format!("{name}.json")),
+            &serde_json::to_vec_pretty(&entry)?,
+        )?;
+        Ok(manifest)
+    }
+
+    /// Every entry at the top of the store that holds stage data (outputs, partials, attempts),
+    /// with its folder name.
+    pub fn stage_folders(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.root)? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') {
+                out.push(name);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Writes `bytes` to `path` through a temp file + fsync + rename, so readers see all or nothing.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}-{n}",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id(),
+    ));
+    {
+        let mut f = fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
+    fsync_dir(dir)
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    if let Ok(f) = fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+    Ok(())
+}
+
+fn fsync_tree(dir: &Path) -> Result<()> {
+    for entry in walk(dir)? {
+        if let Ok(f) = fs::File::open(dir.join(&entry)) {
+            let _ = f.sync_all();
+        }
+    }
+    fsync_dir(dir)
+}
+
+/// Relative paths of all regular files under `dir`, sorted, manifest excluded.
+fn walk(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
+            let entry = entry?;
+            let ty = entry.file_type()?;
+            let path = entry.path();
+            if ty.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path.strip_prefix(dir).expect("under dir").to_string_lossy().replace('\\', "/");
+                if rel != MANIFEST {
+                    out.push(rel);
+                }
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Hashes every file under `dir` (symlinks are followed: their target's bytes count).
+pub fn hash_tree(dir: &Path) -> Result<Vec<FileEntry>> {
+    walk(dir)?
+        .into_iter()
+        .map(|rel| {
+            let (size, hash) = hash_file(&dir.join(&rel))?;
+            Ok(FileEntry { path: rel, size, blake3: hash })
+        })
+        .collect()
+}
+
+/// Size and blake3 of one file, streamed.
+pub fn hash_file(path: &Path) -> Result<(u64, String)> {
+    let mut f = fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        size += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    Ok((size, hasher.finalize().to_hex().to_string()))
+}
+
+/// The hash downstream identities see: over paths, sizes and file hashes, in path order.
+pub fn content_hash(files: &[FileEntry]) -> String {
+    let mut h = blake3::Hasher::new();
+    for f in files {
+        h.update(f.path.as_bytes());
+        h.update(&[0]);
+        h.update(&f.size.to_le_bytes());
+        h.update(f.blake3.as_bytes());
+        h.update(b"\n");
+    }
+    h.finalize().to_hex().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn doc() -> IdentityDoc {
+        IdentityDoc { kind: "k".into(), version: 1, config: serde_json::json!({}), inputs: BTreeMap::new(), external: None }
+    }
+
+    #[test]
+    fn commit_makes_a_complete_output_and_content_hash_ignores_the_manifest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let d = doc();
+        let id = d.hash();
+        let work = store.attempt_dir("s", &id, "1");
+        fs::create_dir_all(work.join("sub")).unwrap();
+        fs::write(work.join("a.txt"), "hello").unwrap();
+        fs::write(work.join("sub/b.txt"), "world").unwrap();
+        assert!(store.manifest("s", &id).is_none());
+        let m = Manifest {
+            stage: "s".into(),
+            identity: id.clone(),
+            identity_doc: d,
+            content_hash: String::new(),
+            files: vec![],
+            started_ms: 0,
+            finished_ms: 0,
+            zflow_version: "t".into(),
+        };
+        let m = store.commit("s", &work, m).unwrap();
+        assert_eq!(m.files.len(), 2);
+        let again = store.manifest("s", &id).unwrap();
+        assert_eq!(again.content_hash, m.content_hash);
+        assert_eq!(content_hash(&hash_tree(&store.output_dir("s", &id)).unwrap()), m.content_hash);
+        assert_eq!(store.last_completed("s").unwrap().identity, id);
+    }
+}

@@ -1,0 +1,403 @@
+//! The subcommands: each loads what it needs, calls the engine, prints.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use zflow_pipeline::lease;
+use zflow_pipeline::plan::{self, Engine, StageState};
+use zflow_pipeline::progress::Progress;
+use zflow_pipeline::records::{self, Status};
+use zflow_pipeline::run::{self, RunOptions};
+use zflow_pipeline::store::now_ms;
+use zflow_pipeline::{CancelToken, LoadOptions, recipe};
+
+use crate::RecipeArgs;
+
+/// Loads the recipe (with every stage kind registered) and opens its store.
+fn open(args: &RecipeArgs) -> Result<Engine> {
+    let opts = LoadOptions { sets: args.sets.clone(), store: args.store.clone() };
+    let recipe = recipe::load(&args.recipe, &opts, &zflow_stages::registry())?;
+    Engine::open(recipe)
+}
+
+fn indices(engine: &Engine, names: &[String]) -> Result<BTreeSet<usize>> {
+    names
+        .iter()
+        .map(|n| engine.graph.position(n).with_context(|| format!("no stage named `{n}` in {}", engine.recipe.path.display())))
+        .collect()
+}
+
+/// `zflow run` flags.
+pub struct RunFlags {
+    pub only: Vec<String>,
+    pub from: Vec<String>,
+    pub until: Vec<String>,
+    pub force: Vec<String>,
+    pub jobs: Option<u32>,
+    pub gpus: u32,
+    pub memory_gb: Option<f64>,
+}
+
+pub async fn run(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Result<ExitCode> {
+    let engine = open(args)?;
+    let selected = run::select(&engine, &flags.only, &flags.from, &flags.until)?;
+    let force = indices(&engine, &flags.force)?;
+    let cores = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+    let cancel = CancelToken::default();
+    watch_signals(cancel.clone());
+    let opts = RunOptions {
+        selected,
+        force,
+        cpus: flags.jobs.unwrap_or(cores),
+        gpus: flags.gpus,
+        memory_gb: flags.memory_gb.unwrap_or_else(total_memory_gb),
+        progress: progress.clone(),
+        cancel,
+    };
+    let started = Instant::now();
+    progress.println(&format!(
+        "zflow run {} ({} stages selected, store {})",
+        engine.recipe.name,
+        opts.selected.len(),
+        engine.store.root().display()
+    ));
+    let summary = run::run(Arc::new(engine), opts).await?;
+    let secs = started.elapsed().as_secs_f64();
+    let line = format!(
+        "{} ran, {} cached, {} failed, {} skipped in {secs:.1}s",
+        summary.ran.len(),
+        summary.cached.len(),
+        summary.failed.len(),
+        summary.skipped.len()
+    );
+    if summary.success() {
+        progress.println(&line);
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!("{line}");
+    for (name, error, log) in &summary.failed {
+        eprintln!("stage `{name}` failed: {error}");
+        if !log.as_os_str().is_empty() {
+            eprintln!("  log: {}", log.display());
+        }
+    }
+    if !summary.skipped.is_empty() {
+        eprintln!("not run: {}", summary.skipped.join(", "));
+    }
+    if summary.cancelled {
+        eprintln!("cancelled; run the same command again to continue");
+        return Ok(ExitCode::from(130));
+    }
+    Ok(ExitCode::from(1))
+}
+
+/// First SIGINT/SIGTERM: cancel (stages stop, store stays consistent). Second: exit now.
+fn watch_signals(cancel: CancelToken) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+            return;
+        };
+        let mut count = 0;
+        loop {
+            tokio::select! {
+                _ = int.recv() => {},
+                _ = term.recv() => {},
+            }
+            count += 1;
+            if count == 1 {
+                eprintln!("stopping: cancelling running stages (signal again to exit at once)");
+                cancel.cancel();
+            } else {
+                std::process::exit(130);
+            }
+        }
+    });
+}
+
+fn total_memory_gb() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("MemTotal:"))?.to_string();
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map(|kb| kb / (1024.0 * 1024.0))
+        .unwrap_or(f64::MAX)
+}
+
+pub fn plan(args: &RecipeArgs, force: &[String]) -> Result<ExitCode> {
+    let engine = open(args)?;
+    let force = indices(&engine, force)?;
+    let states = engine.plan(&force)?;
+    println!("plan for {} (store {})", engine.recipe.name, engine.store.root().display());
+    print!("{}", plan::render(&engine, &states));
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn why(args: &RecipeArgs, stage: &str) -> Result<ExitCode> {
+    let engine = open(args)?;
+    let Some(i) = engine.graph.position(stage) else { bail!("no stage named `{stage}` in {}", args.recipe.display()) };
+    let states = engine.plan(&BTreeSet::new())?;
+    explain(&engine, &states, i, 0);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn explain(engine: &Engine, states: &[StageState], i: usize, depth: usize) {
+    let pad = "  ".repeat(depth);
+    let node = &engine.graph.nodes()[i];
+    match &states[i] {
+        StageState::Cached { manifest } => println!(
+            "{pad}{}: cached ({}), output {}",
+            node.name,
+            ago(manifest.finished_ms),
+            engine.output_dir(&node.name, &manifest.identity).display()
+        ),
+        StageState::WillRun { reason, resumes, .. } => {
+            println!("{pad}{}: will run{}", node.name, if *resumes { " (resuming its partial output)" } else { "" });
+            match reason {
+                plan::Reason::Changed(changes) if !changes.is_empty() => {
+                    for c in changes {
+                        println!("{pad}  - {c}");
+                    }
+                }
+                other => println!("{pad}  - {other}"),
+            }
+        }
+        StageState::Waits { on } => {
+            println!("{pad}{}: will run after its inputs {}; its identity depends on their new contents", node.name, on.join(", "));
+            for name in on {
+                if let Some(j) = engine.graph.position(name) {
+                    explain(engine, states, j, depth + 1);
+                }
+            }
+        }
+    }
+}
+
+fn ago(ms: i64) -> String {
+    let s = (now_ms() - ms).max(0) / 1000;
+    match s {
+        0..=59 => format!("{s}s ago"),
+        60..=3599 => format!("{}m ago", s / 60),
+        3600..=86399 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86400),
+    }
+}
+
+pub fn status(args: &RecipeArgs) -> Result<ExitCode> {
+    let engine = open(args)?;
+    let states = engine.plan(&BTreeSet::new())?;
+    let records = records::read_all(&engine.store.records_dir())?;
+    let nodes = engine.graph.nodes();
+    let width = nodes.iter().map(|n| n.name.len()).max().unwrap_or(5);
+    println!("{} (store {})", engine.recipe.name, engine.store.root().display());
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for &i in engine.graph.topo_order() {
+        let node = &nodes[i];
+        let (word, detail) = match &states[i] {
+            StageState::Cached { manifest } => (
+                "done",
+                format!(
+                    "{}, took {:.1}s",
+                    ago(manifest.finished_ms),
+                    (manifest.finished_ms - manifest.started_ms) as f64 / 1000.0
+                ),
+            ),
+            StageState::WillRun { identity, reason, resumes, .. } => {
+                let lease_info = lease::read(&engine.store.lease_path(&node.name, identity));
+                let last = records.iter().rev().find(|r| r.stage == node.name && &r.identity == identity);
+                match (lease_info, last) {
+                    (Some(l), _) if !l.is_stale(lease::lease_timeout()) => (
+                        "running",
+                        format!("pid {} on {}, heartbeat {}", l.pid, l.host, ago(l.heartbeat_ms)),
+                    ),
+                    (_, Some(r)) if r.status == Status::Failed => (
+                        "failed",
+                        format!(
+                            "{}: {} (log: {})",
+                            ago(r.end_ms),
+                            r.error.as_deref().unwrap_or("").lines().next().unwrap_or(""),
+                            r.log
+                        ),
+                    ),
+                    (_, Some(r)) if r.status == Status::Cancelled || *resumes => {
+                        ("stopped", format!("interrupted {}; `zflow run` continues it", ago(r.end_ms)))
+                    }
+                    _ => ("pending", reason.to_string()),
+                }
+            }
+            StageState::Waits { on } => ("pending", format!("after {}", on.join(", "))),
+        };
+        *counts.entry(word).or_default() += 1;
+        println!("  {word:<8} {:<width$}  {detail}", node.name);
+    }
+    let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    println!("{}", summary.join(", "));
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn graph(args: &RecipeArgs, format: &str) -> Result<ExitCode> {
+    let engine = open(args)?;
+    let label = |n: &zflow_pipeline::recipe::StageNode| format!("{}\\n{}", n.name, n.stage.kind());
+    match format {
+        "mermaid" => print!("{}", engine.graph.to_mermaid(|n| format!("{} ({})", n.name, n.stage.kind()))),
+        _ => print!("{}", engine.graph.to_dot(label)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn logs(args: &RecipeArgs, stage: &str, path_only: bool) -> Result<ExitCode> {
+    let engine = open(args)?;
+    let Some(i) = engine.graph.position(stage) else { bail!("no stage named `{stage}` in {}", args.recipe.display()) };
+    // Prefer the log of the identity the recipe asks for now; else the newest of any identity.
+    let states = engine.plan(&BTreeSet::new())?;
+    let current = match &states[i] {
+        StageState::Cached { manifest } => Some(engine.store.log_path(stage, &manifest.identity)),
+        StageState::WillRun { identity, .. } => Some(engine.store.log_path(stage, identity)),
+        StageState::Waits { .. } => None,
+    };
+    let path = current.filter(|p| p.exists()).or_else(|| engine.latest_log(stage));
+    let Some(path) = path else { bail!("stage `{stage}` has no log yet (it has not run in {})", engine.store.root().display()) };
+    if path_only {
+        println!("{}", path.display());
+    } else {
+        print!("{}", std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn gc(store: &Path, recipes: &[PathBuf], dry_run: bool) -> Result<ExitCode> {
+    let engines = recipes
+        .iter()
+        .map(|r| open(&RecipeArgs { recipe: r.clone(), sets: vec![], store: Some(store.to_path_buf()) }))
+        .collect::<Result<Vec<_>>>()?;
+    let report = zflow_pipeline::gc::gc(&engines, dry_run)?;
+    let verb = if dry_run { "would remove" } else { "removed" };
+    for p in &report.removed {
+        println!("{verb} {}", p.display());
+    }
+    println!(
+        "{verb} {} folders ({:.1} MiB), kept {}",
+        report.removed.len(),
+        report.bytes as f64 / (1024.0 * 1024.0),
+        report.kept
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn query(store: &Path, sql: &str) -> Result<ExitCode> {
+    if !store.join(".zflow").is_dir() {
+        bail!("{} is not a zflow store (no .zflow folder)", store.display());
+    }
+    println!("{}", zflow_pipeline::query::query(store, sql).await?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `zflow bench ...`
+#[derive(clap::Subcommand)]
+pub enum Bench {
+    /// Time `plan` and a no-op `run` on a generated recipe of N shell stages.
+    Plan {
+        /// Number of stages.
+        #[arg(long, default_value_t = 2000)]
+        stages: usize,
+        /// Where to put the recipe and store (default: a temp folder).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+pub async fn bench(what: Bench) -> Result<ExitCode> {
+    match what {
+        Bench::Plan { stages, dir } => bench_plan(stages, dir).await,
+    }
+}
+
+/// A recipe of `n` stages: a chain with fan-in (stage i needs i-1 and i/2), every stage a
+/// tiny shell command.
+pub fn generated_recipe(n: usize) -> String {
+    let mut y = String::from("name: bench\nstages:\n");
+    for i in 0..n {
+        y.push_str(&format!("  - name: s{i}\n    kind: shell\n    run: echo {i} > \"$ZFLOW_OUT/x\"\n"));
+        if i > 0 {
+            let mut needs = vec![format!("s{}", i - 1)];
+            if i / 2 != i - 1 {
+                needs.push(format!("s{}", i / 2));
+            }
+            y.push_str(&format!("    needs: [{}]\n", needs.join(", ")));
+        }
+    }
+    y
+}
+
+async fn bench_plan(n: usize, dir: Option<PathBuf>) -> Result<ExitCode> {
+    let tmp;
+    let dir = match dir {
+        Some(d) => {
+            std::fs::create_dir_all(&d)?;
+            d
+        }
+        None => {
+            tmp = tempdir()?;
+            tmp.clone()
+        }
+    };
+    let recipe_path = dir.join("bench.yaml");
+    std::fs::write(&recipe_path, generated_recipe(n))?;
+    let args = RecipeArgs { recipe: recipe_path.clone(), sets: vec![], store: Some(dir.join("store")) };
+
+    let t = Instant::now();
+    let engine = open(&args)?;
+    let load = t.elapsed();
+    let t = Instant::now();
+    let states = engine.plan(&BTreeSet::new())?;
+    let plan_time = t.elapsed();
+    let to_run = states.iter().filter(|s| !matches!(s, StageState::Cached { .. })).count();
+    println!("{n} stages: load {:.3}s, plan {:.3}s ({to_run} to run)", load.as_secs_f64(), plan_time.as_secs_f64());
+
+    let quiet = Progress::new(zflow_pipeline::progress::Mode::Quiet);
+    let cores = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+    let run_all = |engine: Engine| RunOptions {
+        selected: (0..engine.graph.nodes().len()).collect(),
+        force: BTreeSet::new(),
+        cpus: cores,
+        gpus: 0,
+        memory_gb: f64::MAX,
+        progress: quiet.clone(),
+        cancel: CancelToken::default(),
+    };
+    let t = Instant::now();
+    let opts = run_all(open(&args)?);
+    let first = run::run(Arc::new(engine), opts).await?;
+    println!("first run: {} stages ran in {:.2}s", first.ran.len(), t.elapsed().as_secs_f64());
+    let t = Instant::now();
+    let engine = open(&args)?;
+    let states = engine.plan(&BTreeSet::new())?;
+    let cached_plan = t.elapsed();
+    println!(
+        "plan when all cached (load + plan): {:.3}s ({} cached)",
+        cached_plan.as_secs_f64(),
+        states.iter().filter(|s| matches!(s, StageState::Cached { .. })).count()
+    );
+    let t = Instant::now();
+    let opts = run_all(open(&args)?);
+    let second = run::run(Arc::new(engine), opts).await?;
+    println!(
+        "no-op run (load + run, all cached): {:.3}s ({} ran, {} cached)",
+        t.elapsed().as_secs_f64(),
+        second.ran.len(),
+        second.cached.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tempdir() -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("zflow-bench-{}-{}", std::process::id(), now_ms()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}

@@ -1,0 +1,163 @@
+//! `zflow`: the command line. A thin layer: parse arguments, load the recipe through the
+//! engine (`zflow-pipeline`) with every stage kind registered (`zflow-stages`), and print.
+
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Reproduce a foundation-model training recipe end to end from one YAML file.
+#[derive(Parser)]
+#[command(name = "zflow", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The recipe and its command-line overrides.
+#[derive(Args, Clone)]
+pub struct RecipeArgs {
+    /// The recipe file.
+    pub recipe: PathBuf,
+    /// Override a recipe value: `--set path.to.key=value` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// The store folder (beats the recipe's `store:`).
+    #[arg(long, env = "ZFLOW_STORE")]
+    pub store: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the recipe's stages (those not already complete in the store).
+    Run {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Run only these stages (their inputs must be complete).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Run these stages and everything after them.
+        #[arg(long, value_delimiter = ',')]
+        from: Vec<String>,
+        /// Run these stages and everything they need.
+        #[arg(long, value_delimiter = ',')]
+        until: Vec<String>,
+        /// Re-run these stages even if complete.
+        #[arg(long, value_delimiter = ',')]
+        force: Vec<String>,
+        /// CPU slots: how many single-core stages may run at once (default: all cores).
+        #[arg(short = 'j', long)]
+        jobs: Option<u32>,
+        /// GPU slots available to stages.
+        #[arg(long, default_value_t = 0)]
+        gpus: u32,
+        /// Memory (GiB) available to stages (default: the machine's).
+        #[arg(long)]
+        memory_gb: Option<f64>,
+        /// No progress display (warnings and errors only).
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Show what would run, what is cached, and why.
+    Plan {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Plan as if these stages were forced.
+        #[arg(long, value_delimiter = ',')]
+        force: Vec<String>,
+    },
+    /// Explain one stage: cached, or why it will run.
+    Why {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// The stage.
+        stage: String,
+    },
+    /// Each stage's state: done, running (and by whom), failed, pending.
+    Status {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+    },
+    /// Print the stage graph.
+    Graph {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Output format.
+        #[arg(long, default_value = "dot", value_parser = ["dot", "mermaid"])]
+        format: String,
+    },
+    /// Print a stage's log (its newest attempt's log file).
+    Logs {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// The stage.
+        stage: String,
+        /// Print only the log file's path.
+        #[arg(long)]
+        path: bool,
+    },
+    /// Remove store entries that none of the given recipes reference.
+    Gc {
+        /// The store.
+        store: PathBuf,
+        /// Recipes whose outputs to keep.
+        #[arg(required = true)]
+        recipes: Vec<PathBuf>,
+        /// Only report what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Run SQL over the store's tables (`runs`, `stages`, and Parquet outputs).
+    Query {
+        /// The store.
+        store: PathBuf,
+        /// The SQL query.
+        sql: String,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: commands::Bench,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let quiet = matches!(cli.command, Command::Run { quiet: true, .. });
+    let progress = zflow_pipeline::progress::Progress::auto(quiet);
+    zflow_pipeline::logging::init(&progress, quiet);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Run { recipe, only, from, until, force, jobs, gpus, memory_gb, quiet: _ } => {
+                let flags = commands::RunFlags { only, from, until, force, jobs, gpus, memory_gb };
+                commands::run(&recipe, flags, progress).await
+            }
+            Command::Plan { recipe, force } => commands::plan(&recipe, &force),
+            Command::Why { recipe, stage } => commands::why(&recipe, &stage),
+            Command::Status { recipe } => commands::status(&recipe),
+            Command::Graph { recipe, format } => commands::graph(&recipe, &format),
+            Command::Logs { recipe, stage, path } => commands::logs(&recipe, &stage, path),
+            Command::Gc { store, recipes, dry_run } => commands::gc(&store, &recipes, dry_run),
+            Command::Query { store, sql } => commands::query(&store, &sql).await,
+            Command::Bench { what } => commands::bench(what).await,
+        }
+    });
+    // Stages still blocked on a cancelled child must not keep us alive.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(if e.downcast_ref::<zflow_pipeline::RecipeError>().is_some() { 2 } else { 1 })
+        }
+    }
+}
