@@ -168,6 +168,7 @@ fn explain(engine: &Engine, states: &[StageState], i: usize, depth: usize) {
                 other => println!("{pad}  - {other}"),
             }
         }
+        StageState::Broken { error } => println!("{pad}{}: cannot be planned: {error}", node.name),
         StageState::Waits { on } => {
             println!("{pad}{}: will run after its inputs {}; its identity depends on their new contents", node.name, on.join(", "));
             for name in on {
@@ -232,6 +233,7 @@ pub fn status(args: &RecipeArgs) -> Result<ExitCode> {
                 }
             }
             StageState::Waits { on } => ("pending", format!("after {}", on.join(", "))),
+            StageState::Broken { error } => ("error", error.clone()),
         };
         *counts.entry(word).or_default() += 1;
         println!("  {word:<8} {:<width$}  {detail}", node.name);
@@ -259,7 +261,7 @@ pub fn logs(args: &RecipeArgs, stage: &str, path_only: bool) -> Result<ExitCode>
     let current = match &states[i] {
         StageState::Cached { manifest } => Some(engine.store.log_path(stage, &manifest.identity)),
         StageState::WillRun { identity, .. } => Some(engine.store.log_path(stage, identity)),
-        StageState::Waits { .. } => None,
+        StageState::Waits { .. } | StageState::Broken { .. } => None,
     };
     let path = current.filter(|p| p.exists()).or_else(|| engine.latest_log(stage));
     let Some(path) = path else { bail!("stage `{stage}` has no log yet (it has not run in {})", engine.store.root().display()) };

@@ -36,7 +36,7 @@ pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
             let identity = match state {
                 StageState::Cached { manifest } => manifest.identity.clone(),
                 StageState::WillRun { identity, .. } => identity.clone(),
-                StageState::Waits { .. } => continue,
+                StageState::Waits { .. } | StageState::Broken { .. } => continue,
             };
             let slot = format!("{}-{}", node.name, short(&identity));
             keep.insert(format!("{slot}.partial"));

@@ -40,7 +40,8 @@ impl StageGraph {
                 .into_iter()
                 .find(|c| c.len() > 1 || graph.contains_edge(c[0], c[0]))
                 .expect("a graph with no topological order has a cycle");
-            let names = describe_cycle(&graph, &nodes, scc[0]);
+            let first = *scc.iter().min().expect("an SCC is not empty");
+            let names = describe_cycle(&graph, &nodes, first);
             bail!("the stages form a cycle: {names}");
         }
         Ok(StageGraph { graph, index, nodes, order })

@@ -74,6 +74,11 @@ pub enum StageState {
         /// A resumable stage's partial output exists and will be continued.
         resumes: bool,
     },
+    /// The identity cannot be computed (e.g. a local file it fingerprints is missing).
+    Broken {
+        /// What went wrong.
+        error: String,
+    },
     /// Some inputs will be (re)built first; the identity is known only after.
     Waits {
         /// Inputs that are not complete yet.
@@ -136,7 +141,13 @@ impl Engine {
                 states[i] = Some(StageState::Waits { on: waiting });
                 continue;
             }
-            let doc = self.identity_doc(node, &hashes)?;
+            let doc = match self.identity_doc(node, &hashes) {
+                Ok(doc) => doc,
+                Err(e) => {
+                    states[i] = Some(StageState::Broken { error: format!("{e:#}") });
+                    continue;
+                }
+            };
             let identity = doc.hash();
             let cached = if force.contains(&i) { None } else { self.store.manifest(&node.name, &identity) };
             states[i] = Some(match cached {
@@ -203,6 +214,10 @@ pub fn render(engine: &Engine, states: &[StageState]) -> String {
             StageState::Waits { on } => {
                 wait += 1;
                 ("run", format!("after {}", on.join(", ")))
+            }
+            StageState::Broken { error } => {
+                run += 1;
+                ("error", error.clone())
             }
         };
         out.push_str(&format!("  {word:<7} {:<width$}  {:<kinds$}  {detail}\n", n.name, n.stage.kind()));

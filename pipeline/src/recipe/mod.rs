@@ -210,7 +210,7 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
         };
         let stage = kind.prepare(spec.config.clone(), &spec.needs).map_err(|e| {
             let path = join(&spec.path, &e.path);
-            RecipeError::at(locate(&locs, &path, &root.loc), format!("stage `{}`: {}", spec.name, e.message))
+            RecipeError::at(locate_error(&locs, &path, &e.message, &root.loc), format!("stage `{}`: {}", spec.name, e.message))
         })?;
         let resources = spec.resources.clone().unwrap_or_else(|| stage.resources());
         nodes.push(StageNode { name: spec.name, needs: spec.needs, resources, stage, loc });

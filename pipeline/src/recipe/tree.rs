@@ -152,7 +152,11 @@ pub fn parse(text: &str, file: &str) -> Result<Node, crate::recipe::RecipeError>
     if text.trim().is_empty() {
         return Ok(Node { value: Value::Map(Vec::new()), loc: Loc { file, line: 1, col: 1 } });
     }
-    match serde_saphyr::from_str::<Spanned<RawValue>>(text) {
+    // YAML 1.2 booleans only (`run: y` stays a string), and `0123` stays text, not octal.
+    let mut options = serde_saphyr::Options::default();
+    options.strict_booleans = true;
+    options.leading_zero_numbers_as_strings = true;
+    match serde_saphyr::from_str_with_options::<Spanned<RawValue>>(text, options) {
         Ok(raw) => Ok(from_raw(raw, &file)),
         Err(e) => {
             let (line, col) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
@@ -303,6 +307,12 @@ mod tests {
         assert_eq!(locs["a"].line, 1);
         assert_eq!(locs["b[0]"].line, 3);
         assert_eq!(locs["b[1].c#key"].line, 4);
+        let node = parse("top:\n  key: value\n  other: [y, 0123]\n", "r.yaml").unwrap();
+        let mut locs = LocMap::new();
+        let json = node.to_json("", &mut locs);
+        assert_eq!((locs["top.key#key"].line, locs["top.key#key"].col), (2, 3));
+        assert_eq!((locs["top.key"].line, locs["top.key"].col), (2, 8));
+        assert_eq!(json["top"]["other"], serde_json::json!(["y", "0123"]));
     }
 
     #[test]

@@ -1,0 +1,82 @@
+//! Helpers for integration tests that run the real `zflow` binary in a temp folder.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A temp folder to run zflow in, with its recipe(s).
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+}
+
+/// What one zflow invocation did.
+pub struct Outcome {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Outcome {
+    /// Stage names that ran (from the `done <name>` lines).
+    pub fn ran(&self) -> Vec<String> {
+        self.stderr
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("done    "))
+            .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+            .collect()
+    }
+    /// The `N ran, M cached, ...` summary numbers: (ran, cached, failed, skipped).
+    pub fn counts(&self) -> (usize, usize, usize, usize) {
+        let line = self
+            .stderr
+            .lines()
+            .find(|l| l.contains(" ran, ") && l.contains(" cached, "))
+            .unwrap_or_else(|| panic!("no summary line in:\n{}", self.stderr));
+        let nums: Vec<usize> = line
+            .split(", ")
+            .map(|part| part.split_whitespace().next().unwrap().parse().unwrap())
+            .collect();
+        (nums[0], nums[1], nums[2], nums[3])
+    }
+}
+
+impl Sandbox {
+    pub fn new() -> Sandbox {
+        Sandbox { dir: tempfile::tempdir().unwrap() }
+    }
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path().join(name);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+    pub fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path().join(name)).unwrap_or_default()
+    }
+    /// A `zflow` command running in the sandbox, with a fast lease timeout.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_zflow"));
+        c.args(args).current_dir(self.path()).env_remove("ZFLOW_STORE").env("ZFLOW_LEASE_TIMEOUT_S", "3");
+        c
+    }
+    pub fn zflow(&self, args: &[&str]) -> Outcome {
+        let out: Output = self.cmd(args).output().expect("running zflow");
+        Outcome {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+    /// Runs and asserts success.
+    pub fn ok(&self, args: &[&str]) -> Outcome {
+        let o = self.zflow(args);
+        assert_eq!(o.code, 0, "zflow {args:?} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+        o
+    }
+}

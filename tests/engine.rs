@@ -1,0 +1,313 @@
+//! The engine end to end through the real binary: caching, re-runs, early cutoff, failures,
+//! crashes, signals, leases, store moves, selection, gc, query, graph.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Sandbox;
+
+const SIX: &str = r#"
+name: six
+vars:
+  mode: fast
+stages:
+  - name: corpus
+    kind: fetch
+    url: data/*.txt
+  - name: notes
+    kind: fetch
+    url: notes.md
+  - name: words
+    kind: shell
+    needs: [corpus]
+    run: cat "$ZFLOW_IN_CORPUS"/*.txt | wc -w > "$ZFLOW_OUT/words.txt"
+  - name: lines
+    kind: shell
+    needs: [corpus]
+    run: cat "$ZFLOW_IN_CORPUS"/*.txt | wc -l > "$ZFLOW_OUT/lines.txt"
+  - name: upper
+    kind: shell
+    needs: [notes]
+    env: {MODE: "${mode}"}
+    run: tr a-z A-Z < "$ZFLOW_IN_NOTES/notes.md" > "$ZFLOW_OUT/notes.txt"
+  - name: report
+    kind: shell
+    needs: [words, lines, upper]
+    run: cat "$ZFLOW_IN_WORDS/words.txt" "$ZFLOW_IN_LINES/lines.txt" "$ZFLOW_IN_UPPER/notes.txt" > "$ZFLOW_OUT/report.txt"
+"#;
+
+fn six() -> Sandbox {
+    let sb = Sandbox::new();
+    sb.write("data/a.txt", "the quick brown fox\njumps over\n");
+    sb.write("data/b.txt", "the lazy dog\n");
+    sb.write("notes.md", "some notes\n");
+    sb.write("six.yaml", SIX);
+    sb
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+fn report_dir(sb: &Sandbox) -> std::path::PathBuf {
+    std::fs::read_dir(sb.path().join("zflow-store"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("report-"))
+        .expect("report output")
+}
+
+#[test]
+fn six_stages_run_once_then_everything_is_cached() {
+    let sb = six();
+    let first = sb.ok(&["run", "six.yaml"]);
+    assert_eq!(first.counts(), (6, 0, 0, 0), "{}", first.stderr);
+    let report = std::fs::read_to_string(report_dir(&sb).join("report.txt")).unwrap();
+    assert_eq!(report.split_whitespace().collect::<Vec<_>>(), ["9", "3", "SOME", "NOTES"]);
+    let second = sb.ok(&["run", "six.yaml"]);
+    assert_eq!(second.counts(), (0, 6, 0, 0), "{}", second.stderr);
+    let plan = sb.ok(&["plan", "six.yaml"]);
+    assert!(plan.stdout.contains("6 stages: 6 cached, 0 to run"), "{}", plan.stdout);
+}
+
+#[test]
+fn changing_one_field_reruns_that_stage_and_its_dependents_and_why_says_so() {
+    let sb = six();
+    sb.ok(&["run", "six.yaml"]);
+    // Change `lines` through --set: it and `report` re-run; nothing else.
+    let set = "--set=stages.lines.run=cat \"$ZFLOW_IN_CORPUS\"/*.txt | wc -c > \"$ZFLOW_OUT/lines.txt\"";
+    let why = sb.ok(&["why", "six.yaml", "lines", set]);
+    assert!(why.stdout.contains("field `run` changed from"), "{}", why.stdout);
+    assert!(why.stdout.contains("wc -l") && why.stdout.contains("wc -c"), "{}", why.stdout);
+    let why_report = sb.ok(&["why", "six.yaml", "report", set]);
+    assert!(why_report.stdout.contains("will run after its inputs lines"), "{}", why_report.stdout);
+    let plan = sb.ok(&["plan", "six.yaml", set]);
+    assert!(plan.stdout.contains("4 cached, 2 to run"), "{}", plan.stdout);
+    let run = sb.ok(&["run", "six.yaml", set]);
+    assert_eq!(sorted(run.ran()), ["lines", "report"], "{}", run.stderr);
+
+    // A var used in an env value: `upper` and `report` re-run; why names the field.
+    let why = sb.ok(&["why", "six.yaml", "upper", "--set", "vars.mode=slow"]);
+    assert!(why.stdout.contains("field `env.MODE` changed from \"fast\" to \"slow\""), "{}", why.stdout);
+
+    // A changed input file re-runs the fetch and its readers; their counts are unchanged, so
+    // `report` (whose inputs' contents are the same as in the first run) stays cached.
+    sb.write("data/b.txt", "the lazy cat\n");
+    let run = sb.ok(&["run", "six.yaml"]);
+    assert_eq!(sorted(run.ran()), ["corpus", "lines", "words"], "{}", run.stderr);
+}
+
+#[test]
+fn early_cutoff_keeps_dependents_cached_when_output_is_unchanged() {
+    let sb = six();
+    sb.ok(&["run", "six.yaml"]);
+    // Same output, different command.
+    let set = "--set=stages.words.run=cat \"$ZFLOW_IN_CORPUS\"/a.txt \"$ZFLOW_IN_CORPUS\"/b.txt | wc -w > \"$ZFLOW_OUT/words.txt\"";
+    let run = sb.ok(&["run", "six.yaml", set]);
+    assert_eq!(run.ran(), ["words"], "{}", run.stderr);
+    assert_eq!(run.counts(), (1, 5, 0, 0));
+    // --force re-runs a stage; identical output, so nothing downstream runs.
+    let forced = sb.ok(&["run", "six.yaml", "--force", "corpus"]);
+    assert_eq!(forced.ran(), ["corpus"], "{}", forced.stderr);
+}
+
+#[test]
+fn moving_the_store_or_changing_jobs_changes_no_identity() {
+    let sb = six();
+    sb.ok(&["run", "six.yaml", "-j", "1"]);
+    let ids_before = sb.ok(&["query", "zflow-store", "SELECT stage, identity FROM stages ORDER BY stage"]).stdout;
+    std::fs::rename(sb.path().join("zflow-store"), sb.path().join("moved")).unwrap();
+    let run = sb.ok(&["run", "six.yaml", "--store", "moved", "-j", "2"]);
+    assert_eq!(run.counts(), (0, 6, 0, 0), "{}", run.stderr);
+    let run = sb.cmd(&["run", "six.yaml", "-j", "3"]).env("ZFLOW_STORE", "moved").output().unwrap();
+    assert!(String::from_utf8_lossy(&run.stderr).contains("0 ran, 6 cached"));
+    let ids_after = sb.ok(&["query", "moved", "SELECT stage, identity FROM stages ORDER BY stage"]).stdout;
+    assert_eq!(ids_before, ids_after);
+}
+
+#[test]
+fn a_failing_stage_stops_only_its_dependents() {
+    let sb = six();
+    let set = "--set=stages.upper.run=echo about to fail; exit 3";
+    let run = sb.zflow(&["run", "six.yaml", set]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(sorted(run.ran()), ["corpus", "lines", "notes", "words"], "{}", run.stderr);
+    assert!(run.stderr.contains("stage `upper` failed"), "{}", run.stderr);
+    assert!(run.stderr.contains("exited with status 3"), "{}", run.stderr);
+    assert!(run.stderr.contains("about to fail"), "the error shows the log tail: {}", run.stderr);
+    assert!(run.stderr.contains("log: ") && run.stderr.contains("upper-"), "{}", run.stderr);
+    assert!(run.stderr.contains("not run: report"), "{}", run.stderr);
+    let status = sb.ok(&["status", "six.yaml", set]);
+    assert!(status.stdout.lines().any(|l| l.contains("failed") && l.contains("upper")), "{}", status.stdout);
+    // The independent branches are cached; fixing the stage runs only what is left.
+    let run = sb.ok(&["run", "six.yaml"]);
+    assert_eq!(sorted(run.ran()), ["report", "upper"], "{}", run.stderr);
+    let failed = sb.ok(&["query", "zflow-store", "SELECT stage, error FROM runs WHERE status = 'failed'"]);
+    assert!(failed.stdout.contains("upper") && failed.stdout.contains("status 3"), "{}", failed.stdout);
+}
+
+/// A recipe whose middle stage blocks until a file appears, so tests can act mid-stage.
+const SLOW: &str = r#"
+stages:
+  - name: first
+    kind: shell
+    run: echo one > "$ZFLOW_OUT/one"
+  - name: side
+    kind: shell
+    run: echo side > "$ZFLOW_OUT/side"
+  - name: slow
+    kind: shell
+    needs: [first]
+    run: |
+      echo started >> "$PWD/slow-starts"
+      echo $$ > "$PWD/slow.pid"
+      while [ ! -e "$PWD/go" ]; do sleep 0.05; done
+      echo two > "$ZFLOW_OUT/two"
+  - name: last
+    kind: shell
+    needs: [slow]
+    run: cat "$ZFLOW_IN_SLOW/two" > "$ZFLOW_OUT/three"
+"#;
+
+fn wait_for(path: &std::path::Path, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 checks existence only.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+#[test]
+fn sigkill_of_zflow_mid_stage_then_rerun_runs_only_unfinished_stages() {
+    let sb = Sandbox::new();
+    sb.write("slow.yaml", SLOW);
+    let mut child = sb.cmd(&["run", "slow.yaml", "-j", "1"]).stderr(std::process::Stdio::null()).spawn().unwrap();
+    wait_for(&sb.path().join("slow.pid"), "the slow stage to start");
+    let script_pid: i32 = sb.read("slow.pid").trim().parse().unwrap();
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    // The stage's process dies with zflow.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(script_pid) {
+        assert!(Instant::now() < deadline, "stage process {script_pid} outlived zflow");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // No output of the killed stage counts as complete.
+    let status = sb.ok(&["status", "slow.yaml"]);
+    assert!(status.stdout.lines().any(|l| l.contains("pending") && l.contains("slow")), "{}", status.stdout);
+    sb.write("go", "");
+    let rerun = sb.ok(&["run", "slow.yaml"]);
+    assert_eq!(sorted(rerun.ran()), ["last", "slow"], "{}", rerun.stderr);
+    assert_eq!(rerun.counts().1, 2, "first and side are cached: {}", rerun.stderr);
+    assert_eq!(sb.read("slow-starts").lines().count(), 2);
+}
+
+#[test]
+fn sigint_stops_children_leaves_the_store_consistent_and_exits_130() {
+    let sb = Sandbox::new();
+    sb.write("slow.yaml", SLOW);
+    let child = sb.cmd(&["run", "slow.yaml", "-j", "1"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    wait_for(&sb.path().join("slow.pid"), "the slow stage to start");
+    let script_pid: i32 = sb.read("slow.pid").trim().parse().unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("cancelled"), "{stderr}");
+    assert!(!alive(script_pid), "the stage's process was stopped");
+    let cancelled = sb.ok(&["query", "zflow-store", "SELECT count(*) AS n FROM runs WHERE stage = 'slow' AND status = 'cancelled'"]);
+    assert!(cancelled.stdout.contains("| 1 "), "{}", cancelled.stdout);
+    sb.write("go", "");
+    let rerun = sb.ok(&["run", "slow.yaml"]);
+    assert_eq!(sorted(rerun.ran()), ["last", "slow"], "{}", rerun.stderr);
+}
+
+#[test]
+fn two_runs_on_one_store_never_run_a_stage_twice() {
+    let sb = Sandbox::new();
+    sb.write("slow.yaml", SLOW);
+    let a = sb.cmd(&["run", "slow.yaml"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    wait_for(&sb.path().join("slow.pid"), "the slow stage to start");
+    let b = sb.cmd(&["run", "slow.yaml"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let status = sb.ok(&["status", "slow.yaml"]);
+    assert!(status.stdout.lines().any(|l| l.contains("running") && l.contains("slow") && l.contains("pid")), "{}", status.stdout);
+    sb.write("go", "");
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(a.status.success() && b.status.success());
+    assert_eq!(sb.read("slow-starts").lines().count(), 1, "the slow stage ran once");
+    let b_err = String::from_utf8_lossy(&b.stderr);
+    assert!(b_err.contains("is being run by pid"), "{b_err}");
+}
+
+#[test]
+fn a_stale_lease_of_a_dead_owner_is_taken_over() {
+    let sb = Sandbox::new();
+    sb.write("slow.yaml", SLOW);
+    let mut child = sb.cmd(&["run", "slow.yaml", "-j", "1"]).stderr(std::process::Stdio::null()).spawn().unwrap();
+    wait_for(&sb.path().join("slow.pid"), "the slow stage to start");
+    let leases = sb.path().join("zflow-store/.zflow/leases");
+    assert_eq!(std::fs::read_dir(&leases).unwrap().count(), 1, "the running stage holds a lease");
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    assert_eq!(std::fs::read_dir(&leases).unwrap().count(), 1, "a SIGKILLed run leaves its lease behind");
+    sb.write("go", "");
+    let rerun = sb.ok(&["run", "slow.yaml"]);
+    assert!(rerun.stderr.contains("taking over stale lease"), "{}", rerun.stderr);
+    assert_eq!(std::fs::read_dir(&leases).unwrap().count(), 0);
+}
+
+#[test]
+fn only_from_until_select_stages() {
+    let sb = six();
+    let until = sb.ok(&["run", "six.yaml", "--until", "words"]);
+    assert_eq!(sorted(until.ran()), ["corpus", "words"]);
+    let only = sb.zflow(&["run", "six.yaml", "--only", "report"]);
+    assert_eq!(only.code, 1);
+    assert!(only.stderr.contains("needs `lines`, which is not complete"), "{}", only.stderr);
+    let only = sb.ok(&["run", "six.yaml", "--only", "lines"]);
+    assert_eq!(only.ran(), ["lines"]);
+    let from = sb.ok(&["run", "six.yaml", "--from", "notes"]);
+    assert_eq!(sorted(from.ran()), ["notes", "report", "upper"]);
+    let bad = sb.zflow(&["run", "six.yaml", "--only", "nope"]);
+    assert!(bad.stderr.contains("no stage named `nope`"), "{}", bad.stderr);
+}
+
+#[test]
+fn logs_graph_gc_and_query() {
+    let sb = six();
+    sb.ok(&["run", "six.yaml"]);
+    let logs = sb.ok(&["logs", "six.yaml", "upper"]);
+    assert!(logs.stdout.contains("stage upper (shell v1)"), "{}", logs.stdout);
+    let dot = sb.ok(&["graph", "six.yaml"]);
+    assert!(dot.stdout.starts_with("digraph") && dot.stdout.contains("\"words\" -> \"report\""), "{}", dot.stdout);
+    let mermaid = sb.ok(&["graph", "six.yaml", "--format", "mermaid"]);
+    assert!(mermaid.stdout.starts_with("flowchart LR") && mermaid.stdout.matches("-->").count() == 6, "{}", mermaid.stdout);
+
+    // A second identity of `lines`; gc keeps what the recipe uses now and removes the old one.
+    let set = "--set=stages.lines.run=echo 0 > \"$ZFLOW_OUT/lines.txt\"";
+    sb.ok(&["run", "six.yaml", set]);
+    let dry = sb.ok(&["gc", "zflow-store", "six.yaml", "--dry-run"]);
+    assert!(dry.stdout.contains("would remove 2 folders"), "{}", dry.stdout);
+    let gc = sb.ok(&["gc", "zflow-store", "six.yaml"]);
+    assert!(gc.stdout.contains("removed 2 folders"), "{}", gc.stdout);
+    let run = sb.ok(&["run", "six.yaml"]);
+    assert_eq!(run.counts(), (0, 6, 0, 0), "{}", run.stderr);
+
+    let q = sb.ok(&["query", "zflow-store", "SELECT stage, count(*) AS attempts FROM runs GROUP BY stage ORDER BY stage"]);
+    assert!(q.stdout.contains("| lines  | 2 "), "{}", q.stdout);
+    let bad = sb.zflow(&["query", "zflow-store", "SELECT nope FROM runs"]);
+    assert_ne!(bad.code, 0);
+    assert!(bad.stderr.contains("nope"), "{}", bad.stderr);
+}

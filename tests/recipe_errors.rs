@@ -1,0 +1,146 @@
+//! Every recipe error names file:line:col and says what was expected; bad recipes never
+//! touch the store.
+
+mod common;
+
+use common::Sandbox;
+
+/// Runs `zflow plan` on `recipe` and returns the error output, asserting exit code 2.
+fn plan_error(sb: &Sandbox, file: &str, extra: &[&str]) -> String {
+    let mut args = vec!["plan", file];
+    args.extend_from_slice(extra);
+    let out = sb.zflow(&args);
+    assert_eq!(out.code, 2, "expected a recipe error from {args:?}, got:\n{}\n{}", out.stdout, out.stderr);
+    out.stderr
+}
+
+fn check(yaml: &str, expect_loc: &str, expect_msg: &str) {
+    let sb = Sandbox::new();
+    sb.write("r.yaml", yaml);
+    let err = plan_error(&sb, "r.yaml", &[]);
+    assert!(err.contains(expect_loc), "expected location `{expect_loc}` in:\n{err}");
+    assert!(err.contains(expect_msg), "expected `{expect_msg}` in:\n{err}");
+    assert!(!sb.path().join("zflow-store").exists(), "a bad recipe must not create the store");
+}
+
+#[test]
+fn unknown_stage_field_points_at_the_key() {
+    check(
+        "stages:\n  - name: a\n    kind: shell\n    rn: echo hi\n",
+        "r.yaml:4:5",
+        "unknown field `rn`, expected `run` or `env`",
+    );
+}
+
+#[test]
+fn unknown_kind_lists_the_kinds() {
+    check("stages:\n  - name: a\n    kind: shel\n    run: x\n", "r.yaml:3:11", "unknown stage kind `shel`, expected one of: fetch, shell");
+}
+
+#[test]
+fn wrong_type_points_at_the_value() {
+    check("stages:\n  - name: a\n    kind: shell\n    run: x\n    needs: 3\n", "r.yaml:5:12", "invalid type");
+    check("stages:\n  - name: a\n    kind: shell\n    run: [1]\n", "r.yaml:4:10", "invalid type");
+}
+
+#[test]
+fn missing_field_names_the_entry() {
+    check("stages:\n  - name: a\n    kind: shell\n", "r.yaml:2:5", "missing field `run`");
+}
+
+#[test]
+fn yaml_syntax_error() {
+    check("stages:\n  - name: a\n    kind: [shell\n", "r.yaml:", "invalid YAML");
+}
+
+#[test]
+fn unknown_top_level_field() {
+    check("name: x\nstagez: []\n", "r.yaml:2:1", "unknown top-level field `stagez`");
+}
+
+#[test]
+fn needs_an_unknown_stage_suggests_a_name() {
+    check(
+        "stages:\n  - name: words\n    kind: shell\n    run: x\n  - name: b\n    kind: shell\n    run: y\n    needs: [word]\n",
+        "r.yaml:8:13",
+        "needs `word`, which is not a stage of this recipe (did you mean `words`?)",
+    );
+}
+
+#[test]
+fn duplicate_stage_names() {
+    check(
+        "stages:\n  - {name: a, kind: shell, run: x}\n  - {name: a, kind: shell, run: y}\n",
+        "r.yaml:3:5",
+        "stage name `a` is used twice (also at r.yaml:2:5)",
+    );
+}
+
+#[test]
+fn cycles_are_named() {
+    let sb = Sandbox::new();
+    sb.write(
+        "r.yaml",
+        "stages:\n  - {name: a, kind: shell, run: x, needs: [c]}\n  - {name: b, kind: shell, run: y, needs: [a]}\n  - {name: c, kind: shell, run: z, needs: [b]}\n",
+    );
+    let out = sb.zflow(&["plan", "r.yaml"]);
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("cycle: a -> b -> c -> a"), "{}", out.stderr);
+}
+
+#[test]
+fn unknown_var_and_escape_hint() {
+    check("stages:\n  - name: a\n    kind: shell\n    run: echo ${HOME}\n", "r.yaml:4:10", "unknown var `${HOME}`");
+}
+
+#[test]
+fn bad_config_values_name_the_field() {
+    check("stages:\n  - {name: a, kind: fetch, url: 'x', sha256: abc}\n", "r.yaml:2:46", "`abc` is not a sha256");
+    check("stages:\n  - {name: a, kind: fetch, url: 'pip://six/x'}\n", "r.yaml:2:33", "pinned version");
+    check("stages:\n  - {name: 'a b', kind: shell, run: x}\n", "r.yaml:2:12", "not a valid stage name");
+}
+
+#[test]
+fn extends_errors_point_at_the_extends_line() {
+    check("extends: missing.yaml\nstages: []\n", "r.yaml:1:10", "cannot read recipe");
+    let sb = Sandbox::new();
+    sb.write("a.yaml", "extends: b.yaml\n");
+    sb.write("b.yaml", "extends: a.yaml\n");
+    let err = plan_error(&sb, "a.yaml", &[]);
+    assert!(err.contains("cycle"), "{err}");
+}
+
+#[test]
+fn errors_in_a_parent_recipe_point_into_the_parent() {
+    let sb = Sandbox::new();
+    sb.write("base.yaml", "stages:\n  - name: a\n    kind: shell\n    run: x\n    cpus: 2\n");
+    sb.write("child.yaml", "extends: base.yaml\nstages:\n  - name: a\n    run: y\n");
+    let err = plan_error(&sb, "child.yaml", &[]);
+    assert!(err.contains("base.yaml:5:5"), "{err}");
+}
+
+#[test]
+fn set_errors_name_the_override() {
+    let sb = Sandbox::new();
+    sb.write("r.yaml", "stages:\n  - {name: a, kind: shell, run: x}\n");
+    let err = plan_error(&sb, "r.yaml", &["--set", "stages.b.run=1"]);
+    assert!(err.contains("--set stages.b.run=1") && err.contains("no entry named `b`"), "{err}");
+    let err = plan_error(&sb, "r.yaml", &["--set", "noequals"]);
+    assert!(err.contains("expected `path.to.key=value`"), "{err}");
+    let err = plan_error(&sb, "r.yaml", &["--set", "stages.a.run=[1]"]);
+    assert!(err.contains("--set stages.a.run=[1]") && err.contains("invalid type"), "{err}");
+}
+
+#[test]
+fn extends_merges_key_by_key() {
+    let sb = Sandbox::new();
+    sb.write("base.yaml", "vars: {word: base}\nstages:\n  - {name: a, kind: shell, run: 'echo ${word} > $ZFLOW_OUT/a'}\n  - {name: b, kind: shell, run: 'echo b > $ZFLOW_OUT/b'}\n");
+    sb.write("child.yaml", "extends: base.yaml\nvars: {word: child}\nstages:\n  - {name: c, kind: shell, run: 'echo c > $ZFLOW_OUT/c', needs: [a]}\n");
+    let plan = sb.ok(&["plan", "child.yaml"]);
+    assert!(plan.stdout.contains("3 stages"), "{}", plan.stdout);
+    sb.ok(&["run", "child.yaml"]);
+    let out = sb.ok(&["query", "zflow-store", "SELECT stage FROM stages ORDER BY stage"]);
+    assert!(out.stdout.contains("| a ") && out.stdout.contains("| c "), "{}", out.stdout);
+    let a_dir = std::fs::read_dir(sb.path().join("zflow-store")).unwrap().flatten().find(|e| e.file_name().to_string_lossy().starts_with("a-")).unwrap();
+    assert_eq!(std::fs::read_to_string(a_dir.path().join("a")).unwrap().trim(), "child");
+}
