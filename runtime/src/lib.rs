@@ -1,4 +1,6 @@
-//! The training runtime (the ZAYA1 model, optimizers, trainer, workers, checkpoints).
-//!
-//! Not built yet: this crate reserves its place in the workspace layout. It will depend on
-//! burn and not on DataFusion, so the trainer builds without the query engine.
+//! The training runtime. So far: data loading ([`data`]) — Megatron indexed datasets, the
+//! deterministic block-staged mixture and the data cursor a trainer reads batches through.
+//! The ZAYA1 model, trainer, workers and checkpoints come next (they will use burn; this crate
+//! must never depend on DataFusion, so the trainer builds without the query engine).
+
+pub mod data;

@@ -1,0 +1,20 @@
+//! Training data: token datasets on disk and the order a trainer reads them in.
+//!
+//! - [`megatron`]: Megatron-LM compatible indexed datasets (`.bin` + `.idx`, `MMIDIDX` v1).
+//! - [`mixture`]: the deterministic block-staged mixture of several token sources into
+//!   fixed-length training samples, and the data cursor + reader a trainer uses.
+
+pub mod megatron;
+pub mod mixture;
+
+/// A tokenized corpus: documents of token ids, read by index. Implemented by
+/// [`megatron::IndexedDataset`]; the mixture reads every source through this trait.
+pub trait TokenSource: Send + Sync {
+    /// Number of documents.
+    fn num_docs(&self) -> usize;
+    /// Length in tokens of document `doc`.
+    fn doc_len(&self, doc: usize) -> usize;
+    /// Copies tokens `offset .. offset + out.len()` of document `doc` into `out`.
+    /// Panics if the range is out of bounds (callers compute ranges from `doc_len`).
+    fn read(&self, doc: usize, offset: usize, out: &mut [u32]);
+}
