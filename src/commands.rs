@@ -18,7 +18,7 @@ use zflow_pipeline::{CancelToken, LoadOptions, recipe};
 use crate::RecipeArgs;
 
 /// Loads the recipe (with every stage kind registered) and opens its store.
-fn open(args: &RecipeArgs) -> Result<Engine> {
+pub fn open(args: &RecipeArgs) -> Result<Engine> {
     let opts = LoadOptions { sets: args.sets.clone(), store: args.store.clone() };
     let recipe = recipe::load(&args.recipe, &opts, &zflow_stages::registry())?;
     Engine::open(recipe)
@@ -312,11 +312,22 @@ pub enum Bench {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Tokenize one source of a recipe (whose `ingest.<source>` and `tokenizer` are complete)
+    /// through zflow and through the Python `tokenizers` package's `encode_batch`, same
+    /// tokenizer.json, same documents, one run.
+    Tokenize {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// The source to tokenize.
+        #[arg(long)]
+        source: String,
+    },
 }
 
 pub async fn bench(what: Bench) -> Result<ExitCode> {
     match what {
         Bench::Plan { stages, dir } => bench_plan(stages, dir).await,
+        Bench::Tokenize { recipe, source } => crate::bench_tokenize::run(&recipe, &source),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `zflow`: the command line. A thin layer: parse arguments, load the recipe through the
 //! engine (`zflow-pipeline`) with every stage kind registered (`zflow-stages`), and print.
 
+mod bench_tokenize;
 mod commands;
 
 use std::path::PathBuf;

@@ -41,8 +41,7 @@ pub fn init(progress: &Progress, quiet: bool) {
     let filter = EnvFilter::try_from_env("ZFLOW_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let console = tracing_subscriber::fmt::layer()
         .with_writer(ConsoleWriter(progress.clone()))
-        .with_target(false)
-        .without_time()
+        .event_format(ConsoleFormat)
         .with_filter(filter);
     let _ = tracing_subscriber::registry().with(console).with(StageFileLayer).try_init();
 }
@@ -79,6 +78,38 @@ impl Drop for ConsoleLine {
         self.progress.suspend(|| {
             let _ = std::io::stderr().write_all(&buf);
         });
+    }
+}
+
+/// Console lines: `  [stage] message`, with the level when it is not INFO. No colours, no
+/// timestamps: the lines sit between the progress display's own lines.
+struct ConsoleFormat;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for ConsoleFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        write!(writer, "  ")?;
+        let level = *event.metadata().level();
+        if level != tracing::Level::INFO {
+            write!(writer, "{}: ", level.as_str().to_lowercase())?;
+        }
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                if let Some(name) = span.extensions().get::<StageName>() {
+                    write!(writer, "[{}] ", name.0)?;
+                }
+            }
+        }
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
     }
 }
 

@@ -13,7 +13,7 @@
 //! several stages reading one wheel download it once.
 //!
 //! The output folder holds the fetched file (under its own name), or the *contents* of the
-//! fetched folder.
+//! fetched folder (a local folder too); a glob's matches each keep their name.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -132,10 +132,15 @@ impl Stage for Fetch {
                     };
                     check_sha(single, pin)?;
                 }
-                for (_, path) in &matches {
-                    ctx.check_cancelled()?;
-                    let dest = out.join(path.file_name().unwrap_or_default());
-                    copy_tree(path, &dest)?;
+                match matches.as_slice() {
+                    // One folder: its contents, as for package paths.
+                    [(_, dir)] if dir.is_dir() => copy_selected(dir, "", out)?,
+                    _ => {
+                        for (_, path) in &matches {
+                            ctx.check_cancelled()?;
+                            copy_tree(path, &out.join(path.file_name().unwrap_or_default()))?;
+                        }
+                    }
                 }
             }
             Source::Http(url) => {
@@ -247,10 +252,10 @@ fn copy_tree(src: &Path, dest: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Copies `sub` (a file or folder inside `root`) to `out`: a file under its own name, a
-/// folder's contents directly.
+/// Copies `sub` (a file or folder inside `root`; `""` for `root` itself) to `out`: a file
+/// under its own name, a folder's contents directly.
 fn copy_selected(root: &Path, sub: &str, out: &Path) -> Result<()> {
-    let src = root.join(sub);
+    let src = if sub.is_empty() { root.to_path_buf() } else { root.join(sub) };
     if !src.exists() {
         bail!("`{sub}` is not in the package (it has: {})", top_entries(root));
     }

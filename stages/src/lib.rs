@@ -3,8 +3,15 @@
 //! Adding a kind: write `src/<kind>.rs` with a type implementing
 //! [`zflow_pipeline::Stage`], then add one `.register(...)` line below.
 
+mod docs;
 pub mod fetch;
+pub mod ingest;
+pub mod megatron_source;
+pub mod mix;
 pub mod shell;
+pub mod sources;
+pub mod tokenize;
+pub mod tokenizer;
 mod util;
 
 use zflow_pipeline::Registry;
@@ -12,6 +19,12 @@ use zflow_pipeline::Registry;
 /// Every stage kind and section this build of zflow knows.
 pub fn registry() -> Registry {
     let mut r = Registry::new();
-    r.register(fetch::Fetch).register(shell::Shell);
+    r.register(fetch::Fetch).register(shell::Shell).register(ingest::Ingest)
+        .register(tokenizer::TokenizerStage)
+        .register(tokenize::Tokenize)
+        .register(mix::Mix)
+        .register(megatron_source::MegatronSource);
+    r.register_section(sources::Sources).register_section(tokenizer::TokenizerSection)
+        .register_section(mix::Phases);
     r
 }

@@ -1,0 +1,137 @@
+//! `zflow bench tokenize`: zflow's tokenize path (read Parquet + encode + write Megatron
+//! .bin/.idx) against the Python `tokenizers` package's `encode_batch` (encode only), on the
+//! same documents with the same tokenizer.json, in one run.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use arrow::array::Array;
+use zflow_pipeline::StageState;
+use zflow_stages::tokenize::{TokenizeConfig, tokenize_documents};
+
+use crate::RecipeArgs;
+
+/// The Python side: reads the documents (untimed), times `encode_batch`, prints JSON.
+const PYTHON: &str = r#"
+import json, sys, time
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+texts = [json.loads(line) for line in open(sys.argv[2], encoding="utf-8")]
+t0 = time.perf_counter()
+enc = tok.encode_batch(texts, add_special_tokens=False)
+t1 = time.perf_counter()
+import tokenizers
+print(json.dumps({"seconds": t1 - t0, "tokens": sum(len(e.ids) for e in enc), "version": tokenizers.__version__}))
+"#;
+
+/// Pinned version of the Python package installed for the comparison when missing.
+const PY_TOKENIZERS: &str = "tokenizers==0.22.2";
+
+pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
+    let engine = crate::commands::open(args)?;
+    let states = engine.plan(&BTreeSet::new())?;
+    let done = |name: &str| -> Result<std::path::PathBuf> {
+        let i = engine.graph.position(name).with_context(|| format!("the recipe has no stage `{name}`"))?;
+        match &states[i] {
+            StageState::Cached { manifest } => Ok(engine.output_dir(name, &manifest.identity)),
+            _ => bail!("`{name}` is not complete; run `zflow run {} --until {name}` first", args.recipe.display()),
+        }
+    };
+    let documents = done(&format!("ingest.{source}"))?.join("documents.parquet");
+    let tok_dir = done("tokenizer")?;
+    let scratch = tempfile_dir()?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+
+    // Export the texts for Python (not timed on either side).
+    let jsonl = scratch.join("docs.jsonl");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&jsonl)?);
+    let mut bytes = 0u64;
+    let file = std::fs::File::open(&documents)?;
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
+    for batch in reader {
+        let batch = batch?;
+        let col = batch.column_by_name("text").context("no text column")?;
+        let texts = col.as_any().downcast_ref::<arrow::array::StringArray>().context("text is not a string column")?;
+        for i in 0..texts.len() {
+            bytes += texts.value(i).len() as u64;
+            writeln!(f, "{}", serde_json::Value::String(texts.value(i).to_string()))?;
+        }
+    }
+    f.flush()?;
+    drop(f);
+
+    let config = TokenizeConfig { prepend_bos: false, batch_docs: 2048 };
+    let t = Instant::now();
+    let stats = tokenize_documents(&documents, &tok_dir, &scratch.join("tokens"), &config, cores, &|| Ok(()), &|_| {})?;
+    let zflow_s = t.elapsed().as_secs_f64();
+
+    let mut python = python_with_tokenizers(&scratch)?;
+    let out = python
+        .arg("-c")
+        .arg(PYTHON)
+        .arg(tok_dir.join("tokenizer.json"))
+        .arg(&jsonl)
+        .env("TOKENIZERS_PARALLELISM", "true")
+        .output()
+        .context("running python3")?;
+    if !out.status.success() {
+        bail!("the Python side failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let py: serde_json::Value = serde_json::from_slice(&out.stdout).context("reading the Python side's result")?;
+    let py_s = py["seconds"].as_f64().unwrap_or(f64::NAN);
+    let py_tokens = py["tokens"].as_u64().unwrap_or(0);
+
+    let mb = bytes as f64 / 1e6;
+    println!("tokenize `{source}`: {} documents, {mb:.1} MB, {cores} cores", stats.documents);
+    println!("| path | what is timed | seconds | MB/s | tokens/s |");
+    println!("|---|---|---:|---:|---:|");
+    println!(
+        "| zflow | read Parquet + encode + write .bin/.idx | {zflow_s:.2} | {:.2} | {:.0} |",
+        mb / zflow_s,
+        stats.tokens as f64 / zflow_s
+    );
+    println!(
+        "| Python tokenizers {} encode_batch | encode only | {py_s:.2} | {:.2} | {:.0} |",
+        py["version"].as_str().unwrap_or("?"),
+        mb / py_s,
+        py_tokens as f64 / py_s
+    );
+    println!("zflow / Python throughput: {:.2}x", py_s / zflow_s);
+    // Same tokenizer, same documents: the same tokens (zflow adds one EOD per document).
+    if py_tokens + stats.documents != stats.tokens {
+        println!("warning: token counts differ: zflow {} (incl. {} EOD), Python {py_tokens}", stats.tokens, stats.documents);
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `python3`, with the `tokenizers` package importable (installed into a scratch folder, pinned,
+/// when the system does not have it).
+fn python_with_tokenizers(scratch: &std::path::Path) -> Result<Command> {
+    let has = Command::new("python3").args(["-c", "import tokenizers"]).output().map(|o| o.status.success()).unwrap_or(false);
+    let mut cmd = Command::new("python3");
+    if !has {
+        let target = scratch.join("py");
+        eprintln!("installing {PY_TOKENIZERS} for the comparison into {}", target.display());
+        let status = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--target"])
+            .arg(&target)
+            .arg(PY_TOKENIZERS)
+            .status()
+            .context("running pip")?;
+        if !status.success() {
+            bail!("pip install {PY_TOKENIZERS} failed");
+        }
+        cmd.env("PYTHONPATH", &target);
+    }
+    Ok(cmd)
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!("zflow-bench-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}

@@ -1,0 +1,441 @@
+//! `ingest`: turns a fetched source into clean documents (Parquet: id, source, text).
+//!
+//! Reads plain text (a whole file per document, or records split by a delimiter or regex),
+//! JSONL (optionally gzipped), Parquet, or Arrow IPC (Hugging Face `save_to_disk` folders use
+//! the IPC *stream* format). The document text is a SQL expression over the columns
+//! (`text: "goal || ' ' || sol1"`), an optional SQL `filter` runs in DataFusion, then Unicode
+//! NFC normalisation, length limits and exact dedup by content hash. Every dropped document
+//! is counted by rule in `stats.parquet` / `stats.json`.
+//!
+//! Documents keep their order (file order, then position in the file), so the output is
+//! byte-identical across runs and `-j` settings.
+
+use std::collections::HashSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use parquet::arrow::ArrowWriter;
+use serde::{Deserialize, Serialize};
+use unicode_normalization::UnicodeNormalization;
+use zflow_pipeline::{ConfigError, Stage, StageContext};
+
+/// The `ingest` stage kind.
+pub struct Ingest;
+
+/// File formats `ingest` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// Plain UTF-8 text (`.gz` decompressed).
+    Text,
+    /// One JSON object per line (`.gz` decompressed).
+    Jsonl,
+    /// Parquet.
+    Parquet,
+    /// Arrow IPC, file or stream format.
+    Arrow,
+}
+
+/// `ingest` settings (also the keys of a `sources:` entry besides `url`/`sha256`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngestConfig {
+    /// Source name written into every document's `source` column.
+    pub source: String,
+    /// Input format; by default from the file extension.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<Format>,
+    /// Globs (relative to the fetched folder) of the files to read; default: all files.
+    #[serde(default)]
+    pub files: Vec<String>,
+    /// Globs of files to skip (e.g. `*.dat` index files next to fortunes).
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Text: records are separated by this exact string (e.g. "\n%\n"); default: a whole
+    /// file is one document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delimiter: Option<String>,
+    /// Text: records are separated by matches of this regex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_regex: Option<String>,
+    /// SQL expression giving the document text (columnar formats); plain text's column is `text`.
+    #[serde(default = "default_text")]
+    pub text: String,
+    /// SQL condition documents must meet (e.g. `length(text) > 200`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// Unicode NFC normalisation.
+    #[serde(default = "yes")]
+    pub nfc: bool,
+    /// Drop exact duplicates (by blake3 of the normalised text), keeping the first.
+    #[serde(default = "yes")]
+    pub dedup: bool,
+    /// Drop documents shorter than this many characters (after trimming).
+    #[serde(default)]
+    pub min_chars: usize,
+    /// Drop documents longer than this many characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_chars: Option<usize>,
+}
+
+fn default_text() -> String {
+    "text".into()
+}
+fn yes() -> bool {
+    true
+}
+
+/// Counts of documents and bytes per rule.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct IngestStats {
+    /// Documents read.
+    pub docs_in: u64,
+    /// Bytes of text read.
+    pub bytes_in: u64,
+    /// Documents written.
+    pub docs_out: u64,
+    /// Bytes written.
+    pub bytes_out: u64,
+    /// (rule, documents dropped, bytes dropped), in the order rules apply.
+    pub dropped: Vec<(String, u64, u64)>,
+}
+
+impl Stage for Ingest {
+    type Config = IngestConfig;
+    const KIND: &'static str = "ingest";
+    const VERSION: u32 = 1;
+
+    fn validate(&self, c: &IngestConfig, needs: &[String]) -> Result<(), ConfigError> {
+        if needs.len() != 1 {
+            return Err(ConfigError::new("needs", "an ingest stage reads exactly one input (its fetch stage)"));
+        }
+        if c.delimiter.is_some() && c.split_regex.is_some() {
+            return Err(ConfigError::new("split_regex", "set either `delimiter` or `split_regex`, not both"));
+        }
+        if let Some(re) = &c.split_regex {
+            regex::Regex::new(re).map_err(|e| ConfigError::new("split_regex", format!("invalid regex: {e}")))?;
+        }
+        if c.delimiter.as_deref() == Some("") {
+            return Err(ConfigError::new("delimiter", "`delimiter` is empty"));
+        }
+        for (field, globs) in [("files", &c.files), ("exclude", &c.exclude)] {
+            for (i, g) in globs.iter().enumerate() {
+                glob::Pattern::new(g).map_err(|e| ConfigError::new(format!("{field}[{i}]"), format!("invalid glob `{g}`: {e}")))?;
+            }
+        }
+        if let Some(max) = c.max_chars {
+            if max < c.min_chars {
+                return Err(ConfigError::new("max_chars", format!("max_chars {max} is below min_chars {}", c.min_chars)));
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&self, c: &IngestConfig, ctx: &StageContext) -> Result<()> {
+        let input = ctx.inputs().values().next().context("ingest has no input")?.clone();
+        let files = select_files(&input, c)?;
+        if files.is_empty() {
+            bail!("source `{}`: no files to read in {} (files: {:?}, exclude: {:?})", c.source, input.display(), c.files, c.exclude);
+        }
+        let format = match c.format {
+            Some(f) => f,
+            None => guess_format(&files[0]).with_context(|| {
+                format!("source `{}`: cannot tell the format of {}; set `format:`", c.source, files[0].display())
+            })?,
+        };
+        ctx.progress().set_message(format!("reading {} {format:?} files", files.len()));
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let texts = runtime.block_on(select_texts(c, format, &input, &files))?;
+        let (docs, stats) = clean(c, texts.0, texts.1);
+        write_outputs(ctx.out_dir(), &c.source, &docs, &stats)?;
+        ctx.progress().set_message(format!("{} of {} documents kept", stats.docs_out, stats.docs_in));
+        tracing::info!("{} documents in, {} out ({} bytes)", stats.docs_in, stats.docs_out, stats.bytes_out);
+        if stats.docs_out == 0 {
+            bail!(
+                "source `{}`: every document was dropped ({} read; dropped by rule: {:?}); check `filter`, `min_chars` and `text`",
+                c.source,
+                stats.docs_in,
+                stats.dropped
+            );
+        }
+        Ok(())
+    }
+}
+
+fn select_files(root: &Path, c: &IngestConfig) -> Result<Vec<PathBuf>> {
+    let include: Vec<glob::Pattern> = c.files.iter().map(|g| glob::Pattern::new(g)).collect::<Result<_, _>>()?;
+    let exclude: Vec<glob::Pattern> = c.exclude.iter().map(|g| glob::Pattern::new(g)).collect::<Result<_, _>>()?;
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)? {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let rel = p.strip_prefix(root).unwrap_or(&p).to_string_lossy().into_owned();
+            let name = p.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            let hit = |pats: &[glob::Pattern]| pats.iter().any(|g| g.matches(&rel) || g.matches(&name));
+            if name.starts_with('.') || hit(&exclude) || (!include.is_empty() && !hit(&include)) {
+                continue;
+            }
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn guess_format(path: &Path) -> Option<Format> {
+    let name = path.file_name()?.to_string_lossy().to_lowercase();
+    let name = name.strip_suffix(".gz").unwrap_or(&name);
+    if name.ends_with(".jsonl") || name.ends_with(".ndjson") || name.ends_with(".json") {
+        Some(Format::Jsonl)
+    } else if name.ends_with(".parquet") {
+        Some(Format::Parquet)
+    } else if name.ends_with(".arrow") || name.ends_with(".ipc") || name.ends_with(".feather") {
+        Some(Format::Arrow)
+    } else {
+        Some(Format::Text)
+    }
+}
+
+fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
+    let mut bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::MultiGzDecoder::new(&bytes[..])
+            .read_to_end(&mut out)
+            .with_context(|| format!("decompressing {}", path.display()))?;
+        bytes = out;
+    }
+    Ok(bytes)
+}
+
+fn utf8(bytes: Vec<u8>, path: &Path) -> Result<String> {
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        anyhow::anyhow!("{} is not valid UTF-8: invalid bytes at byte offset {at}", path.display())
+    })
+}
+
+/// Runs the text expression and filter in DataFusion; returns (texts kept in order, docs read).
+async fn select_texts(c: &IngestConfig, format: Format, root: &Path, files: &[PathBuf]) -> Result<(Vec<String>, u64)> {
+    // One partition: documents come back in input order, so output is deterministic.
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
+    let text_expr = match format {
+        Format::Text => {
+            let batch = text_batch(c, root, files)?;
+            ctx.register_table("docs", Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?))?;
+            "text".to_string()
+        }
+        Format::Jsonl => {
+            let batches = jsonl_batches(files)?;
+            let schema = batches.first().map(|b| b.schema()).context("no JSON lines read")?;
+            ctx.register_table("docs", Arc::new(MemTable::try_new(schema, vec![batches])?))?;
+            c.text.clone()
+        }
+        Format::Arrow => {
+            let batches = arrow_batches(files)?;
+            let schema = batches.first().map(|b| b.schema()).context("no Arrow batches read")?;
+            ctx.register_table("docs", Arc::new(MemTable::try_new(schema, vec![batches])?))?;
+            c.text.clone()
+        }
+        Format::Parquet => {
+            let paths: Vec<String> = files.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+            let df = ctx.read_parquet(paths, ParquetReadOptions::default()).await?;
+            ctx.register_table("docs", df.into_view())?;
+            c.text.clone()
+        }
+    };
+    let total: u64 = {
+        let batches = ctx.sql("SELECT count(*) FROM docs").await?.collect().await?;
+        batches
+            .first()
+            .and_then(|b| b.column(0).as_any().downcast_ref::<arrow::array::Int64Array>().map(|a| a.value(0) as u64))
+            .unwrap_or(0)
+    };
+    let filter = c.filter.as_deref().map(|f| format!(" WHERE {f}")).unwrap_or_default();
+    let sql = format!("SELECT CAST({text_expr} AS VARCHAR) AS text FROM docs{filter}");
+    // DataFusion's own message names the missing column and lists the valid ones.
+    let df = ctx.sql(&sql).await.map_err(|e| {
+        anyhow::anyhow!(
+            "source `{}`: `text: {}`{} failed: {e}",
+            c.source,
+            c.text,
+            c.filter.as_deref().map(|f| format!(" / `filter: {f}`")).unwrap_or_default()
+        )
+    })?;
+    let mut texts = Vec::new();
+    for batch in df.collect().await? {
+        let col = batch.column(0);
+        let col = arrow::compute::cast(col, &DataType::Utf8)?;
+        let strings = col.as_any().downcast_ref::<StringArray>().context("text is not a string")?;
+        for i in 0..strings.len() {
+            // A NULL text (missing field) counts as an empty document.
+            texts.push(if strings.is_null(i) { String::new() } else { strings.value(i).to_string() });
+        }
+    }
+    Ok((texts, total))
+}
+
+use arrow::array::Array;
+
+fn text_batch(c: &IngestConfig, root: &Path, files: &[PathBuf]) -> Result<RecordBatch> {
+    let splitter = c.split_regex.as_deref().map(regex::Regex::new).transpose()?;
+    let (mut names, mut texts) = (Vec::new(), Vec::new());
+    for path in files {
+        let text = utf8(read_maybe_gz(path)?, path)?;
+        let rel = path.strip_prefix(root).unwrap_or(path).to_string_lossy().into_owned();
+        let records: Vec<&str> = match (&c.delimiter, &splitter) {
+            (Some(d), _) => text.split(d.as_str()).collect(),
+            (None, Some(re)) => re.split(&text).collect(),
+            (None, None) => vec![text.as_str()],
+        };
+        for r in records {
+            names.push(rel.clone());
+            texts.push(r.to_string());
+        }
+    }
+    let schema = Arc::new(Schema::new(vec![Field::new("file", DataType::Utf8, false), Field::new("text", DataType::Utf8, false)]));
+    Ok(RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(names)), Arc::new(StringArray::from(texts))])?)
+}
+
+fn jsonl_batches(files: &[PathBuf]) -> Result<Vec<RecordBatch>> {
+    use arrow::json::reader::{ReaderBuilder, infer_json_schema_from_iterator};
+    // One schema over all files, so a field missing from some lines is a NULL, not an error.
+    let mut values = Vec::new();
+    for path in files {
+        let text = utf8(read_maybe_gz(path)?, path)?;
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("{} line {}: not a JSON object", path.display(), n + 1))?;
+            if !v.is_object() {
+                bail!("{} line {}: expected a JSON object per line", path.display(), n + 1);
+            }
+            values.push(v);
+        }
+    }
+    let schema = Arc::new(infer_json_schema_from_iterator(values.iter().map(|v| Ok(v.clone())))?);
+    let mut decoder = ReaderBuilder::new(schema).build_decoder()?;
+    decoder.serialize(&values)?;
+    let mut out = Vec::new();
+    while let Some(batch) = decoder.flush()? {
+        out.push(batch);
+    }
+    Ok(out)
+}
+
+fn arrow_batches(files: &[PathBuf]) -> Result<Vec<RecordBatch>> {
+    let mut out = Vec::new();
+    for path in files {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        if bytes.starts_with(b"ARROW1") {
+            let reader = arrow::ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)?;
+            for b in reader {
+                out.push(b?);
+            }
+        } else {
+            let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+                .with_context(|| format!("{} is neither an Arrow IPC file nor stream", path.display()))?;
+            for b in reader {
+                out.push(b?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// NFC, length limits and dedup, in that order; returns kept texts and the stats.
+fn clean(c: &IngestConfig, texts: Vec<String>, docs_read: u64) -> (Vec<String>, IngestStats) {
+    let mut stats = IngestStats { docs_in: docs_read, ..Default::default() };
+    let filtered_out = docs_read.saturating_sub(texts.len() as u64);
+    let drop = |rule: &str, text: &str, stats: &mut IngestStats| {
+        if let Some(entry) = stats.dropped.iter_mut().find(|(r, _, _)| r == rule) {
+            entry.1 += 1;
+            entry.2 += text.len() as u64;
+        }
+    };
+    for rule in ["filter", "empty", "min_chars", "max_chars", "duplicate"] {
+        stats.dropped.push((rule.to_string(), 0, 0));
+    }
+    stats.dropped[0].1 = filtered_out;
+    let mut seen = HashSet::new();
+    let mut kept = Vec::new();
+    for text in texts {
+        stats.bytes_in += text.len() as u64;
+        let text: String = if c.nfc { text.nfc().collect() } else { text };
+        let chars = text.trim().chars().count();
+        if chars == 0 {
+            drop("empty", &text, &mut stats);
+        } else if chars < c.min_chars {
+            drop("min_chars", &text, &mut stats);
+        } else if c.max_chars.is_some_and(|m| chars > m) {
+            drop("max_chars", &text, &mut stats);
+        } else if c.dedup && !seen.insert(*blake3::hash(text.as_bytes()).as_bytes()) {
+            drop("duplicate", &text, &mut stats);
+        } else {
+            stats.docs_out += 1;
+            stats.bytes_out += text.len() as u64;
+            kept.push(text);
+        }
+    }
+    (kept, stats)
+}
+
+fn write_outputs(out: &Path, source: &str, docs: &[String], stats: &IngestStats) -> Result<()> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::UInt64, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("text", DataType::Utf8, false),
+    ]));
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::SNAPPY)
+        .build();
+    let mut writer = ArrowWriter::try_new(std::fs::File::create(out.join("documents.parquet"))?, schema.clone(), Some(props))?;
+    for (chunk_no, chunk) in docs.chunks(8192).enumerate() {
+        let start = (chunk_no * 8192) as u64;
+        let ids = UInt64Array::from_iter_values(start..start + chunk.len() as u64);
+        let sources = StringArray::from(vec![source; chunk.len()]);
+        let texts = StringArray::from_iter_values(chunk.iter());
+        let cols: Vec<ArrayRef> = vec![Arc::new(ids), Arc::new(sources), Arc::new(texts)];
+        writer.write(&RecordBatch::try_new(schema.clone(), cols)?)?;
+    }
+    writer.close()?;
+
+    let stat_schema = Arc::new(Schema::new(vec![
+        Field::new("source", DataType::Utf8, false),
+        Field::new("rule", DataType::Utf8, false),
+        Field::new("documents", DataType::UInt64, false),
+        Field::new("bytes", DataType::UInt64, false),
+    ]));
+    let mut rows: Vec<(String, u64, u64)> = vec![
+        ("read".into(), stats.docs_in, stats.bytes_in),
+        ("kept".into(), stats.docs_out, stats.bytes_out),
+    ];
+    rows.extend(stats.dropped.iter().map(|(r, d, b)| (format!("dropped:{r}"), *d, *b)));
+    let batch = RecordBatch::try_new(
+        stat_schema.clone(),
+        vec![
+            Arc::new(StringArray::from(vec![source; rows.len()])),
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0.as_str()))),
+            Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.2))),
+        ],
+    )?;
+    let mut w = ArrowWriter::try_new(std::fs::File::create(out.join("stats.parquet"))?, stat_schema, None)?;
+    w.write(&batch)?;
+    w.close()?;
+    std::fs::write(out.join("stats.json"), serde_json::to_vec_pretty(stats)?)?;
+    Ok(())
+}

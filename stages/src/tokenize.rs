@@ -1,0 +1,145 @@
+//! `tokenize.<source>`: an ingested source -> a Megatron indexed dataset (`tokens.bin` +
+//! `tokens.idx`), one document per sequence, the EOD (`eos`) token after every document.
+//!
+//! Streaming: documents are read, encoded (in parallel, on the stage's threads) and written a
+//! batch at a time, so memory stays bounded whatever the corpus size. The token dtype follows
+//! the vocabulary size, as in Megatron.
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use tokenizers::Tokenizer;
+use zflow_pipeline::{ConfigError, Stage, StageContext};
+use zflow_runtime::data::megatron::{DType, IndexedDatasetWriter};
+
+use crate::docs;
+use crate::tokenizer::TokenizerInfo;
+
+/// The `tokenize` stage kind.
+pub struct Tokenize;
+
+/// `tokenize` settings.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeConfig {
+    /// Also put the `bos` token before every document.
+    #[serde(default)]
+    pub prepend_bos: bool,
+    /// Documents per batch (memory bound; not part of the output).
+    #[serde(default = "default_batch", skip_serializing)]
+    pub batch_docs: usize,
+}
+
+fn default_batch() -> usize {
+    2048
+}
+
+impl Stage for Tokenize {
+    type Config = TokenizeConfig;
+    const KIND: &'static str = "tokenize";
+    const VERSION: u32 = 1;
+
+    fn validate(&self, c: &TokenizeConfig, needs: &[String]) -> Result<(), ConfigError> {
+        if needs.len() != 2 {
+            return Err(ConfigError::new("needs", "tokenize reads two inputs: an ingest stage and the tokenizer"));
+        }
+        if c.batch_docs == 0 {
+            return Err(ConfigError::new("batch_docs", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    fn resources(&self, _c: &TokenizeConfig) -> zflow_pipeline::Resources {
+        zflow_pipeline::Resources { cpus: 2, ..Default::default() }
+    }
+
+    fn run(&self, c: &TokenizeConfig, ctx: &StageContext) -> Result<()> {
+        let (mut documents, mut tok_dir) = (None, None);
+        for dir in ctx.inputs().values() {
+            if dir.join("documents.parquet").exists() {
+                documents = Some(dir.join("documents.parquet"));
+            } else if dir.join("tokenizer.json").exists() {
+                tok_dir = Some(dir.clone());
+            }
+        }
+        let (Some(documents), Some(tok_dir)) = (documents, tok_dir) else {
+            bail!("tokenize needs an ingest stage's documents.parquet and a tokenizer stage's tokenizer.json as inputs");
+        };
+        ctx.progress().set_length(docs::count(&documents)?);
+        let out = ctx.out_dir().join("tokens");
+        let stats =
+            tokenize_documents(&documents, &tok_dir, &out, c, ctx.threads(), &|| ctx.check_cancelled(), &|n| ctx.progress().inc(n))?;
+        std::fs::write(ctx.out_dir().join("stats.json"), serde_json::to_vec_pretty(&stats)?)?;
+        tracing::info!("{} documents, {} tokens", stats.documents, stats.tokens);
+        Ok(())
+    }
+}
+
+/// What [`tokenize_documents`] wrote.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TokenizeStats {
+    /// Documents.
+    pub documents: u64,
+    /// Tokens, EOD (and BOS) included.
+    pub tokens: u64,
+    /// Bytes of text read.
+    pub bytes: u64,
+    /// `bytes / tokens`.
+    pub bytes_per_token: f64,
+    /// Token dtype of the dataset.
+    pub dtype: String,
+    /// Size of the `.bin` file.
+    pub bin_bytes: u64,
+}
+
+/// Tokenizes `documents` (an ingest stage's Parquet file) with the tokenizer in `tok_dir` into
+/// the Megatron dataset `out_prefix` (`.bin` + `.idx`), streaming a batch at a time on
+/// `threads` threads. `check` is called between batches (cancellation), `done` with the number
+/// of documents finished. Shared by the stage and `zflow bench tokenize`.
+pub fn tokenize_documents(
+    documents: &std::path::Path,
+    tok_dir: &std::path::Path,
+    out_prefix: &std::path::Path,
+    c: &TokenizeConfig,
+    threads: usize,
+    check: &dyn Fn() -> Result<()>,
+    done: &dyn Fn(u64),
+) -> Result<TokenizeStats> {
+    let info = TokenizerInfo::read(tok_dir)?;
+    let tokenizer = Tokenizer::from_file(tok_dir.join("tokenizer.json"))
+        .map_err(|e| anyhow::anyhow!("loading {}: {e}", tok_dir.join("tokenizer.json").display()))?;
+    let dtype = DType::for_vocab(info.vocab_size);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build()?;
+    let mut writer = IndexedDatasetWriter::create(out_prefix, dtype)?;
+    let (mut n_docs, mut n_tokens, mut n_bytes) = (0u64, 0u64, 0u64);
+    let mut ids: Vec<u32> = Vec::new();
+    for batch in docs::stream(documents, c.batch_docs)? {
+        check()?;
+        let texts = batch?;
+        n_bytes += texts.iter().map(|t| t.len() as u64).sum::<u64>();
+        let count = texts.len() as u64;
+        let encodings = pool
+            .install(|| tokenizer.encode_batch_fast(texts, false))
+            .map_err(|e| anyhow::anyhow!("encoding documents {n_docs}..: {e}"))?;
+        for enc in &encodings {
+            ids.clear();
+            if c.prepend_bos {
+                ids.push(info.bos_id);
+            }
+            ids.extend_from_slice(enc.get_ids());
+            ids.push(info.eos_id);
+            n_tokens += ids.len() as u64;
+            writer.add_document(&ids).context("writing tokens")?;
+        }
+        n_docs += count;
+        done(count);
+    }
+    let summary = writer.finish()?;
+    Ok(TokenizeStats {
+        documents: n_docs,
+        tokens: n_tokens,
+        bytes: n_bytes,
+        bytes_per_token: n_bytes as f64 / n_tokens.max(1) as f64,
+        dtype: dtype.name().to_string(),
+        bin_bytes: summary.bin_bytes,
+    })
+}
