@@ -1,6 +1,11 @@
 //! `zflow`: the command line. A thin layer: parse arguments, load the recipe through the
 //! engine (`zflow-pipeline`) with every stage kind registered (`zflow-stages`), and print.
 
+/// mimalloc: tokenization allocates a small string per token, and glibc's malloc was a third
+/// of the tokenize profile; mimalloc makes the whole tokenize path ~1.3x faster.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench_tokenize;
 mod commands;
 

@@ -4,3 +4,4 @@
 //! must never depend on DataFusion, so the trainer builds without the query engine).
 
 pub mod data;
+pub mod size;

@@ -1,0 +1,1001 @@
+//! The ZAYA1 model configuration and its sizing arithmetic: parameter counts, FLOPs per
+//! token, memory per device under data parallelism with ZeRO-1, and a sizing lint. Pure
+//! arithmetic, no tensors; `zflow size` prints [`ModelConfig::report`].
+//!
+//! Every number comes from the shapes in `/work/shared/ZAYA1.md` ("ZAYA1.md" below), which
+//! were read from Zyphra's released inference code (`modular_zaya.py`). The defaults are
+//! ZAYA1-base, and [`ModelConfig::params`] reproduces the counts ZAYA1.md derives: attention
+//! 5.586M per layer, router 0.661M per MoE layer, expert 12.583M, 8.303B total and 753.6M
+//! active without the 537M tied embedding.
+//!
+//! # The model in one paragraph
+//! `num_blocks` blocks, each an attention sub-layer then an MoE sub-layer. Every sub-layer has
+//! a pre-norm RMSNorm and *residual scaling*: the residual stream and the sub-layer output each
+//! get a learned per-channel gate and bias (the very first sub-layer has only the output
+//! pair); a final residual scaling and a final RMSNorm close the stack. Attention is CCGQA:
+//! linear q/k projections into a compressed latent, two causal convolutions over `[q;k]`, two
+//! value projections (one on the previous token's hidden state), a per-KV-head key
+//! temperature, then GQA softmax attention and `o_proj`. The MoE sub-layer is a small MLP
+//! router (with exponential depth averaging, EDA) choosing top-k of `num_experts` SwiGLU
+//! experts, plus an optional "skip" route (mixture-of-depths).
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes in one GiB, for printing memory.
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The size of a ZAYA1-style model. Serde defaults are ZAYA1-base, so an empty `model: {}`
+/// in a recipe means ZAYA1-base; unknown keys are rejected so a typo never silently falls
+/// back to a default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Width of the residual stream. 2048 (ZAYA1.md, "The model": hidden size 2048).
+    pub hidden_size: usize,
+    /// Number of blocks; each block is one attention sub-layer plus one MoE sub-layer, so the
+    /// released checkpoint has `2 * num_blocks` layer entries. 40 (ZAYA1.md, "40 blocks").
+    pub num_blocks: usize,
+    /// Vocabulary size. 262,272 = 2049 x 128, the Gemma3 tokenizer (ZAYA1.md).
+    pub vocab_size: usize,
+    /// CCA query heads. 8, i.e. 2x query compression of a 16-head reference MHA; the query
+    /// latent is `num_query_heads * head_dim` = 1024 (ZAYA1.md, "Attention: CCA / CCGQA").
+    pub num_query_heads: usize,
+    /// CCA key/value heads (GQA groups). 2; the key latent is `num_kv_heads * head_dim` = 256
+    /// (ZAYA1.md, "8x KV-cache compression").
+    pub num_kv_heads: usize,
+    /// Channels per attention head. 128 (ZAYA1.md; `hidden_size / 16` in the released code).
+    pub head_dim: usize,
+    /// Kernel size of each of the two causal convolutions over the `[q;k]` latent (the
+    /// depthwise one and the grouped one). 2 (ZAYA1.md, "Conv1d(k=2 ...)").
+    pub conv_kernel: usize,
+    /// Fraction of each head's channels that get RoPE. 0.5, i.e. 64 of 128 (ZAYA1.md,
+    /// "Partial RoPE on half of each head's channels").
+    pub rope_fraction: f64,
+    /// RoPE base. 10,000 in pretraining phases 1-2; the long-context mid-train uses 1M
+    /// (ZAYA1.md, "Context 4K ... RoPE base 10K ... 32K ... RoPE base 1M").
+    pub rope_base: f64,
+    /// Routed experts per MoE sub-layer, not counting the skip route. 16 (ZAYA1.md, "MoE
+    /// layer and the ZAYA1 router").
+    pub num_experts: usize,
+    /// Experts each token is routed to. 1 (ZAYA1.md, "top-1, no shared expert").
+    pub top_k: usize,
+    /// Expert SwiGLU width F: gate and up are `hidden -> 2F` in one matrix, down is
+    /// `F -> hidden`. 2048 (ZAYA1.md, "Expert = SwiGLU, 2048 -> 2x2048 (gate+up) -> 2048").
+    pub expert_ffn: usize,
+    /// Mixture-of-depths: the router has one extra "skip" choice that passes the token through
+    /// (17 router outputs for 16 experts). true for the base checkpoint (ZAYA1.md).
+    pub mod_skip: bool,
+    /// Width of the router's hidden state (`down_proj` output, EDA state, MLP width). 256
+    /// (ZAYA1.md, "down_proj 2048->256").
+    pub router_dim: usize,
+    /// Linear layers in the router MLP: `router_mlp_layers - 1` layers `router_dim ->
+    /// router_dim` with bias and GELU, then one `router_dim -> experts` without bias. 3
+    /// (ZAYA1.md, "MLP 256->256 GELU ->256 GELU ->E (last layer without bias)"). At least 1.
+    pub router_mlp_layers: usize,
+    /// Exponential depth averaging in the router: a learned `router_dim` vector gamma mixes in
+    /// the previous MoE layer's router state (absent at the first MoE layer). true (ZAYA1.md,
+    /// "EDA").
+    pub eda: bool,
+    /// Residual scaling: learned per-channel gate and bias on the residual stream and on each
+    /// sub-layer output, plus a final pair of pairs before the final norm. true (ZAYA1.md,
+    /// "Residual scaling").
+    pub residual_scaling: bool,
+    /// Input and output embeddings share one matrix. true (ZAYA1.md, "Tied input/output
+    /// embeddings").
+    pub tie_embeddings: bool,
+    /// RMSNorm epsilon. 1e-5 (ZAYA1.md, "Pre-norm RMSNorm (eps 1e-5)").
+    pub rms_norm_eps: f64,
+}
+
+impl Default for ModelConfig {
+    /// ZAYA1-base.
+    fn default() -> Self {
+        ModelConfig {
+            hidden_size: 2048,
+            num_blocks: 40,
+            vocab_size: 262_272,
+            num_query_heads: 8,
+            num_kv_heads: 2,
+            head_dim: 128,
+            conv_kernel: 2,
+            rope_fraction: 0.5,
+            rope_base: 10_000.0,
+            num_experts: 16,
+            top_k: 1,
+            expert_ffn: 2048,
+            mod_skip: true,
+            router_dim: 256,
+            router_mlp_layers: 3,
+            eda: true,
+            residual_scaling: true,
+            tie_embeddings: true,
+            rms_norm_eps: 1e-5,
+        }
+    }
+}
+
+/// Parameter counts of a [`ModelConfig`]. "Total" and "active" are counted *without* the
+/// embedding, as ZAYA1's "760M active / 8.3B total" is (ZAYA1.md, "Parameters").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ParamCounts {
+    /// One attention sub-layer: q/k/v/o projections, both convolutions with their biases,
+    /// the key temperatures, its pre-norm and its residual scaling (both pairs; the very
+    /// first sub-layer has only the output pair, which `total` accounts for).
+    pub attention_per_layer: u64,
+    /// One router: `down_proj` with bias, EDA gamma, RMSNorm, the MLP. The first MoE layer
+    /// has no EDA gamma, which `total` accounts for. The balancing biases are a buffer, not
+    /// a parameter.
+    pub router_per_layer: u64,
+    /// One SwiGLU expert: `hidden x 2F` + `F x hidden`, no biases.
+    pub expert: u64,
+    /// The MoE sub-layer's own pre-norm and residual scaling (outside router and experts).
+    pub moe_norms_per_layer: u64,
+    /// The final residual scaling and final RMSNorm.
+    pub final_norms: u64,
+    /// Embedding parameters: `vocab x hidden`, twice that if input and output are untied.
+    pub embedding: u64,
+    /// Every parameter except the embedding.
+    pub total: u64,
+    /// Parameters one token touches, except the embedding: everything but the experts, plus
+    /// `top_k` experts per MoE layer.
+    pub active: u64,
+    /// `total + embedding`.
+    pub total_with_embeddings: u64,
+    /// `active + embedding`.
+    pub active_with_embeddings: u64,
+    /// Parameters the optimizer treats as matrices (Muon): every linear weight inside the
+    /// blocks (attention projections, router linears, experts). See [`MemoryOptions`].
+    pub muon: u64,
+    /// Everything else (AdamW): embedding, norms, biases, gates, temperatures, EDA gammas and
+    /// the convolution filters. `muon + adamw == total_with_embeddings`.
+    pub adamw: u64,
+}
+
+/// Forward and backward FLOPs for one token at a given sequence length.
+///
+/// Convention (the usual one of Kaplan et al. / Megatron):
+/// - a matrix multiply costs 2 FLOPs per weight per token (one multiply, one add);
+/// - `linear`: every linear weight a token passes through: attention projections, the
+///   router, and `top_k` experts per MoE layer (a token sent to the skip route does less; we
+///   count the full `top_k`, an upper bound);
+/// - `conv`: the two causal convolutions cost 2 FLOPs per filter weight per token, like a
+///   linear layer (biases are ignored);
+/// - `attention`: scores `q.k` and the weighted sum of values, each 2 FLOPs per query channel
+///   per key; causal masking means a token sees `seq_len / 2` keys on average, so per layer
+///   `2 * 2 * (seq_len / 2) * q_heads * head_dim = 2 * seq_len * q_latent`;
+/// - `lm_head`: the output projection `hidden -> vocab` (the tied embedding used as a
+///   matrix); the input embedding lookup is free;
+/// - norms, activations, softmax, RoPE, residual scaling: elementwise, ignored;
+/// - backward = 2 x forward (gradients w.r.t. inputs and w.r.t. weights), total = 3 x forward.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FlopsPerToken {
+    /// The sequence length the attention term was computed at.
+    pub seq_len: usize,
+    /// Linear layers inside the blocks (attention projections, router, `top_k` experts).
+    pub linear: u64,
+    /// The two causal convolutions over `[q;k]`.
+    pub conv: u64,
+    /// Attention scores and values (causal average).
+    pub attention: u64,
+    /// The output projection to the vocabulary.
+    pub lm_head: u64,
+    /// `linear + conv + attention + lm_head`.
+    pub forward: u64,
+    /// `2 * forward`.
+    pub backward: u64,
+    /// `3 * forward`.
+    pub total: u64,
+}
+
+/// Storage precisions and recomputation assumed by [`ModelConfig::memory_with`].
+///
+/// The optimizer assumption (ZAYA1.md, "Optimizer"): Muon for the matrices inside the blocks,
+/// AdamW for the rest. Every parameter has an fp32 master copy; Muon keeps one momentum per
+/// matrix weight, AdamW two moments per other parameter. The convolution filters are 3-D and
+/// tiny, so they go with AdamW. With ZeRO-1 only this optimizer state (master copy included)
+/// is sharded across the data-parallel ranks; weights and gradients are whole on every rank.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemoryOptions {
+    /// Bytes per weight as used in forward/backward. 2 (bf16; checkpoints are bf16).
+    pub weight_bytes: u64,
+    /// Bytes per gradient. 4 (fp32): gradients accumulate over micro-batches, and summing
+    /// many small bf16 updates loses precision. Use 2 for bf16 gradients.
+    pub grad_bytes: u64,
+    /// Bytes per master weight held by the optimizer. 4 (fp32).
+    pub master_bytes: u64,
+    /// Bytes per optimizer moment (Muon momentum, AdamW first and second moments). 4 (fp32).
+    pub moment_bytes: u64,
+    /// Bytes per saved activation element. 2 (bf16).
+    pub activation_bytes: u64,
+    /// Full activation checkpointing: keep only each block's inputs and recompute the block
+    /// in backward.
+    pub activation_checkpointing: bool,
+}
+
+impl Default for MemoryOptions {
+    /// bf16 weights and activations, fp32 gradients, fp32 master weights and moments, no
+    /// activation checkpointing.
+    fn default() -> Self {
+        MemoryOptions {
+            weight_bytes: 2,
+            grad_bytes: 4,
+            master_bytes: 4,
+            moment_bytes: 4,
+            activation_bytes: 2,
+            activation_checkpointing: false,
+        }
+    }
+}
+
+/// Memory one data-parallel rank needs for training, in bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemoryEstimate {
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Sequences per micro-batch on this rank.
+    pub micro_batch: usize,
+    /// Data-parallel ranks the optimizer state is sharded over.
+    pub dp: usize,
+    /// The precisions this estimate assumed.
+    pub options: MemoryOptions,
+    /// All weights (ZeRO-1 keeps a full copy per rank).
+    pub weights: u64,
+    /// All gradients (ZeRO-1 does not shard them).
+    pub gradients: u64,
+    /// This rank's shard of master weights and optimizer moments.
+    pub optimizer: u64,
+    /// Activations saved for backward for one micro-batch (see
+    /// [`ModelConfig::activation_elements_per_token`]).
+    pub activations: u64,
+    /// The sum of the above; excludes framework workspace, communication buffers and
+    /// fragmentation, so leave headroom.
+    pub total: u64,
+}
+
+/// One sizing warning: a field whose value breaks a rule, and why the rule matters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Lint {
+    /// The [`ModelConfig`] field (or derived quantity) the warning is about.
+    pub field: &'static str,
+    /// Its value.
+    pub value: usize,
+    /// The rule it breaks and the reason for it.
+    pub rule: String,
+}
+
+/// Widens a size for arithmetic; parameter and FLOP counts overflow 32 bits.
+fn w(x: usize) -> u64 {
+    x as u64
+}
+
+impl ModelConfig {
+    /// ZAYA1-base (the same as `ModelConfig::default()`).
+    pub fn zaya1_base() -> Self {
+        Self::default()
+    }
+
+    /// Width of the query latent, `num_query_heads * head_dim` (1024 for ZAYA1-base).
+    pub fn q_latent(&self) -> usize {
+        self.num_query_heads * self.head_dim
+    }
+
+    /// Width of the key latent, `num_kv_heads * head_dim` (256 for ZAYA1-base).
+    pub fn kv_latent(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Channels of the `[q;k]` latent the convolutions run over (1280 for ZAYA1-base).
+    pub fn qk_channels(&self) -> usize {
+        self.q_latent() + self.kv_latent()
+    }
+
+    /// Output width of each value projection. The released code makes `val_proj1` (on h_t)
+    /// and `val_proj2` (on h_{t-1}) each half the key latent, and views their concatenation
+    /// as `num_kv_heads` heads; for ZAYA1's 2 KV heads that is one head (128) each.
+    pub fn value_proj_width(&self) -> usize {
+        self.kv_latent() / 2
+    }
+
+    /// Router outputs: the experts, plus the skip route when `mod_skip` (17 for ZAYA1-base).
+    pub fn router_outputs(&self) -> usize {
+        self.num_experts + usize::from(self.mod_skip)
+    }
+
+    /// Head channels that get RoPE (64 for ZAYA1-base).
+    pub fn rope_dims(&self) -> usize {
+        (self.head_dim as f64 * self.rope_fraction).round() as usize
+    }
+
+    /// Weights of the attention linears: `linear_q`, `linear_k`, `val_proj1`, `val_proj2`,
+    /// `o_proj` (no biases in ZAYA1 attention).
+    fn attention_matrices(&self) -> u64 {
+        let h = w(self.hidden_size);
+        h * w(self.q_latent())
+            + h * w(self.kv_latent())
+            + 2 * h * w(self.value_proj_width())
+            + w(self.q_latent()) * h
+    }
+
+    /// Filter weights of the two convolutions over `[q;k]`: depthwise (one filter of
+    /// `conv_kernel` taps per channel), then grouped with one group per head, so each output
+    /// channel sees the `head_dim` channels of its head.
+    fn conv_filters(&self) -> u64 {
+        let c = w(self.qk_channels());
+        let k = w(self.conv_kernel);
+        c * k + c * w(self.head_dim) * k
+    }
+
+    /// Weights of the router linears (no biases): `down_proj`, the hidden MLP layers and the
+    /// last layer to the router outputs.
+    fn router_matrices(&self) -> u64 {
+        let (h, d) = (w(self.hidden_size), w(self.router_dim));
+        let hidden_layers = w(self.router_mlp_layers.saturating_sub(1));
+        h * d + hidden_layers * d * d + d * w(self.router_outputs())
+    }
+
+    /// One residual-scaling pair (gate + bias), in parameters.
+    fn residual_pair(&self) -> u64 {
+        if self.residual_scaling {
+            2 * w(self.hidden_size)
+        } else {
+            0
+        }
+    }
+
+    /// Parameter counts. See [`ParamCounts`] for what each field includes.
+    pub fn params(&self) -> ParamCounts {
+        let h = w(self.hidden_size);
+        let n = w(self.num_blocks);
+        let c = w(self.qk_channels());
+        let d = w(self.router_dim);
+
+        // A sub-layer's pre-norm weight plus residual scaling on both the residual stream and
+        // the sub-layer output.
+        let sublayer_norms = h + 2 * self.residual_pair();
+
+        let attention_per_layer = self.attention_matrices()
+            + self.conv_filters()
+            + 2 * c // one bias per channel for each of the two convolutions
+            + w(self.num_kv_heads) // key temperature, one scalar per KV head
+            + sublayer_norms;
+
+        let eda_gamma = if self.eda { d } else { 0 };
+        let router_biases = d + w(self.router_mlp_layers.saturating_sub(1)) * d;
+        let router_norm = d;
+        let router_per_layer = self.router_matrices() + router_biases + eda_gamma + router_norm;
+
+        let expert = 3 * h * w(self.expert_ffn);
+        let moe_norms_per_layer = sublayer_norms;
+        let final_norms = 2 * self.residual_pair() + h;
+
+        // The first sub-layer has no residual stream to scale yet, and the first MoE layer has
+        // no previous router state for EDA.
+        let (first_attention_saving, first_router_saving) = if n > 0 {
+            (self.residual_pair(), eda_gamma)
+        } else {
+            (0, 0)
+        };
+        let attention = n * attention_per_layer - first_attention_saving;
+        let routers = n * router_per_layer - first_router_saving;
+        // Everything but the experts: every token passes through all of it.
+        let shared = attention + routers + n * moe_norms_per_layer + final_norms;
+        let experts_per_token = w(self.top_k.min(self.num_experts));
+        let total = shared + n * w(self.num_experts) * expert;
+        let active = shared + n * experts_per_token * expert;
+
+        let copies = if self.tie_embeddings { 1 } else { 2 };
+        let embedding = copies * w(self.vocab_size) * h;
+        let total_with_embeddings = total + embedding;
+        let muon =
+            n * (self.attention_matrices() + self.router_matrices() + w(self.num_experts) * expert);
+
+        ParamCounts {
+            attention_per_layer,
+            router_per_layer,
+            expert,
+            moe_norms_per_layer,
+            final_norms,
+            embedding,
+            total,
+            active,
+            total_with_embeddings,
+            active_with_embeddings: active + embedding,
+            muon,
+            adamw: total_with_embeddings - muon,
+        }
+    }
+
+    /// FLOPs per token at `seq_len`; the convention is documented on [`FlopsPerToken`].
+    pub fn flops(&self, seq_len: usize) -> FlopsPerToken {
+        let n = w(self.num_blocks);
+        let expert = 3 * w(self.hidden_size) * w(self.expert_ffn);
+        let experts_per_token = w(self.top_k.min(self.num_experts));
+        let linear = 2
+            * n
+            * (self.attention_matrices() + self.router_matrices() + experts_per_token * expert);
+        let conv = 2 * n * self.conv_filters();
+        // 2 FLOPs x 2 products (q.k and p.v) x seq_len/2 keys x q_latent channels.
+        let attention = n * 2 * w(seq_len) * w(self.q_latent());
+        let lm_head = 2 * w(self.vocab_size) * w(self.hidden_size);
+        let forward = linear + conv + attention + lm_head;
+        FlopsPerToken {
+            seq_len,
+            linear,
+            conv,
+            attention,
+            lm_head,
+            forward,
+            backward: 2 * forward,
+            total: 3 * forward,
+        }
+    }
+
+    /// Activation elements saved for backward per token, for the whole model: a per-block
+    /// estimate that counts each tensor autograd keeps once, assuming flash attention (no
+    /// `seq_len x seq_len` score matrix is stored) and a fused loss (only the logits are kept).
+    ///
+    /// - attention sub-layer: `5 h` (residual-scaling inputs x2, norm input, norm output, the
+    ///   time-shifted copy for `val_proj2`) + `4 c` (`[q;k]` before, between and after the
+    ///   convolutions, and after L2 norm + RoPE) + `kv_latent` (values) + `q_latent`
+    ///   (attention output, input of `o_proj`);
+    /// - MoE sub-layer: `4 h` (residual-scaling inputs x2, norm input and output) +
+    ///   `2 * router_mlp_layers * router_dim` (router state, its norm, each hidden layer before
+    ///   and after GELU) + `2 * router_outputs` (logits, probabilities) + per chosen expert
+    ///   `2 h + 3 F` (permuted input, gate+up output, SwiGLU output, expert output);
+    /// - head: `4 h` (final residual-scaling inputs, final norm input and output) + `vocab`.
+    ///
+    /// With `checkpointing`, a block keeps only its two `h`-wide inputs (hidden state and
+    /// residual), and one block's full activations exist at a time while it is recomputed.
+    pub fn activation_elements_per_token(&self, checkpointing: bool) -> u64 {
+        let h = w(self.hidden_size);
+        let c = w(self.qk_channels());
+        let attention = 5 * h + 4 * c + w(self.kv_latent()) + w(self.q_latent());
+        let router =
+            2 * w(self.router_mlp_layers) * w(self.router_dim) + 2 * w(self.router_outputs());
+        let experts = w(self.top_k.min(self.num_experts)) * (2 * h + 3 * w(self.expert_ffn));
+        let moe = 4 * h + router + experts;
+        let block = attention + moe;
+        let head = 4 * h + w(self.vocab_size);
+        let n = w(self.num_blocks);
+        if checkpointing {
+            n * 2 * h + block + head
+        } else {
+            n * block + head
+        }
+    }
+
+    /// Memory per device for data parallelism with ZeRO-1 over `dp` ranks (0 is read as 1),
+    /// `micro_batch` sequences of `seq_len` tokens, with the default [`MemoryOptions`].
+    pub fn memory(&self, seq_len: usize, micro_batch: usize, dp: usize) -> MemoryEstimate {
+        self.memory_with(seq_len, micro_batch, dp, &MemoryOptions::default())
+    }
+
+    /// [`ModelConfig::memory`] with explicit precisions.
+    pub fn memory_with(
+        &self,
+        seq_len: usize,
+        micro_batch: usize,
+        dp: usize,
+        options: &MemoryOptions,
+    ) -> MemoryEstimate {
+        let p = self.params();
+        let all = p.total_with_embeddings;
+        let weights = all * options.weight_bytes;
+        let gradients = all * options.grad_bytes;
+        // Master copy of everything, one Muon momentum per matrix weight, two AdamW moments
+        // per other parameter; ZeRO-1 splits it evenly, the last shard rounded up.
+        let optimizer_all =
+            all * options.master_bytes + (p.muon + 2 * p.adamw) * options.moment_bytes;
+        let optimizer = optimizer_all.div_ceil(w(dp.max(1)));
+        let activations = self.activation_elements_per_token(options.activation_checkpointing)
+            * w(seq_len)
+            * w(micro_batch)
+            * options.activation_bytes;
+        MemoryEstimate {
+            seq_len,
+            micro_batch,
+            dp: dp.max(1),
+            options: options.clone(),
+            weights,
+            gradients,
+            optimizer,
+            activations,
+            total: weights + gradients + optimizer + activations,
+        }
+    }
+
+    /// Sizing warnings; empty for ZAYA1-base.
+    ///
+    /// The report's systems section (ZAYA1.md, "The systems side") asks for hidden, head, FFN
+    /// and vocabulary dims that are multiples of 64/128: GEMMs are computed in tiles on the
+    /// MI300X/H100 matrix cores, and a dim that is not a tile multiple wastes a partial tile
+    /// per row or column (and can fall off the fast kernel path). The GEMM dims that carry
+    /// most FLOPs (hidden, expert FFN, vocab for the LM head) should be multiples of 128;
+    /// head and router dims multiples of 64. A few structural rules the shapes rely on are
+    /// checked too.
+    pub fn lint(&self) -> Vec<Lint> {
+        let mut lints = Vec::new();
+        let mut tile =
+            |field: &'static str, value: usize, preferred: usize| {
+                if !value.is_multiple_of(64) {
+                    lints.push(Lint {
+                    field,
+                    value,
+                    rule: format!(
+                        "should be a multiple of 64{}: GEMMs tile in 64/128 blocks on MI300X/H100 \
+                         matrix cores, a remainder wastes a partial tile",
+                        if preferred == 128 { " (128 preferred)" } else { "" }
+                    ),
+                });
+                } else if !value.is_multiple_of(preferred) {
+                    lints.push(Lint {
+                    field,
+                    value,
+                    rule: format!(
+                        "multiple of 64 but not of {preferred}: this dim carries most GEMM FLOPs, \
+                         {preferred} tiles more efficiently"
+                    ),
+                });
+                }
+            };
+        tile("hidden_size", self.hidden_size, 128);
+        tile("expert_ffn", self.expert_ffn, 128);
+        tile("vocab_size", self.vocab_size, 128);
+        tile("head_dim", self.head_dim, 64);
+        tile("router_dim", self.router_dim, 64);
+
+        let mut rule = |ok: bool, field: &'static str, value: usize, why: &str| {
+            if !ok {
+                lints.push(Lint {
+                    field,
+                    value,
+                    rule: why.to_string(),
+                });
+            }
+        };
+        rule(
+            self.num_kv_heads > 0 && self.num_query_heads.is_multiple_of(self.num_kv_heads),
+            "num_query_heads",
+            self.num_query_heads,
+            "should be a multiple of num_kv_heads: each KV head serves a whole group of query heads (GQA)",
+        );
+        rule(
+            self.kv_latent().is_multiple_of(2),
+            "num_kv_heads",
+            self.num_kv_heads,
+            "num_kv_heads * head_dim should be even: the values are two equal halves (v1 on h_t, v2 on h_{t-1})",
+        );
+        rule(
+            self.top_k >= 1 && self.top_k <= self.num_experts,
+            "top_k",
+            self.top_k,
+            "should be between 1 and num_experts",
+        );
+        rule(
+            self.router_mlp_layers >= 1,
+            "router_mlp_layers",
+            self.router_mlp_layers,
+            "should be at least 1: the last router layer produces the expert logits",
+        );
+        rule(
+            self.rope_dims().is_multiple_of(2) && self.rope_dims() <= self.head_dim,
+            "rope_fraction",
+            self.rope_dims(),
+            "head_dim * rope_fraction should be an even channel count within the head: RoPE rotates channel pairs",
+        );
+        lints
+    }
+
+    /// The readable table `zflow size` prints: parameters, FLOPs per token, memory per device
+    /// and sizing warnings.
+    pub fn render(
+        &self,
+        params: &ParamCounts,
+        flops: &FlopsPerToken,
+        memory: &MemoryEstimate,
+        lints: &[Lint],
+    ) -> String {
+        let mut out = String::new();
+        let o = &memory.options;
+
+        title(&mut out, "parameters");
+        row(&mut out, "", "w/o embedding", "with embedding");
+        row(
+            &mut out,
+            "total",
+            &count(params.total),
+            &count(params.total_with_embeddings),
+        );
+        let active = format!(
+            "active (top-{} of {} experts)",
+            self.top_k, self.num_experts
+        );
+        row(
+            &mut out,
+            &active,
+            &count(params.active),
+            &count(params.active_with_embeddings),
+        );
+        let emb = if self.tie_embeddings {
+            "embedding (tied)"
+        } else {
+            "embedding (untied)"
+        };
+        row(&mut out, emb, &count(params.embedding), "");
+        row(
+            &mut out,
+            "attention per layer",
+            &count(params.attention_per_layer),
+            "",
+        );
+        row(
+            &mut out,
+            "router per MoE layer",
+            &count(params.router_per_layer),
+            "",
+        );
+        row(&mut out, "expert (each)", &count(params.expert), "");
+
+        title(
+            &mut out,
+            &format!("\nFLOPs per token at seq_len {}", flops.seq_len),
+        );
+        row(&mut out, "forward", &flop(flops.forward), "");
+        row(&mut out, "  linear", &flop(flops.linear), "");
+        row(&mut out, "  conv", &flop(flops.conv), "");
+        row(&mut out, "  attention (causal)", &flop(flops.attention), "");
+        row(&mut out, "  lm head", &flop(flops.lm_head), "");
+        row(&mut out, "backward (2x forward)", &flop(flops.backward), "");
+        row(&mut out, "total (3x forward)", &flop(flops.total), "");
+
+        title(
+            &mut out,
+            &format!(
+                "\nmemory per device: seq_len {}, micro_batch {}, ZeRO-1 over {} ranks{}",
+                memory.seq_len,
+                memory.micro_batch,
+                memory.dp,
+                if o.activation_checkpointing {
+                    ", activation checkpointing"
+                } else {
+                    ""
+                }
+            ),
+        );
+        row(
+            &mut out,
+            &format!("weights ({})", dtype(o.weight_bytes)),
+            &gib(memory.weights),
+            "",
+        );
+        row(
+            &mut out,
+            &format!("gradients ({})", dtype(o.grad_bytes)),
+            &gib(memory.gradients),
+            "",
+        );
+        row(&mut out, "optimizer shard", &gib(memory.optimizer), "");
+        let act = format!("activations ({})", dtype(o.activation_bytes));
+        row(&mut out, &act, &gib(memory.activations), "");
+        row(&mut out, "total", &gib(memory.total), "");
+
+        if lints.is_empty() {
+            title(&mut out, "\nsizing lint: clean");
+        } else {
+            title(
+                &mut out,
+                &format!("\nsizing lint: {} warning(s)", lints.len()),
+            );
+            for l in lints {
+                title(
+                    &mut out,
+                    &format!("  {} = {}: {}", l.field, l.value, l.rule),
+                );
+            }
+        }
+        out
+    }
+
+    /// Computes everything and renders it: what `zflow size` prints.
+    pub fn report(&self, seq_len: usize, micro_batch: usize, dp: usize) -> String {
+        self.render(
+            &self.params(),
+            &self.flops(seq_len),
+            &self.memory(seq_len, micro_batch, dp),
+            &self.lint(),
+        )
+    }
+}
+
+/// Appends a line as is (section titles, lint messages).
+fn title(out: &mut String, text: &str) {
+    out.push_str(text);
+    out.push('\n');
+}
+
+/// Appends an indented table row: a label and up to two right-aligned values.
+fn row(out: &mut String, label: &str, a: &str, b: &str) {
+    let line = format!("  {label:<28}{a:>14}{b:>16}");
+    title(out, line.trim_end());
+}
+
+/// A parameter count in B or M with three decimals, the precision ZAYA1.md quotes
+/// (8.303 B, 753.609 M, 0.661 M); small counts as plain numbers.
+fn count(n: u64) -> String {
+    let x = n as f64;
+    if x >= 1e9 {
+        format!("{:.3} B", x / 1e9)
+    } else if x >= 1e5 {
+        format!("{:.3} M", x / 1e6)
+    } else {
+        n.to_string()
+    }
+}
+
+/// FLOPs in GFLOP (small counts as plain FLOP).
+fn flop(n: u64) -> String {
+    if n >= 1_000_000 {
+        format!("{:.3} GFLOP", n as f64 / 1e9)
+    } else {
+        format!("{n} FLOP")
+    }
+}
+
+/// Bytes in GiB (small amounts as plain bytes).
+fn gib(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{:.2} GiB", bytes as f64 / GIB)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// A storage width as a dtype name.
+fn dtype(bytes: u64) -> String {
+    match bytes {
+        1 => "fp8".into(),
+        2 => "bf16".into(),
+        4 => "fp32".into(),
+        n => format!("{n}B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config small enough to count by hand: h 4, 1 block, vocab 8, 2 query heads and 1 KV
+    /// head of 2 channels (q latent 4, k latent 2, [q;k] 6 channels, value halves of 1),
+    /// 2 experts of F 4 plus skip (3 router outputs), router dim 2 with 3 MLP layers.
+    fn tiny() -> ModelConfig {
+        ModelConfig {
+            hidden_size: 4,
+            num_blocks: 1,
+            vocab_size: 8,
+            num_query_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 2,
+            num_experts: 2,
+            expert_ffn: 4,
+            router_dim: 2,
+            ..ModelConfig::default()
+        }
+    }
+
+    #[test]
+    fn empty_config_is_zaya1_base_and_unknown_keys_fail() {
+        let base: ModelConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(base, ModelConfig::zaya1_base());
+        assert_eq!(
+            (base.q_latent(), base.kv_latent(), base.qk_channels()),
+            (1024, 256, 1280)
+        );
+        assert_eq!(
+            (
+                base.value_proj_width(),
+                base.router_outputs(),
+                base.rope_dims()
+            ),
+            (128, 17, 64)
+        );
+
+        let small: ModelConfig = serde_json::from_str(r#"{"num_blocks": 4}"#).unwrap();
+        assert_eq!(
+            small,
+            ModelConfig {
+                num_blocks: 4,
+                ..ModelConfig::default()
+            }
+        );
+
+        let err = serde_json::from_str::<ModelConfig>(r#"{"hidden": 1024}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `hidden`"), "{err}");
+    }
+
+    #[test]
+    fn zaya1_base_params_match_zaya1_md() {
+        let p = ModelConfig::zaya1_base().params();
+
+        // The exact counts from the shapes:
+        // attention = q 2,097,152 + k 524,288 + v1,v2 2 x 262,144 + o 2,097,152
+        //   + depthwise conv 1280x2 + 1280 + grouped conv 1280x128x2 + 1280 + temperature 2
+        //   + pre-norm 2048 + residual scaling 4 x 2048.
+        assert_eq!(p.attention_per_layer, 5_585_922);
+        // router = down_proj 2048x256 + 256 + EDA 256 + RMSNorm 256 + 2 x (256x256 + 256)
+        //   + 256x17.
+        assert_eq!(p.router_per_layer, 660_992);
+        assert_eq!(p.expert, 12_582_912);
+        assert_eq!(p.embedding, 537_133_056);
+        assert_eq!(p.total, 8_303_355_728);
+        assert_eq!(p.active, 753_608_528);
+
+        // ... and to the precision ZAYA1.md quotes them.
+        let near = |x: u64, want: f64, tol: f64| (x as f64 - want).abs() <= tol;
+        assert!(near(p.attention_per_layer, 5.586e6, 0.0005e6));
+        assert!(near(p.router_per_layer, 0.661e6, 0.0005e6));
+        assert!(near(p.expert, 12.583e6, 0.0005e6));
+        assert!(near(p.embedding, 537e6, 0.5e6));
+        assert!(near(p.total, 8.303e9, 0.0005e9));
+        assert!(near(p.active, 753.6e6, 0.05e6));
+        assert!(near(p.total_with_embeddings, 8.840e9, 0.0005e9));
+        assert!(near(p.active_with_embeddings, 1.29e9, 0.005e9));
+        assert_eq!(p.muon + p.adamw, p.total_with_embeddings);
+    }
+
+    #[test]
+    fn tiny_params_by_hand() {
+        let p = tiny().params();
+        // attention: q 4x4 + k 4x2 + v1 4x1 + v2 4x1 + o 4x4 = 48; depthwise conv 6x2 + 6 = 18;
+        // grouped conv (3 groups of 2 channels) 6x2x2 + 6 = 30; temperature 1; norm 4;
+        // residual scaling 4 x 4 = 16.
+        assert_eq!(p.attention_per_layer, 48 + 18 + 30 + 1 + 4 + 16);
+        // router: down 4x2 + 2; EDA 2; RMSNorm 2; 2x2 + 2; 2x2 + 2; 2x3.
+        assert_eq!(p.router_per_layer, 10 + 2 + 2 + 6 + 6 + 6);
+        assert_eq!(p.expert, 4 * 8 + 4 * 4);
+        assert_eq!(p.moe_norms_per_layer, 4 + 16);
+        assert_eq!(p.final_norms, 16 + 4);
+        // The only block is the first: attention without the residual pair (117 - 8), router
+        // without EDA (32 - 2).
+        let shared = 109 + 30 + 20 + 20;
+        assert_eq!(p.total, shared + 2 * 48);
+        assert_eq!(p.active, shared + 48);
+        assert_eq!(p.embedding, 32);
+        assert_eq!(p.total_with_embeddings, 307);
+        assert_eq!(p.muon, 48 + 22 + 96);
+        assert_eq!(p.adamw, 307 - 166);
+
+        // Untied embeddings count twice; no residual scaling, EDA or skip route shrink it.
+        let plain = ModelConfig {
+            tie_embeddings: false,
+            residual_scaling: false,
+            eda: false,
+            mod_skip: false,
+            ..tiny()
+        }
+        .params();
+        assert_eq!(plain.embedding, 64);
+        assert_eq!(plain.attention_per_layer, 48 + 18 + 30 + 1 + 4);
+        assert_eq!(plain.router_per_layer, 10 + 2 + 6 + 6 + 4);
+        assert_eq!(plain.total, 101 + 28 + 4 + 4 + 2 * 48);
+    }
+
+    #[test]
+    fn tiny_flops_by_hand() {
+        let f = tiny().flops(8);
+        // linear weights per token: attention 48 + router (8 + 4 + 4 + 6 = 22) + one expert 48.
+        assert_eq!(f.linear, 2 * (48 + 22 + 48));
+        // conv filters: depthwise 12 + grouped 24.
+        assert_eq!(f.conv, 2 * 36);
+        // 2 FLOPs x 2 products x 8/2 keys x 4 query channels.
+        assert_eq!(f.attention, 2 * 2 * 4 * 4);
+        assert_eq!(f.lm_head, 2 * 8 * 4);
+        assert_eq!(f.forward, 236 + 72 + 64 + 64);
+        assert_eq!(f.backward, 2 * 436);
+        assert_eq!(f.total, 3 * 436);
+    }
+
+    #[test]
+    fn zaya1_base_flops() {
+        let cfg = ModelConfig::zaya1_base();
+        let f = cfg.flops(4096);
+        // Linear FLOPs are 2 x the active matrix weights: attention 5,242,880 + router 659,712
+        // + one expert 12,582,912 per block.
+        assert_eq!(f.linear, 2 * 40 * (5_242_880 + 659_712 + 12_582_912));
+        assert_eq!(f.attention, 40 * 2 * 4096 * 1024);
+        assert_eq!(f.lm_head, 2 * 537_133_056);
+        assert_eq!(f.forward, f.linear + f.conv + f.attention + f.lm_head);
+        assert_eq!(f.total, 3 * f.forward);
+        // The attention term grows linearly with context.
+        assert_eq!(cfg.flops(8192).attention, 2 * f.attention);
+    }
+
+    #[test]
+    fn tiny_memory_by_hand() {
+        let m = tiny().memory(8, 1, 2);
+        assert_eq!(m.weights, 307 * 2);
+        assert_eq!(m.gradients, 307 * 4);
+        // fp32 master 307 x 4, Muon momentum 166 x 4, AdamW moments 141 x 8, over 2 ranks.
+        assert_eq!(m.optimizer, (307 * 4 + 166 * 4 + 141 * 8) / 2);
+        // Per token: attention 5x4 + 4x6 + 2 + 4 = 50; MoE 4x4 + 2x3x2 + 2x3 + (2x4 + 3x4) = 54;
+        // head 4x4 + 8 = 24. 128 elements x 8 tokens x 2 bytes.
+        assert_eq!(tiny().activation_elements_per_token(false), 50 + 54 + 24);
+        assert_eq!(m.activations, 128 * 8 * 2);
+        assert_eq!(m.total, 614 + 1228 + 1510 + 2048);
+
+        // Checkpointing keeps 2h per block plus one block being recomputed; bf16 grads halve
+        // the gradient buffer; 2 sequences double the activations.
+        let opts = MemoryOptions {
+            grad_bytes: 2,
+            activation_checkpointing: true,
+            ..Default::default()
+        };
+        let c = tiny().memory_with(8, 2, 2, &opts);
+        assert_eq!(c.gradients, 307 * 2);
+        assert_eq!(c.activations, (8 + 104 + 24) * 8 * 2 * 2);
+
+        // dp 0 is read as 1; an odd shard rounds up.
+        assert_eq!(tiny().memory(8, 1, 0).optimizer, 3020);
+        assert_eq!(tiny().memory(8, 1, 7).optimizer, 3020u64.div_ceil(7));
+    }
+
+    #[test]
+    fn zaya1_base_fits_an_mi300x() {
+        // ZAYA1.md: "192 GB HBM per GPU holds the whole model" with plain DP + ZeRO-1.
+        let m = ModelConfig::zaya1_base().memory(4096, 1, 1024);
+        assert!(m.total < 192_000_000_000, "{m:?}");
+        assert_eq!(m.weights, 8_840_488_784 * 2);
+    }
+
+    #[test]
+    fn zaya1_base_lints_clean_and_bad_dims_warn_by_name() {
+        assert_eq!(ModelConfig::zaya1_base().lint(), vec![]);
+
+        let bad = ModelConfig {
+            hidden_size: 2000,  // not a multiple of 64
+            expert_ffn: 2112,   // 64 x 33: a multiple of 64, not of 128
+            vocab_size: 50_257, // GPT-2's vocabulary
+            num_query_heads: 6, // 6 query heads over 4 KV heads
+            num_kv_heads: 4,
+            ..ModelConfig::default()
+        };
+        let lints = bad.lint();
+        let fields: Vec<_> = lints.iter().map(|l| l.field).collect();
+        assert_eq!(
+            fields,
+            ["hidden_size", "expert_ffn", "vocab_size", "num_query_heads"]
+        );
+        assert_eq!(lints[0].value, 2000);
+        assert!(
+            lints[0].rule.contains("multiple of 64"),
+            "{}",
+            lints[0].rule
+        );
+        assert!(lints[1].rule.contains("not of 128"), "{}", lints[1].rule);
+    }
+
+    #[test]
+    fn report_shows_the_headline_numbers() {
+        let text = ModelConfig::zaya1_base().report(4096, 1, 1024);
+        for want in [
+            "8.303 B",
+            "8.840 B",
+            "753.609 M",
+            "1.291 B",
+            "5.586 M",
+            "0.661 M",
+            "12.583 M",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+        assert!(text.contains("sizing lint: clean"), "{text}");
+        assert!(text.contains("GFLOP") && text.contains("GiB"), "{text}");
+
+        let warned = ModelConfig {
+            hidden_size: 2000,
+            ..ModelConfig::default()
+        }
+        .report(4096, 1, 8);
+        assert!(warned.contains("hidden_size = 2000"), "{warned}");
+    }
+}
