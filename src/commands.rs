@@ -292,6 +292,29 @@ pub fn gc(store: &Path, recipes: &[PathBuf], dry_run: bool) -> Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
+pub fn size(args: &RecipeArgs, dp: usize, micro_batch: usize) -> Result<ExitCode> {
+    let engine = open(args)?;
+    let doc = &engine.recipe.document;
+    let model = zflow_stages::model::ModelSection::config(doc).map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+    // One report per phase (sequence length differs); without phases, ZAYA1's 4K context.
+    let mut phases: Vec<(String, usize)> = doc
+        .get("phases")
+        .and_then(|p| p.as_object())
+        .map(|p| p.iter().filter_map(|(name, v)| Some((name.clone(), v.get("seq_len")?.as_u64()? as usize))).collect())
+        .unwrap_or_default();
+    if phases.is_empty() {
+        phases.push(("(no phases)".into(), 4096));
+    }
+    for (i, (phase, seq_len)) in phases.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        println!("== {} phase {phase}: seq_len {seq_len}, dp {dp}, micro-batch {micro_batch}", engine.recipe.name);
+        print!("{}", model.report(*seq_len, micro_batch, dp));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn query(store: &Path, sql: &str) -> Result<ExitCode> {
     if !store.join(".zflow").is_dir() {
         bail!("{} is not a zflow store (no .zflow folder)", store.display());

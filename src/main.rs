@@ -122,6 +122,18 @@ enum Command {
         /// The SQL query.
         sql: String,
     },
+    /// Model size: parameters, FLOPs per token and memory per device at each phase's sequence
+    /// length, and the sizing rules (from the recipe's `model:`; ZAYA1-base when absent).
+    Size {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Data-parallel ranks (ZeRO-1 shards optimizer state across them).
+        #[arg(long, default_value_t = 1)]
+        dp: usize,
+        /// Sequences per rank per micro-step (for the activation estimate).
+        #[arg(long, default_value_t = 1)]
+        micro_batch: usize,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -130,6 +142,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`zflow size ... | head`) like other Unix tools.
+    // SAFETY: setting a signal disposition before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let quiet = matches!(cli.command, Command::Run { quiet: true, .. });
     let progress = zflow_pipeline::progress::Progress::auto(quiet);
@@ -154,6 +171,7 @@ fn main() -> ExitCode {
             Command::Logs { recipe, stage, path } => commands::logs(&recipe, &stage, path),
             Command::Gc { store, recipes, dry_run } => commands::gc(&store, &recipes, dry_run),
             Command::Query { store, sql } => commands::query(&store, &sql).await,
+            Command::Size { recipe, dp, micro_batch } => commands::size(&recipe, dp, micro_batch),
             Command::Bench { what } => commands::bench(what).await,
         }
     });

@@ -8,6 +8,7 @@ pub mod fetch;
 pub mod ingest;
 pub mod megatron_source;
 pub mod mix;
+pub mod model;
 pub mod shell;
 pub mod sources;
 pub mod tokenize;
@@ -25,6 +26,7 @@ pub fn registry() -> Registry {
         .register(mix::Mix)
         .register(megatron_source::MegatronSource);
     r.register_section(sources::Sources).register_section(tokenizer::TokenizerSection)
-        .register_section(mix::Phases);
+        .register_section(mix::Phases)
+        .register_section(model::ModelSection);
     r
 }

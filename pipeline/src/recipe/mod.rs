@@ -165,7 +165,7 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
         if let Some(value) = obj.get(section.key()) {
             let nodes = section
                 .expand(value, &doc)
-                .map_err(|e| at(&e.path, e.message))?;
+                .map_err(|e| RecipeError::at(locate_error(&locs, &e.path, &e.message, &root.loc), e.message))?;
             specs.extend(nodes);
         }
     }
