@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::Sandbox;
+use common::{Sandbox, stage_dir};
 
 fn repo() -> &'static str {
     env!("CARGO_MANIFEST_DIR")
@@ -69,18 +69,6 @@ fn python_read(prefix: &Path) -> serde_json::Value {
     let out = Command::new("python3").arg(script).arg("read").arg(prefix).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn stage_dir(store: &Path, stage: &str) -> std::path::PathBuf {
-    std::fs::read_dir(store)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            let n = p.file_name().unwrap().to_string_lossy().into_owned();
-            n.starts_with(&format!("{stage}-")) && !n.contains(".tmp") && !n.contains(".partial")
-        })
-        .unwrap_or_else(|| panic!("no output for {stage}"))
 }
 
 #[test]

@@ -51,21 +51,12 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
     v
 }
 
-fn report_dir(sb: &Sandbox) -> std::path::PathBuf {
-    std::fs::read_dir(sb.path().join("zflow-store"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("report-"))
-        .expect("report output")
-}
-
 #[test]
 fn six_stages_run_once_then_everything_is_cached() {
     let sb = six();
     let first = sb.ok(&["run", "six.yaml"]);
     assert_eq!(first.counts(), (6, 0, 0, 0), "{}", first.stderr);
-    let report = std::fs::read_to_string(report_dir(&sb).join("report.txt")).unwrap();
+    let report = std::fs::read_to_string(sb.output("report").join("report.txt")).unwrap();
     assert_eq!(report.split_whitespace().collect::<Vec<_>>(), ["9", "3", "SOME", "NOTES"]);
     let second = sb.ok(&["run", "six.yaml"]);
     assert_eq!(second.counts(), (0, 6, 0, 0), "{}", second.stderr);

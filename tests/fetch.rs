@@ -5,16 +5,7 @@ mod common;
 use common::Sandbox;
 
 fn output_file(sb: &Sandbox, stage: &str, file: &str) -> std::path::PathBuf {
-    let dir = std::fs::read_dir(sb.path().join("zflow-store"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            name.starts_with(&format!("{stage}-")) && !name.contains('.')
-        })
-        .unwrap_or_else(|| panic!("no output for {stage}"));
-    dir.join(file)
+    sb.output(stage).join(file)
 }
 
 #[test]

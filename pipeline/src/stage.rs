@@ -103,6 +103,20 @@ impl ConfigError {
     }
 }
 
+/// Deserializes `value`, found at recipe path `at` (`""` for a stage entry), into `T`; a serde
+/// error becomes a [`ConfigError`] at the path of the offending key or value below `at`.
+pub fn parse_config<T: DeserializeOwned>(value: serde_json::Value, at: &str) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let inner = crate::recipe::serde_path(e.path());
+        let path = match (at.is_empty(), inner.is_empty()) {
+            (true, _) => inner,
+            (false, true) => at.to_string(),
+            (false, false) => format!("{at}.{inner}"),
+        };
+        ConfigError::new(path, e.inner().to_string())
+    })
+}
+
 /// A stage kind with its config parsed: what the engine holds for each node of the graph.
 pub trait PreparedStage: Send + Sync {
     /// The kind name.
@@ -149,9 +163,7 @@ impl<S: Stage> ErasedKind for KindAdapter<S> {
         config: serde_json::Value,
         needs: &[String],
     ) -> Result<Arc<dyn PreparedStage>, ConfigError> {
-        let config: S::Config = serde_path_to_error::deserialize(config).map_err(|e| {
-            ConfigError::new(crate::recipe::serde_path(e.path()), e.inner().to_string())
-        })?;
+        let config: S::Config = parse_config(config, "")?;
         self.0.validate(&config, needs)?;
         Ok(Arc::new(Prepared { stage: self.0.clone(), config }))
     }

@@ -26,6 +26,7 @@ use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array
 use arrow::datatypes::{DataType, Field, Schema};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use zflow_pipeline::stage::parse_config;
 use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
 use zflow_runtime::data::TokenSource;
 use zflow_runtime::data::megatron::IndexedDataset;
@@ -163,11 +164,7 @@ impl Section for Phases {
         let mut nodes = Vec::new();
         for (phase, entry) in phases {
             let path = format!("phases.{phase}");
-            let data: PhaseData = serde_path_to_error::deserialize(entry.clone())
-                .map_err(|e| {
-                    let inner = zflow_pipeline::recipe::serde_path(e.path());
-                    ConfigError::new(if inner.is_empty() { path.clone() } else { format!("{path}.{inner}") }, e.inner().to_string())
-                })?;
+            let data: PhaseData = parse_config(entry.clone(), &path)?;
             let check = |m: &BTreeMap<String, f64>, at: &str| -> Result<(), ConfigError> {
                 for name in m.keys() {
                     if !sources.contains(name) {

@@ -3,6 +3,7 @@
 //! training stages will.
 
 use serde_json::Value;
+use zflow_pipeline::stage::parse_config;
 use zflow_pipeline::{ConfigError, NodeSpec, Section};
 use zflow_runtime::size::ModelConfig;
 
@@ -14,10 +15,7 @@ impl ModelSection {
     pub fn config(recipe: &Value) -> Result<ModelConfig, ConfigError> {
         match recipe.get("model") {
             None => Ok(ModelConfig::default()),
-            Some(v) => serde_path_to_error::deserialize(v.clone()).map_err(|e| {
-                let inner = zflow_pipeline::recipe::serde_path(e.path());
-                ConfigError::new(if inner.is_empty() { "model".to_string() } else { format!("model.{inner}") }, e.inner().to_string())
-            }),
+            Some(v) => parse_config(v.clone(), "model"),
         }
     }
 }

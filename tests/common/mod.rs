@@ -5,6 +5,19 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The complete output folder of `stage` in `store` (the one without `.tmp`/`.partial`).
+pub fn stage_dir(store: &Path, stage: &str) -> PathBuf {
+    std::fs::read_dir(store)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.strip_prefix(stage).and_then(|rest| rest.strip_prefix('-')).is_some_and(|h| h.len() == 12 && !h.contains('.'))
+        })
+        .unwrap_or_else(|| panic!("no output of {stage} in {}", store.display()))
+}
+
 /// A temp folder to run zflow in, with its recipe(s).
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
@@ -55,6 +68,10 @@ impl Sandbox {
         }
         std::fs::write(&p, text).unwrap();
         p
+    }
+    /// The output folder of `stage` in the default store.
+    pub fn output(&self, stage: &str) -> PathBuf {
+        stage_dir(&self.path().join("zflow-store"), stage)
     }
     pub fn read(&self, name: &str) -> String {
         std::fs::read_to_string(self.path().join(name)).unwrap_or_default()
