@@ -198,7 +198,7 @@ pub fn render(engine: &Engine, states: &[StageState]) -> String {
     let width = nodes.iter().map(|n| n.name.len()).max().unwrap_or(5).max(5);
     let kinds = nodes.iter().map(|n| n.stage.kind().len()).max().unwrap_or(4).max(4);
     let mut out = String::new();
-    let (mut cached, mut run, mut wait) = (0, 0, 0);
+    let (mut cached, mut run, mut wait, mut broken) = (0, 0, 0, 0);
     for &i in engine.graph.topo_order() {
         let n = &nodes[i];
         let (word, detail) = match &states[i] {
@@ -216,17 +216,21 @@ pub fn render(engine: &Engine, states: &[StageState]) -> String {
                 ("run", format!("after {}", on.join(", ")))
             }
             StageState::Broken { error } => {
-                run += 1;
+                broken += 1;
                 ("error", error.clone())
             }
         };
         out.push_str(&format!("  {word:<7} {:<width$}  {:<kinds$}  {detail}\n", n.name, n.stage.kind()));
     }
     out.push_str(&format!(
-        "{} stages: {cached} cached, {} to run ({run} ready, {wait} after their inputs)\n",
+        "{} stages: {cached} cached, {} to run ({run} ready, {wait} after their inputs)",
         nodes.len(),
         run + wait
     ));
+    if broken > 0 {
+        out.push_str(&format!(", {broken} cannot be planned (see `error` lines)"));
+    }
+    out.push('\n');
     out
 }
 

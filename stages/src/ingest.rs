@@ -8,7 +8,8 @@
 //! is counted by rule in `stats.parquet` / `stats.json`.
 //!
 //! Documents keep their order (file order, then position in the file), so the output is
-//! byte-identical across runs and `-j` settings.
+//! byte-identical across runs and `-j` settings. Files are processed one at a time, so memory
+//! is bounded by the largest input file, not by the corpus.
 
 use std::collections::HashSet;
 use std::io::Read;
@@ -109,7 +110,8 @@ pub struct IngestStats {
 impl Stage for Ingest {
     type Config = IngestConfig;
     const KIND: &'static str = "ingest";
-    const VERSION: u32 = 1;
+    // 2: documents.parquet is written in row groups of 8192 documents, one input file at a time.
+    const VERSION: u32 = 2;
 
     fn validate(&self, c: &IngestConfig, needs: &[String]) -> Result<(), ConfigError> {
         if needs.len() != 1 {
@@ -150,10 +152,26 @@ impl Stage for Ingest {
             })?,
         };
         ctx.progress().set_message(format!("reading {} {format:?} files", files.len()));
+        // One file at a time: memory is bounded by the largest file, not the corpus.
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let texts = runtime.block_on(select_texts(c, format, &input, &files))?;
-        let (docs, stats) = clean(c, texts.0, texts.1);
-        write_outputs(ctx.out_dir(), &c.source, &docs, &stats)?;
+        let mut cleaner = Cleaner::new(c);
+        let mut writer = DocWriter::create(ctx.out_dir(), &c.source)?;
+        ctx.progress().set_length(files.len() as u64);
+        for file in &files {
+            ctx.check_cancelled()?;
+            let (texts, read) = runtime.block_on(select_texts(c, format, &input, std::slice::from_ref(file)))?;
+            cleaner.stats.docs_in += read;
+            cleaner.stats.dropped[0].1 += read.saturating_sub(texts.len() as u64);
+            for text in texts {
+                if let Some(kept) = cleaner.keep(text) {
+                    writer.push(kept)?;
+                }
+            }
+            ctx.progress().inc(1);
+        }
+        writer.finish()?;
+        let stats = cleaner.stats;
+        write_stats(ctx.out_dir(), &c.source, &stats)?;
         ctx.progress().set_message(format!("{} of {} documents kept", stats.docs_out, stats.docs_in));
         tracing::info!("{} documents in, {} out ({} bytes)", stats.docs_in, stats.docs_out, stats.bytes_out);
         if stats.docs_out == 0 {
@@ -356,63 +374,105 @@ fn arrow_batches(files: &[PathBuf]) -> Result<Vec<RecordBatch>> {
     Ok(out)
 }
 
-/// NFC, length limits and dedup, in that order; returns kept texts and the stats.
-fn clean(c: &IngestConfig, texts: Vec<String>, docs_read: u64) -> (Vec<String>, IngestStats) {
-    let mut stats = IngestStats { docs_in: docs_read, ..Default::default() };
-    let filtered_out = docs_read.saturating_sub(texts.len() as u64);
-    let drop = |rule: &str, text: &str, stats: &mut IngestStats| {
-        if let Some(entry) = stats.dropped.iter_mut().find(|(r, _, _)| r == rule) {
+/// NFC, length limits and dedup, in that order, one document at a time, counting drops.
+struct Cleaner<'a> {
+    c: &'a IngestConfig,
+    seen: HashSet<[u8; 32]>,
+    stats: IngestStats,
+}
+
+impl<'a> Cleaner<'a> {
+    fn new(c: &'a IngestConfig) -> Self {
+        let dropped = ["filter", "empty", "min_chars", "max_chars", "duplicate"].iter().map(|r| (r.to_string(), 0, 0)).collect();
+        Cleaner { c, seen: HashSet::new(), stats: IngestStats { dropped, ..Default::default() } }
+    }
+
+    /// The cleaned text, or `None` (counted under its rule) when a rule drops it.
+    fn keep(&mut self, text: String) -> Option<String> {
+        let c = self.c;
+        self.stats.bytes_in += text.len() as u64;
+        let text: String = if c.nfc { text.nfc().collect() } else { text };
+        let chars = text.trim().chars().count();
+        let rule = if chars == 0 {
+            "empty"
+        } else if chars < c.min_chars {
+            "min_chars"
+        } else if c.max_chars.is_some_and(|m| chars > m) {
+            "max_chars"
+        } else if c.dedup && !self.seen.insert(*blake3::hash(text.as_bytes()).as_bytes()) {
+            "duplicate"
+        } else {
+            self.stats.docs_out += 1;
+            self.stats.bytes_out += text.len() as u64;
+            return Some(text);
+        };
+        if let Some(entry) = self.stats.dropped.iter_mut().find(|(r, _, _)| r == rule) {
             entry.1 += 1;
             entry.2 += text.len() as u64;
         }
-    };
-    for rule in ["filter", "empty", "min_chars", "max_chars", "duplicate"] {
-        stats.dropped.push((rule.to_string(), 0, 0));
+        None
     }
-    stats.dropped[0].1 = filtered_out;
-    let mut seen = HashSet::new();
-    let mut kept = Vec::new();
-    for text in texts {
-        stats.bytes_in += text.len() as u64;
-        let text: String = if c.nfc { text.nfc().collect() } else { text };
-        let chars = text.trim().chars().count();
-        if chars == 0 {
-            drop("empty", &text, &mut stats);
-        } else if chars < c.min_chars {
-            drop("min_chars", &text, &mut stats);
-        } else if c.max_chars.is_some_and(|m| chars > m) {
-            drop("max_chars", &text, &mut stats);
-        } else if c.dedup && !seen.insert(*blake3::hash(text.as_bytes()).as_bytes()) {
-            drop("duplicate", &text, &mut stats);
-        } else {
-            stats.docs_out += 1;
-            stats.bytes_out += text.len() as u64;
-            kept.push(text);
-        }
-    }
-    (kept, stats)
 }
 
-fn write_outputs(out: &Path, source: &str, docs: &[String], stats: &IngestStats) -> Result<()> {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::UInt64, false),
-        Field::new("source", DataType::Utf8, false),
-        Field::new("text", DataType::Utf8, false),
-    ]));
-    let props = parquet::file::properties::WriterProperties::builder()
-        .set_compression(parquet::basic::Compression::SNAPPY)
-        .build();
-    let mut writer = ArrowWriter::try_new(std::fs::File::create(out.join("documents.parquet"))?, schema.clone(), Some(props))?;
-    for (chunk_no, chunk) in docs.chunks(8192).enumerate() {
-        let start = (chunk_no * 8192) as u64;
-        let ids = UInt64Array::from_iter_values(start..start + chunk.len() as u64);
-        let sources = StringArray::from(vec![source; chunk.len()]);
-        let texts = StringArray::from_iter_values(chunk.iter());
-        let cols: Vec<ArrayRef> = vec![Arc::new(ids), Arc::new(sources), Arc::new(texts)];
-        writer.write(&RecordBatch::try_new(schema.clone(), cols)?)?;
-    }
-    writer.close()?;
+/// `documents.parquet`, written in row groups of [`DocWriter::CHUNK`] documents as they come.
+struct DocWriter {
+    writer: ArrowWriter<std::fs::File>,
+    schema: Arc<Schema>,
+    source: String,
+    next_id: u64,
+    pending: Vec<String>,
+}
 
+impl DocWriter {
+    const CHUNK: usize = 8192;
+
+    fn create(out: &Path, source: &str) -> Result<DocWriter> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::UInt64, false),
+            Field::new("source", DataType::Utf8, false),
+            Field::new("text", DataType::Utf8, false),
+        ]));
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_compression(parquet::basic::Compression::SNAPPY)
+            .build();
+        let file = std::fs::File::create(out.join("documents.parquet"))?;
+        let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
+        Ok(DocWriter { writer, schema, source: source.to_string(), next_id: 0, pending: Vec::new() })
+    }
+
+    fn push(&mut self, text: String) -> Result<()> {
+        self.pending.push(text);
+        if self.pending.len() >= Self::CHUNK {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let n = self.pending.len();
+        let ids = UInt64Array::from_iter_values(self.next_id..self.next_id + n as u64);
+        let sources = StringArray::from(vec![self.source.as_str(); n]);
+        let texts = StringArray::from_iter_values(self.pending.iter());
+        let cols: Vec<ArrayRef> = vec![Arc::new(ids), Arc::new(sources), Arc::new(texts)];
+        self.writer.write(&RecordBatch::try_new(self.schema.clone(), cols)?)?;
+        // Row groups of exactly CHUNK documents, whatever the file boundaries: deterministic bytes.
+        self.writer.flush()?;
+        self.next_id += n as u64;
+        self.pending.clear();
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.flush()?;
+        self.writer.close()?;
+        Ok(())
+    }
+}
+
+fn write_stats(out: &Path, source: &str, stats: &IngestStats) -> Result<()> {
     let stat_schema = Arc::new(Schema::new(vec![
         Field::new("source", DataType::Utf8, false),
         Field::new("rule", DataType::Utf8, false),
