@@ -8,7 +8,6 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use arrow::array::Array;
 use zflow_pipeline::StageState;
 use zflow_stages::tokenize::{TokenizeConfig, tokenize_documents};
 
@@ -55,15 +54,10 @@ pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
     let jsonl = scratch.join("docs.jsonl");
     let mut f = std::io::BufWriter::new(std::fs::File::create(&jsonl)?);
     let mut bytes = 0u64;
-    let file = std::fs::File::open(&documents)?;
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
-    for batch in reader {
-        let batch = batch?;
-        let col = batch.column_by_name("text").context("no text column")?;
-        let texts = col.as_any().downcast_ref::<arrow::array::StringArray>().context("text is not a string column")?;
-        for i in 0..texts.len() {
-            bytes += texts.value(i).len() as u64;
-            writeln!(f, "{}", serde_json::Value::String(texts.value(i).to_string()))?;
+    for batch in zflow_stages::docs::stream(&documents, 4096)? {
+        for text in batch? {
+            bytes += text.len() as u64;
+            writeln!(f, "{}", serde_json::Value::String(text))?;
         }
     }
     f.flush()?;

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
+use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
@@ -304,7 +304,6 @@ async fn select_texts(c: &IngestConfig, format: Format, root: &Path, files: &[Pa
     Ok((texts, total))
 }
 
-use arrow::array::Array;
 
 fn text_batch(c: &IngestConfig, root: &Path, files: &[PathBuf]) -> Result<RecordBatch> {
     let splitter = c.split_regex.as_deref().map(regex::Regex::new).transpose()?;

@@ -3,7 +3,7 @@
 //! Adding a kind: write `src/<kind>.rs` with a type implementing
 //! [`zflow_pipeline::Stage`], then add one `.register(...)` line below.
 
-mod docs;
+pub mod docs;
 pub mod fetch;
 pub mod ingest;
 pub mod megatron_source;

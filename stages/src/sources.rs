@@ -51,7 +51,6 @@ impl Section for Sources {
                     ingest.insert(k.clone(), v.clone());
                 }
             }
-            ingest.insert("source".into(), json!(name));
             let fetch_name = format!("fetch.{name}");
             let fetch_node = NodeSpec {
                 name: fetch_name.clone(),
@@ -62,18 +61,14 @@ impl Section for Sources {
                 path: path.clone(),
             };
             if is_megatron {
-                // Already tokenized: no ingest, and `tokenize.<name>` just validates and copies.
-                let mut cfg = Map::new();
-                for (k, v) in entry {
-                    if !FETCH_KEYS.contains(&k.as_str()) && k != "format" {
-                        cfg.insert(k.clone(), v.clone());
-                    }
-                }
+                // Already tokenized: no ingest, and `tokenize.<name>` just validates and copies;
+                // the non-fetch keys (but `format`) configure it.
+                ingest.remove("format");
                 nodes.push(fetch_node);
                 nodes.push(NodeSpec {
                     name: format!("tokenize.{name}"),
                     kind: "megatron".into(),
-                    config: Value::Object(cfg),
+                    config: Value::Object(ingest),
                     needs: vec![fetch_name],
                     resources: None,
                     path,
@@ -81,8 +76,8 @@ impl Section for Sources {
                 continue;
             }
             nodes.push(fetch_node);
-            let tokenize = entry.get("tokenize").cloned();
-            ingest.remove("tokenize");
+            let tokenize = ingest.remove("tokenize");
+            ingest.insert("source".into(), json!(name));
             nodes.push(NodeSpec {
                 name: format!("ingest.{name}"),
                 kind: "ingest".into(),
