@@ -1,7 +1,11 @@
-//! The training runtime. So far: data loading ([`data`]) — Megatron indexed datasets, the
-//! deterministic block-staged mixture and the data cursor a trainer reads batches through.
-//! The ZAYA1 model, trainer, workers and checkpoints come next (they will use burn; this crate
-//! must never depend on DataFusion, so the trainer builds without the query engine).
+//! The training runtime: data loading ([`data`]), model sizing ([`size`]), the ZAYA1 model in
+//! burn ([`model`]), its trainer pieces ([`schedule`], [`balance`]) and the worker protocol
+//! ([`protocol`]). This crate never depends on DataFusion, so the trainer builds without the
+//! query engine.
 
+pub mod balance;
 pub mod data;
+pub mod model;
+pub mod protocol;
+pub mod schedule;
 pub mod size;
