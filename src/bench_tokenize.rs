@@ -63,7 +63,7 @@ pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
     f.flush()?;
     drop(f);
 
-    let config = TokenizeConfig { prepend_bos: false, batch_docs: 2048 };
+    let config = TokenizeConfig { prepend_bos: false, batch_docs: 2048, holdout_every: 0 };
     // Best of `REPEAT` on both sides: this machine's timings wander by 20-30% run to run.
     let mut zflow_s = f64::INFINITY;
     let mut stats = None;

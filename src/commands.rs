@@ -345,12 +345,28 @@ pub enum Bench {
         #[arg(long)]
         source: String,
     },
+    /// The training step of the recipe's model: tokens/s and model FLOP/s against this
+    /// machine's matmul peak and against PyTorch on the same model, in one run.
+    Train {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Sequences per step.
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        /// Tokens per sequence.
+        #[arg(long, default_value_t = 256)]
+        seq_len: usize,
+        /// Timed steps (the best one is reported).
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+    },
 }
 
 pub async fn bench(what: Bench) -> Result<ExitCode> {
     match what {
         Bench::Plan { stages, dir } => bench_plan(stages, dir).await,
         Bench::Tokenize { recipe, source } => crate::bench_tokenize::run(&recipe, &source),
+        Bench::Train { recipe, batch, seq_len, steps } => crate::bench_train::run(&recipe, batch, seq_len, steps),
     }
 }
 

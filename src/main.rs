@@ -7,6 +7,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench_tokenize;
+mod bench_train;
 mod commands;
 
 use std::path::PathBuf;
@@ -134,11 +135,36 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         micro_batch: usize,
     },
+    /// Run one training rank. Train stages start workers; they speak JSON lines on stdout
+    /// (hello, step metrics, checkpoints, done, error) and log to stderr.
+    Worker {
+        /// The train job (JSON) written by the train stage.
+        #[arg(long)]
+        job: PathBuf,
+        /// Backend: cpu, cuda or rocm.
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        /// Device index.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
         what: commands::Bench,
     },
+}
+
+/// Training allocates and frees the same large tensors (logits, activations) every step. By
+/// default mimalloc hands freed memory back to the OS after 10 ms, and every step then pays for
+/// the kernel zeroing fresh pages (a third of a nano training step). Workers and benchmarks
+/// keep it mapped instead.
+fn keep_freed_memory_mapped() {
+    // mimalloc v2's `mi_option_purge_delay` (libmimalloc-sys 0.1.49 has no constant for it);
+    // -1 = never purge.
+    const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+    // SAFETY: setting an allocator option; mimalloc documents it as callable at any time.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
 }
 
 fn main() -> ExitCode {
@@ -148,6 +174,14 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Worker { .. } | Command::Bench { .. }) {
+        keep_freed_memory_mapped();
+    }
+    if let Command::Worker { job, backend, device } = &cli.command {
+        // A worker is a plain process: no async runtime, logs to stderr for the supervisor.
+        tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).without_time().init();
+        return ExitCode::from(zflow_runtime::worker::run(job, backend, *device) as u8);
+    }
     let quiet = matches!(cli.command, Command::Run { quiet: true, .. });
     let progress = zflow_pipeline::progress::Progress::auto(quiet);
     zflow_pipeline::logging::init(&progress, quiet);
@@ -173,6 +207,7 @@ fn main() -> ExitCode {
             Command::Query { store, sql } => commands::query(&store, &sql).await,
             Command::Size { recipe, dp, micro_batch } => commands::size(&recipe, dp, micro_batch),
             Command::Bench { what } => commands::bench(what).await,
+            Command::Worker { .. } => unreachable!("handled before the runtime starts"),
         }
     });
     // Stages still blocked on a cancelled child must not keep us alive.

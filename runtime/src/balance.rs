@@ -32,7 +32,7 @@ pub struct BalanceConfig {
 
 impl Default for BalanceConfig {
     fn default() -> Self {
-        BalanceConfig { kp: 1.0, ki: 0.0, kd: 0.0, lr: 2e-3, beta1: 0.9, beta2: 0.99, skip_share: None, enabled: true }
+        BalanceConfig { kp: 1.0, ki: 0.0, kd: 0.0, lr: 5e-3, beta1: 0.9, beta2: 0.99, skip_share: None, enabled: true }
     }
 }
 

@@ -13,6 +13,7 @@ pub mod shell;
 pub mod sources;
 pub mod tokenize;
 pub mod tokenizer;
+pub mod train;
 mod util;
 
 use zflow_pipeline::Registry;
@@ -24,9 +25,11 @@ pub fn registry() -> Registry {
         .register(tokenizer::TokenizerStage)
         .register(tokenize::Tokenize)
         .register(mix::Mix)
-        .register(megatron_source::MegatronSource);
+        .register(megatron_source::MegatronSource)
+        .register(train::Train);
     r.register_section(sources::Sources).register_section(tokenizer::TokenizerSection)
         .register_section(mix::Phases)
-        .register_section(model::ModelSection);
+        .register_section(model::ModelSection)
+        .register_section(train::TrainSection);
     r
 }

@@ -128,6 +128,9 @@ struct PhaseData {
     seed: u64,
     #[serde(default = "default_block")]
     block_size: usize,
+    /// This phase's training settings (read by `train.<phase>`).
+    #[serde(default)]
+    train: Option<Value>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -144,7 +147,8 @@ fn default_block() -> usize {
     512
 }
 
-/// The `phases:` section: `mix.<phase>` per phase (training stages join in a later issue).
+/// The `phases:` section: `mix.<phase>` per phase, and with a `model:` section
+/// `train.<phase>` too, each phase starting from the previous one's final checkpoint.
 pub struct Phases;
 
 impl Section for Phases {
@@ -162,6 +166,8 @@ impl Section for Phases {
             .map(|s| s.keys().cloned().collect())
             .unwrap_or_default();
         let mut nodes = Vec::new();
+        let model = recipe.get("model").map(|_| crate::model::ModelSection::config(recipe)).transpose()?;
+        let mut previous: Option<String> = None;
         for (phase, entry) in phases {
             let path = format!("phases.{phase}");
             let data: PhaseData = parse_config(entry.clone(), &path)?;
@@ -205,8 +211,24 @@ impl Section for Phases {
                 config: json!({"phase": phase, "spec": spec}),
                 needs: used.iter().map(|s| format!("tokenize.{s}")).collect(),
                 resources: None,
-                path,
+                path: path.clone(),
             });
+            if let Some(model) = &model {
+                let train = crate::train::TrainSection::settings(recipe, phase, data.train.as_ref())?;
+                let name = format!("train.{phase}");
+                let mut needs = vec![format!("mix.{phase}")];
+                needs.extend(used.iter().map(|s| format!("tokenize.{s}")));
+                needs.extend(previous.clone());
+                nodes.push(NodeSpec {
+                    name: name.clone(),
+                    kind: "train".into(),
+                    config: json!({"phase": phase, "model": model, "train": train, "sources": used, "previous": previous}),
+                    needs,
+                    resources: None,
+                    path: format!("{path}.train"),
+                });
+                previous = Some(name);
+            }
         }
         Ok(nodes)
     }

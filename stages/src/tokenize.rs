@@ -4,6 +4,10 @@
 //! Streaming: documents are read, encoded (in parallel, on the stage's threads) and written a
 //! batch at a time, so memory stays bounded whatever the corpus size. The token dtype follows
 //! the vocabulary size, as in Megatron.
+//!
+//! Every `holdout_every`-th document (by position in the ingested source) goes to a second
+//! dataset, `heldout.bin` + `heldout.idx`, instead: trainers report held-out loss per source on
+//! text they never train on.
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
@@ -27,16 +31,23 @@ pub struct TokenizeConfig {
     /// Documents per batch (memory bound; not part of the output).
     #[serde(default = "default_batch", skip_serializing)]
     pub batch_docs: usize,
+    /// Hold out every N-th document (0 = none).
+    #[serde(default = "default_holdout")]
+    pub holdout_every: u64,
 }
 
 fn default_batch() -> usize {
     2048
 }
 
+fn default_holdout() -> u64 {
+    100
+}
+
 impl Stage for Tokenize {
     type Config = TokenizeConfig;
     const KIND: &'static str = "tokenize";
-    const VERSION: u32 = 1;
+    const VERSION: u32 = 2;
 
     fn validate(&self, c: &TokenizeConfig, needs: &[String]) -> Result<(), ConfigError> {
         if needs.len() != 2 {
@@ -69,7 +80,13 @@ impl Stage for Tokenize {
         let stats =
             tokenize_documents(&documents, &tok_dir, &out, c, ctx.threads(), &|| ctx.check_cancelled(), &|n| ctx.progress().inc(n))?;
         std::fs::write(ctx.out_dir().join("stats.json"), serde_json::to_vec_pretty(&stats)?)?;
-        tracing::info!("{} documents, {} tokens", stats.documents, stats.tokens);
+        tracing::info!(
+            "{} documents, {} tokens; held out {} documents, {} tokens",
+            stats.documents,
+            stats.tokens,
+            stats.heldout_documents,
+            stats.heldout_tokens
+        );
         Ok(())
     }
 }
@@ -77,10 +94,16 @@ impl Stage for Tokenize {
 /// What [`tokenize_documents`] wrote.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TokenizeStats {
-    /// Documents.
+    /// Documents (held-out ones not included).
     pub documents: u64,
     /// Tokens, EOD (and BOS) included.
     pub tokens: u64,
+    /// Documents in the held-out dataset.
+    #[serde(default)]
+    pub heldout_documents: u64,
+    /// Tokens in the held-out dataset.
+    #[serde(default)]
+    pub heldout_tokens: u64,
     /// Bytes of text read.
     pub bytes: u64,
     /// `bytes / tokens`.
@@ -92,7 +115,8 @@ pub struct TokenizeStats {
 }
 
 /// Tokenizes `documents` (an ingest stage's Parquet file) with the tokenizer in `tok_dir` into
-/// the Megatron dataset `out_prefix` (`.bin` + `.idx`), streaming a batch at a time on
+/// the Megatron dataset `out_prefix` (`.bin` + `.idx`), every `holdout_every`-th document into
+/// `heldout` next to it, streaming a batch at a time on
 /// `threads` threads. `check` is called between batches (cancellation), `done` with the number
 /// of documents finished. Shared by the stage and `zflow bench tokenize`.
 pub fn tokenize_documents(
@@ -110,7 +134,12 @@ pub fn tokenize_documents(
     let dtype = DType::for_vocab(info.vocab_size);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build()?;
     let mut writer = IndexedDatasetWriter::create(out_prefix, dtype)?;
+    let mut heldout = match c.holdout_every {
+        0 => None,
+        _ => Some(IndexedDatasetWriter::create(&out_prefix.with_file_name("heldout"), dtype)?),
+    };
     let (mut n_docs, mut n_tokens, mut n_bytes) = (0u64, 0u64, 0u64);
+    let (mut h_docs, mut h_tokens, mut position) = (0u64, 0u64, 0u64);
     let mut ids: Vec<u32> = Vec::new();
     // Read the next batch while this one is encoded: reading Parquet then cost ~15% of the
     // time on corpora of short documents.
@@ -139,18 +168,33 @@ pub fn tokenize_documents(
                 }
                 ids.extend_from_slice(enc.get_ids());
                 ids.push(info.eos_id);
-                n_tokens += ids.len() as u64;
-                writer.add_document(&ids).context("writing tokens")?;
+                position += 1;
+                match &mut heldout {
+                    Some(h) if position % c.holdout_every == 0 => {
+                        h_docs += 1;
+                        h_tokens += ids.len() as u64;
+                        h.add_document(&ids).context("writing held-out tokens")?;
+                    }
+                    _ => {
+                        n_docs += 1;
+                        n_tokens += ids.len() as u64;
+                        writer.add_document(&ids).context("writing tokens")?;
+                    }
+                }
             }
-            n_docs += count;
             done(count);
         }
         Ok(())
     })?;
     let summary = writer.finish()?;
+    if let Some(h) = heldout {
+        h.finish()?;
+    }
     Ok(TokenizeStats {
         documents: n_docs,
         tokens: n_tokens,
+        heldout_documents: h_docs,
+        heldout_tokens: h_tokens,
         bytes: n_bytes,
         bytes_per_token: n_bytes as f64 / n_tokens.max(1) as f64,
         dtype: dtype.name().to_string(),

@@ -1,0 +1,266 @@
+//! Training checkpoints: one directory per step, committed atomically.
+//!
+//! ```text
+//! checkpoints/step-00000120/
+//!   model.safetensors     weights, f32, named by module path (`blocks.0.self_attn.qkv.linear_q.weight`)
+//!   optim-muon.bin        Muon momentum (burn record, full precision)
+//!   optim-adamw.bin       AdamW moments
+//!   trainer.json          step, data cursor, balancing-controller state, seed
+//!   manifest.json         blake3 + size of every file above; written last
+//! ```
+//!
+//! A checkpoint is written into `.tmp-step-N/`, every file fsynced, the manifest written last,
+//! then the directory renamed into place: a crash at any moment leaves either no checkpoint or a
+//! complete one. Loading verifies the manifest; a checkpoint that fails is skipped with a
+//! warning and the next older one is used.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail, ensure};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use crate::balance::BalanceState;
+use crate::data::mixture::DataCursor;
+use crate::model::Zaya;
+
+/// Everything besides tensors that a resumed run needs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// The phase this checkpoint belongs to.
+    pub phase: String,
+    /// Optimizer steps taken in the phase.
+    pub step: u64,
+    /// Steps in the phase.
+    pub total_steps: u64,
+    /// Where the next batch starts.
+    pub cursor: DataCursor,
+    /// The balancing controller of every MoE layer.
+    pub balance: Vec<BalanceState>,
+    /// Tokens trained on in this phase.
+    pub tokens: u64,
+    /// The run's seed (data order is a function of the mixture; the trainer draws no other
+    /// random numbers, so the seed is the whole RNG state).
+    pub seed: u64,
+    /// RoPE base the phase trains with.
+    pub rope_base: f64,
+}
+
+/// The manifest: what a complete checkpoint holds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Step of the checkpoint.
+    pub step: u64,
+    /// file name -> (bytes, blake3 hex).
+    pub files: BTreeMap<String, (u64, String)>,
+}
+
+/// Name of the directory of step `step`.
+pub fn dir_name(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+/// The parameters of a model as (path, id) in visiting order.
+pub fn param_names<B: Backend, M: Module<B>>(model: &M) -> Vec<(String, ParamId)> {
+    struct Names {
+        stack: Vec<String>,
+        out: Vec<(String, ParamId)>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Names {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.stack.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.stack.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            self.out.push((self.stack.join("."), p.id));
+        }
+    }
+    let mut v = Names { stack: Vec::new(), out: Vec::new() };
+    model.visit(&mut v);
+    v.out
+}
+
+/// The model's weights as (name, shape, f32 values), in visiting order.
+pub fn weights<B: Backend>(model: &Zaya<B>) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    struct Collect {
+        stack: Vec<String>,
+        out: Vec<(String, Vec<usize>, Vec<f32>)>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Collect {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.stack.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.stack.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            let t = p.val();
+            let shape = t.dims().to_vec();
+            let values = t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 weights");
+            self.out.push((self.stack.join("."), shape, values));
+        }
+    }
+    let mut v = Collect { stack: Vec::new(), out: Vec::new() };
+    model.visit(&mut v);
+    v.out
+}
+
+/// Serialises the model's weights as safetensors bytes (f32, little endian).
+pub fn weights_to_safetensors<B: Backend>(model: &Zaya<B>, metadata: BTreeMap<String, String>) -> Result<Vec<u8>> {
+    let tensors = weights(model);
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .into_iter()
+        .map(|(name, shape, values)| (name, shape, values.iter().flat_map(|v| v.to_le_bytes()).collect()))
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
+        .iter()
+        .map(|(name, shape, data)| {
+            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data)
+                .expect("shape matches data");
+            (name.clone(), view)
+        })
+        .collect();
+    let metadata: std::collections::HashMap<String, String> = metadata.into_iter().collect();
+    Ok(safetensors::serialize(views, Some(metadata))?)
+}
+
+/// Loads weights from safetensors bytes into `model`, by name; every parameter must be present
+/// with its shape. `origin` names the file in errors.
+pub fn load_weights<B: Backend>(model: Zaya<B>, bytes: &[u8], origin: &Path) -> Result<Zaya<B>> {
+    let st = safetensors::SafeTensors::deserialize(bytes).with_context(|| format!("{}: not a safetensors file", origin.display()))?;
+    let names: BTreeMap<ParamId, String> = param_names::<B, _>(&model).into_iter().map(|(n, id)| (id, n)).collect();
+    struct Load<'a> {
+        st: &'a safetensors::SafeTensors<'a>,
+        names: &'a BTreeMap<ParamId, String>,
+        error: Option<String>,
+    }
+    impl<B: Backend> ModuleMapper<B> for Load<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let name = &self.names[&param.id];
+            let view = match self.st.tensor(name) {
+                Ok(v) => v,
+                Err(_) => {
+                    self.error.get_or_insert(format!("tensor `{name}` is missing"));
+                    return param;
+                }
+            };
+            let (id, old, _) = param.consume();
+            if view.dtype() != safetensors::Dtype::F32 || view.shape() != old.dims().as_slice() {
+                self.error.get_or_insert(format!(
+                    "tensor `{name}`: expected f32 {:?}, found {:?} {:?}",
+                    old.dims(),
+                    view.dtype(),
+                    view.shape()
+                ));
+                return Param::initialized(id, old);
+            }
+            let values: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let device = old.device();
+            let require_grad = old.is_require_grad();
+            let t = Tensor::<B, D>::from_data(TensorData::new(values, old.shape()), &device);
+            Param::initialized(id, if require_grad { t.require_grad() } else { t })
+        }
+    }
+    let mut loader = Load { st: &st, names: &names, error: None };
+    let model = model.map(&mut loader);
+    if let Some(e) = loader.error {
+        bail!("{}: {e}", origin.display());
+    }
+    Ok(model)
+}
+
+/// Writes `files` (name -> bytes) as checkpoint `step` under `root`, atomically; returns the
+/// committed directory.
+pub fn commit(root: &Path, step: u64, files: Vec<(String, Vec<u8>)>) -> Result<PathBuf> {
+    fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+    let final_dir = root.join(dir_name(step));
+    let tmp = root.join(format!(".tmp-{}", dir_name(step)));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp)?;
+    }
+    fs::create_dir_all(&tmp)?;
+    let mut manifest = Manifest { step, files: BTreeMap::new() };
+    for (name, bytes) in &files {
+        write_synced(&tmp.join(name), bytes)?;
+        manifest.files.insert(name.clone(), (bytes.len() as u64, blake3::hash(bytes).to_hex().to_string()));
+    }
+    write_synced(&tmp.join("manifest.json"), &serde_json::to_vec_pretty(&manifest)?)?;
+    if final_dir.exists() {
+        // A checkpoint of this step already exists (a rerun after a crash right after commit):
+        // the new one replaces it.
+        fs::remove_dir_all(&final_dir)?;
+    }
+    fs::rename(&tmp, &final_dir)?;
+    fs::File::open(root)?.sync_all()?;
+    Ok(final_dir)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(())
+}
+
+/// Reads and verifies checkpoint directory `dir`: every file in its manifest present with its
+/// size and hash. Returns the files' contents.
+pub fn read_verified(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
+    let mpath = dir.join("manifest.json");
+    let manifest: Manifest = serde_json::from_slice(&fs::read(&mpath).with_context(|| format!("reading {}", mpath.display()))?)
+        .with_context(|| format!("parsing {}", mpath.display()))?;
+    let mut out = BTreeMap::new();
+    for (name, (size, hash)) in &manifest.files {
+        let path = dir.join(name);
+        let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        ensure!(bytes.len() as u64 == *size, "{}: {} bytes, the manifest says {size}", path.display(), bytes.len());
+        ensure!(blake3::hash(&bytes).to_hex().as_str() == hash, "{}: checksum mismatch", path.display());
+        out.insert(name.clone(), bytes);
+    }
+    Ok(out)
+}
+
+/// Committed checkpoint directories under `root`, newest first.
+pub fn list(root: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found: Vec<(u64, PathBuf)> = fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let step = name.strip_prefix("step-")?.parse().ok()?;
+            Some((step, e.path()))
+        })
+        .collect();
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found
+}
+
+/// The newest checkpoint under `root` that verifies, with its files; damaged ones are skipped
+/// with a warning (never loaded).
+pub fn latest(root: &Path) -> Option<(PathBuf, BTreeMap<String, Vec<u8>>)> {
+    for (_, dir) in list(root) {
+        match read_verified(&dir) {
+            Ok(files) => return Some((dir, files)),
+            Err(e) => tracing::warn!("skipping checkpoint {}: {e:#}", dir.display()),
+        }
+    }
+    None
+}
+
+/// Deletes all but the newest `keep` checkpoints (0 keeps all).
+pub fn retain(root: &Path, keep: usize) -> Result<()> {
+    if keep == 0 {
+        return Ok(());
+    }
+    for (_, dir) in list(root).into_iter().skip(keep) {
+        fs::remove_dir_all(&dir).with_context(|| format!("removing old checkpoint {}", dir.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,603 @@
+//! The trainer: one phase of ZAYA1 pretraining on one rank.
+//!
+//! Per optimizer step: `global_batch / (world x micro_batch)` micro-batches are read through the
+//! data cursor, their gradients accumulated, clipped by global norm, then Muon updates the 2-D
+//! weight matrices and AdamW everything else (embedding, norms, biases, gates, temperatures,
+//! convolutions), both on the WSD schedule. After the update the balancing controller moves
+//! the router biases from the step's routing counts. Checkpoints are written every
+//! `checkpoint_every` steps and at the end; a restarted worker resumes from the newest one that
+//! verifies and reproduces the uninterrupted run bit for bit (same batches, same order of
+//! floating-point operations).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamW, AdamWConfig, AdjustLrFn, GradientsAccumulator, GradientsParams, Muon, MuonConfig, Optimizer};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use crate::balance::{self, BalanceConfig, BalanceState};
+use crate::checkpoint::{self, TrainerState};
+use crate::data::TokenSource;
+use crate::data::megatron::IndexedDataset;
+use crate::data::mixture::MixtureReader;
+use crate::model::Zaya;
+use crate::protocol::{StepMetrics, WorkerMessage};
+use crate::schedule::WsdSchedule;
+use crate::size::ModelConfig;
+
+/// Muon settings (ZAYA1's are not public).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MuonSettings {
+    /// Momentum.
+    pub momentum: f64,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+    /// Newton-Schulz iterations.
+    pub ns_steps: usize,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+}
+
+impl Default for MuonSettings {
+    fn default() -> Self {
+        MuonSettings { momentum: 0.95, nesterov: true, ns_steps: 5, weight_decay: 0.1 }
+    }
+}
+
+/// AdamW settings for the non-matrix parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdamWSettings {
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Denominator epsilon.
+    pub eps: f64,
+    /// Decoupled weight decay (norm gains and biases usually want none).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWSettings {
+    fn default() -> Self {
+        AdamWSettings { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0 }
+    }
+}
+
+/// A phase's training settings (the `train:` part of a `phases:` entry).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainSettings {
+    /// Sequences per optimizer step, over all ranks.
+    pub global_batch: usize,
+    /// Sequences per forward/backward on one rank (gradient accumulation makes up the rest).
+    pub micro_batch: usize,
+    /// Learning-rate schedule (Muon, with AdamW RMS matching, and AdamW share it).
+    pub schedule: WsdSchedule,
+    /// Muon settings.
+    pub muon: MuonSettings,
+    /// AdamW settings.
+    pub adamw: AdamWSettings,
+    /// Clip the global gradient norm to this (0 = off).
+    pub grad_clip: f64,
+    /// The router balancing controller.
+    pub balance: BalanceConfig,
+    /// RoPE base for this phase (`None` = the model's).
+    pub rope_base: Option<f64>,
+    /// Carry the optimizer state over from the previous phase (else it restarts).
+    pub carry_optimizer: bool,
+    /// Checkpoint every N steps (0 = only at the end).
+    pub checkpoint_every: u64,
+    /// Checkpoints kept (newest); the phase's final one is always kept.
+    pub keep_checkpoints: usize,
+    /// Held-out loss every N steps (0 = only at the end).
+    pub eval_every: u64,
+    /// Held-out tokens scored per source.
+    pub eval_tokens: usize,
+    /// Seed of the weight initialisation.
+    pub seed: u64,
+    /// Where workers run: cpu, cuda or rocm.
+    pub backend: String,
+}
+
+impl Default for TrainSettings {
+    fn default() -> Self {
+        TrainSettings {
+            global_batch: 16,
+            micro_batch: 16,
+            schedule: WsdSchedule::default(),
+            muon: MuonSettings::default(),
+            adamw: AdamWSettings::default(),
+            grad_clip: 1.0,
+            balance: BalanceConfig::default(),
+            rope_base: None,
+            carry_optimizer: true,
+            checkpoint_every: 50,
+            keep_checkpoints: 2,
+            eval_every: 50,
+            eval_tokens: 16384,
+            seed: 0,
+            backend: "cpu".into(),
+        }
+    }
+}
+
+impl TrainSettings {
+    /// Checks the settings, naming the bad field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.global_batch == 0 || self.micro_batch == 0 {
+            return Err("`global_batch` and `micro_batch` must be at least 1".into());
+        }
+        if self.global_batch % self.micro_batch != 0 {
+            return Err(format!("`global_batch` ({}) must be a multiple of `micro_batch` ({})", self.global_batch, self.micro_batch));
+        }
+        self.schedule.validate().map_err(|e| format!("schedule: {e}"))
+    }
+}
+
+/// One token source as the worker sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SourcePaths {
+    /// Source name.
+    pub name: String,
+    /// Megatron dataset prefix of its training tokens.
+    pub tokens: PathBuf,
+    /// Prefix of its held-out tokens, if any.
+    pub heldout: Option<PathBuf>,
+}
+
+/// Everything a worker needs to train one phase; written by the train stage as JSON.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainJob {
+    /// Phase name.
+    pub phase: String,
+    /// The model.
+    pub model: ModelConfig,
+    /// Training settings.
+    pub train: TrainSettings,
+    /// The phase's mixture index (`samples.idx` of `mix.<phase>`).
+    pub mixture: PathBuf,
+    /// Sources in the mixture's order.
+    pub sources: Vec<SourcePaths>,
+    /// Where checkpoints go (`<dir>/step-N`).
+    pub checkpoints: PathBuf,
+    /// The previous phase's final checkpoint to start from.
+    pub init: Option<PathBuf>,
+    /// This worker's rank.
+    pub rank: usize,
+    /// Ranks in all.
+    pub world: usize,
+}
+
+type MuonOpt<B> = OptimizerAdaptor<Muon<<B as AutodiffBackend>::InnerBackend>, Zaya<B>, B>;
+type AdamOpt<B> = OptimizerAdaptor<AdamW, Zaya<B>, B>;
+
+/// Trains `job` on backend `B`, sending protocol messages to `emit`. `crash_after` (fault
+/// injection for tests) aborts the process right after that step.
+pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name: &str, emit: &mut dyn FnMut(WorkerMessage), crash_after: Option<u64>) -> Result<()> {
+    let t = &job.train;
+    t.validate().map_err(|e| anyhow::anyhow!("phase `{}`: {e}", job.phase))?;
+    ensure!(job.world >= 1 && job.rank < job.world, "rank {} is not below world {}", job.rank, job.world);
+    ensure!(
+        t.global_batch % (job.world * t.micro_batch) == 0,
+        "phase `{}`: global_batch {} is not a multiple of world {} x micro_batch {}",
+        job.phase,
+        t.global_batch,
+        job.world,
+        t.micro_batch
+    );
+    let accumulation = t.global_batch / (job.world * t.micro_batch);
+
+    let mut sources: Vec<Arc<dyn TokenSource>> = Vec::new();
+    for s in &job.sources {
+        sources.push(Arc::new(IndexedDataset::open(&s.tokens).with_context(|| format!("opening the tokens of source `{}`", s.name))?));
+    }
+    let reader = MixtureReader::open(&job.mixture, sources)?;
+    let seq_len = reader.seq_len();
+    let total_steps = reader.num_samples() / t.global_batch as u64;
+    ensure!(total_steps > 0, "phase `{}`: the mixture has {} samples, fewer than one global batch of {}", job.phase, reader.num_samples(), t.global_batch);
+
+    let mut model: Zaya<B> = Zaya::new(&job.model, t.seed, device);
+    let rope_base = t.rope_base.unwrap_or(job.model.rope_base);
+    let routes = model.routes();
+    let mut optim = Optimizers::new(t, &model);
+    let mut state = TrainerState {
+        phase: job.phase.clone(),
+        step: 0,
+        total_steps,
+        cursor: reader.start(&job.phase),
+        balance: (0..job.model.num_blocks).map(|_| BalanceState::new(routes, job.model.mod_skip)).collect(),
+        tokens: 0,
+        seed: t.seed,
+        rope_base,
+    };
+
+    // Resume from this phase's newest checkpoint, else start from the previous phase's end.
+    if let Some((dir, files)) = checkpoint::latest(&job.checkpoints) {
+        let (m, st) = restore(model, &mut optim, &dir, &files, device, true)?;
+        model = m;
+        ensure!(st.phase == job.phase, "{}: a checkpoint of phase `{}` in phase `{}`'s directory", dir.display(), st.phase, job.phase);
+        state = st;
+        tracing::info!("resuming phase {} at step {} from {}", job.phase, state.step, dir.display());
+    } else if let Some(init) = &job.init {
+        let files = checkpoint::read_verified(init).with_context(|| format!("the previous phase's checkpoint {}", init.display()))?;
+        let (m, prev) = restore(model, &mut optim, init, &files, device, t.carry_optimizer)?;
+        model = m;
+        // The routing biases are part of the model; the phase's data and step restart.
+        state.balance = prev.balance;
+        tracing::info!("phase {} starts from {} (optimizer state {})", job.phase, init.display(), if t.carry_optimizer { "carried" } else { "reset" });
+    }
+    model.options.rope_base = rope_base;
+
+    let names = checkpoint::param_names::<B, _>(&model);
+    let heldout = open_heldout(job)?;
+    let target = balance::target_shares(routes, job.model.mod_skip, &t.balance);
+    let params: u64 = model.num_params() as u64;
+    emit(WorkerMessage::Hello { rank: job.rank, world: job.world, device: device_name.to_string(), start_step: state.step, total_steps, params });
+    tracing::debug!("{} parameters in {} tensors; {} trained with Muon", params, names.len(), optim.muon_ids.len());
+
+    let mut last_loss = f64::NAN;
+    while state.step < total_steps {
+        let started = Instant::now();
+        let biases: Vec<Vec<f32>> = state.balance.iter().map(|b| b.biases.clone()).collect();
+        let mut micro_batches = Vec::with_capacity(accumulation);
+        for _ in 0..accumulation {
+            let batch = reader.batch(&state.cursor, job.rank, job.world, t.micro_batch)?;
+            micro_batches.push(batch_tensors::<B>(&batch.tokens, t.micro_batch, seq_len, device));
+            state.cursor = state.cursor.advance(job.world, t.micro_batch);
+        }
+        let lr = t.schedule.lr(state.step, total_steps);
+        let (m, out) = train_step(model, &mut optim, micro_batches, &biases, lr, t.grad_clip);
+        model = m;
+        let (loss_sum, grad_norm, counts) = (out.loss * accumulation as f64, out.grad_norm, out.counts);
+
+        let mut errors = 0.0;
+        for (layer, c) in counts.iter().enumerate() {
+            errors += balance::balance_error(c, &target);
+            balance::update(&mut state.balance[layer], c, &target, &t.balance);
+        }
+        state.step += 1;
+        let tokens = (t.global_batch * seq_len) as u64;
+        state.tokens += tokens;
+        last_loss = loss_sum / accumulation as f64;
+        let mut load = vec![0u64; routes];
+        for c in &counts {
+            for (r, n) in c.iter().enumerate() {
+                load[r] += n;
+            }
+        }
+        emit(WorkerMessage::Step(StepMetrics {
+            step: state.step,
+            loss: last_loss,
+            lr,
+            grad_norm,
+            tokens_per_s: tokens as f64 / started.elapsed().as_secs_f64(),
+            tokens: state.tokens,
+            expert_load: load,
+            balance_error: errors / counts.len() as f64,
+        }));
+        ensure!(last_loss.is_finite(), "phase `{}`: the loss is {last_loss} at step {}", job.phase, state.step);
+
+        let last = state.step == total_steps;
+        if (t.eval_every > 0 && state.step % t.eval_every == 0) || last {
+            let losses = evaluate(&model.valid(), &heldout, seq_len, t.eval_tokens, t.micro_batch, &biases);
+            emit(WorkerMessage::Eval { step: state.step, losses });
+        }
+        if (t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0) || last {
+            let dir = save(&job.checkpoints, &model, &optim, &state)?;
+            emit(WorkerMessage::CheckpointCommitted { step: state.step, path: dir.display().to_string() });
+            checkpoint::retain(&job.checkpoints, t.keep_checkpoints.max(1))?;
+        }
+        if crash_after == Some(state.step) {
+            // Fault injection: die like a crashed process would, mid-phase, without cleanup.
+            eprintln!("fault injection: aborting after step {}", state.step);
+            std::process::abort();
+        }
+    }
+    emit(WorkerMessage::Done { step: state.step, loss: last_loss });
+    Ok(())
+}
+
+/// Muon for the 2-D weight matrices, AdamW for everything else, sharing one learning rate
+/// (Muon's is matched to AdamW's update RMS).
+pub struct Optimizers<B: AutodiffBackend> {
+    muon: MuonOpt<B>,
+    adamw: AdamOpt<B>,
+    /// The parameters Muon trains.
+    pub muon_ids: BTreeSet<ParamId>,
+}
+
+impl<B: AutodiffBackend> Optimizers<B> {
+    /// Fresh optimizers for `model` with `t`'s settings.
+    pub fn new(t: &TrainSettings, model: &Zaya<B>) -> Self {
+        let muon = MuonConfig::new()
+            .with_adjust_lr_fn(AdjustLrFn::MatchRmsAdamW)
+            .with_momentum(MomentumConfig { momentum: t.muon.momentum, dampening: 0.0, nesterov: t.muon.nesterov })
+            .with_ns_steps(t.muon.ns_steps)
+            .with_weight_decay((t.muon.weight_decay > 0.0).then(|| WeightDecayConfig::new(t.muon.weight_decay as f32)))
+            .init();
+        let adamw = AdamWConfig::new()
+            .with_beta_1(t.adamw.beta1 as f32)
+            .with_beta_2(t.adamw.beta2 as f32)
+            .with_epsilon(t.adamw.eps as f32)
+            .with_weight_decay(t.adamw.weight_decay as f32)
+            .init();
+        Optimizers { muon, adamw, muon_ids: matrix_ids(model) }
+    }
+}
+
+/// What one optimizer step measured.
+pub struct StepOutput {
+    /// Mean loss over the micro-batches.
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Tokens per route per MoE layer.
+    pub counts: Vec<Vec<u64>>,
+}
+
+/// One optimizer step: forward/backward over every micro-batch (gradients averaged), global
+/// norm clipping (`clip` > 0), then Muon and AdamW updates at `lr`.
+pub fn train_step<B: AutodiffBackend>(
+    mut model: Zaya<B>,
+    optim: &mut Optimizers<B>,
+    micro_batches: Vec<(Tensor<B, 2, Int>, Tensor<B, 2, Int>)>,
+    biases: &[Vec<f32>],
+    lr: f64,
+    clip: f64,
+) -> (Zaya<B>, StepOutput) {
+    let n = micro_batches.len();
+    let mut accumulator = GradientsAccumulator::<Zaya<B>>::new();
+    let mut loss_sum = 0.0;
+    let mut counts = vec![vec![0u64; model.routes()]; model.blocks.len()];
+    for (inputs, targets) in micro_batches {
+        let (loss, routing) = model.loss(inputs, targets, biases);
+        loss_sum += scalar(loss.clone());
+        let grads = loss.div_scalar(n as f64).backward();
+        accumulator.accumulate::<B>(&model, GradientsParams::from_grads(grads, &model));
+        for (layer, c) in routing.counts.iter().enumerate() {
+            for (r, k) in c.iter().enumerate() {
+                counts[layer][r] += k;
+            }
+        }
+    }
+    let mut grads = accumulator.grads();
+    let grad_norm = global_norm::<B>(&model, &grads);
+    if clip > 0.0 && grad_norm > clip {
+        scale_grads::<B>(&model, &mut grads, clip / (grad_norm + 1e-6));
+    }
+    let muon_grads = split_grads::<B>(&model, &mut grads, &optim.muon_ids);
+    model = optim.muon.step(lr, model, muon_grads);
+    model = optim.adamw.step(lr, model, grads);
+    (model, StepOutput { loss: loss_sum / n as f64, grad_norm, counts })
+}
+
+/// `[micro_batch, seq_len + 1]` token rows -> (inputs, targets) `[micro_batch, seq_len]`.
+pub fn batch_tensors<B: Backend>(rows: &[u32], micro_batch: usize, seq_len: usize, device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+    let mut inputs = Vec::with_capacity(micro_batch * seq_len);
+    let mut targets = Vec::with_capacity(micro_batch * seq_len);
+    for row in rows.chunks_exact(seq_len + 1) {
+        inputs.extend(row[..seq_len].iter().map(|&t| t as i64));
+        targets.extend(row[1..].iter().map(|&t| t as i64));
+    }
+    let make = |v: Vec<i64>| Tensor::<B, 2, Int>::from_data(TensorData::new(v, [micro_batch, seq_len]), device);
+    (make(inputs), make(targets))
+}
+
+fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
+    t.into_data().convert::<f64>().into_vec::<f64>().expect("scalar")[0]
+}
+
+/// The ids of the parameters Muon trains: every 2-D weight matrix except the (tied) embedding.
+fn matrix_ids<B: AutodiffBackend>(model: &Zaya<B>) -> BTreeSet<ParamId> {
+    struct Matrices {
+        embedding: ParamId,
+        out: BTreeSet<ParamId>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Matrices {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            if D == 2 && p.id != self.embedding {
+                self.out.insert(p.id);
+            }
+        }
+    }
+    let mut v = Matrices { embedding: model.embed_tokens.id, out: BTreeSet::new() };
+    model.visit(&mut v);
+    v.out
+}
+
+/// The L2 norm of all gradients together.
+fn global_norm<B: AutodiffBackend>(model: &Zaya<B>, grads: &GradientsParams) -> f64 {
+    struct NormSq<'a> {
+        grads: &'a GradientsParams,
+        total: f64,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for NormSq<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.get::<B::InnerBackend, D>(p.id) {
+                self.total += scalar(g.powf_scalar(2.0).sum());
+            }
+        }
+    }
+    let mut v = NormSq { grads, total: 0.0 };
+    model.visit(&mut v);
+    v.total.sqrt()
+}
+
+/// Multiplies every gradient by `factor`.
+fn scale_grads<B: AutodiffBackend>(model: &Zaya<B>, grads: &mut GradientsParams, factor: f64) {
+    struct Scale<'a> {
+        grads: &'a mut GradientsParams,
+        factor: f64,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.remove::<B::InnerBackend, D>(p.id) {
+                self.grads.register::<B::InnerBackend, D>(p.id, g.mul_scalar(self.factor));
+            }
+        }
+    }
+    model.visit(&mut Scale { grads, factor });
+}
+
+/// Moves the gradients of `ids` out of `grads` into a new set.
+fn split_grads<B: AutodiffBackend>(model: &Zaya<B>, grads: &mut GradientsParams, ids: &BTreeSet<ParamId>) -> GradientsParams {
+    struct Split<'a> {
+        from: &'a mut GradientsParams,
+        to: GradientsParams,
+        ids: &'a BTreeSet<ParamId>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Split<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            if self.ids.contains(&p.id) {
+                if let Some(g) = self.from.remove::<B::InnerBackend, D>(p.id) {
+                    self.to.register::<B::InnerBackend, D>(p.id, g);
+                }
+            }
+        }
+    }
+    let mut v = Split { from: grads, to: GradientsParams::new(), ids };
+    model.visit(&mut v);
+    v.to
+}
+
+/// Held-out token streams, one per source that has them.
+fn open_heldout(job: &TrainJob) -> Result<Vec<(String, IndexedDataset)>> {
+    let mut out = Vec::new();
+    for s in &job.sources {
+        if let Some(prefix) = &s.heldout {
+            let ds = IndexedDataset::open(prefix).with_context(|| format!("opening the held-out tokens of `{}`", s.name))?;
+            if ds.num_docs() > 0 {
+                out.push((s.name.clone(), ds));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Mean held-out loss per source over the first `tokens` tokens of its held-out stream, in
+/// windows of `seq_len` predictions.
+pub fn evaluate<B: Backend>(model: &Zaya<B>, heldout: &[(String, IndexedDataset)], seq_len: usize, tokens: usize, batch: usize, biases: &[Vec<f32>]) -> Vec<(String, f64)> {
+    let device = model.embed_tokens.val().device();
+    let mut out = Vec::new();
+    for (name, ds) in heldout {
+        let stream = read_stream(ds, tokens + 1);
+        let windows: Vec<&[u32]> = stream.windows(seq_len + 1).step_by(seq_len).collect();
+        if windows.is_empty() {
+            continue;
+        }
+        let (mut sum, mut count) = (0.0, 0usize);
+        for chunk in windows.chunks(batch) {
+            let rows: Vec<u32> = chunk.iter().flat_map(|w| w.iter().copied()).collect();
+            let (inputs, targets) = batch_tensors::<B>(&rows, chunk.len(), seq_len, &device);
+            let (nll, _) = model.token_losses(inputs, targets, biases);
+            sum += scalar(nll.sum());
+            count += chunk.len() * seq_len;
+        }
+        out.push((name.clone(), sum / count as f64));
+    }
+    out
+}
+
+/// The first `n` tokens of a dataset's documents, concatenated.
+fn read_stream(ds: &IndexedDataset, n: usize) -> Vec<u32> {
+    let mut out = Vec::with_capacity(n);
+    for doc in 0..ds.num_docs() {
+        let len = ds.doc_len(doc).min(n - out.len());
+        let start = out.len();
+        out.resize(start + len, 0);
+        ds.read(doc, 0, &mut out[start..]);
+        if out.len() == n {
+            break;
+        }
+    }
+    out
+}
+
+/// Writes a checkpoint of the current state.
+fn save<B: AutodiffBackend>(root: &Path, model: &Zaya<B>, optim: &Optimizers<B>, state: &TrainerState) -> Result<PathBuf> {
+    let mut meta = BTreeMap::new();
+    meta.insert("format".into(), "zflow-zaya1".into());
+    meta.insert("step".into(), state.step.to_string());
+    let files = vec![
+        ("model.safetensors".to_string(), checkpoint::weights_to_safetensors(model, meta)?),
+        ("optim-muon.bin".to_string(), optimizer_bytes(optim.muon.to_record())?),
+        ("optim-adamw.bin".to_string(), optimizer_bytes(optim.adamw.to_record())?),
+        ("trainer.json".to_string(), serde_json::to_vec_pretty(state)?),
+    ];
+    checkpoint::commit(root, state.step, files)
+}
+
+/// Loads a checkpoint's weights (always), optimizer state (if `optimizer`) and trainer state.
+fn restore<B: AutodiffBackend>(
+    model: Zaya<B>,
+    optim: &mut Optimizers<B>,
+    dir: &Path,
+    files: &BTreeMap<String, Vec<u8>>,
+    device: &B::Device,
+    optimizer: bool,
+) -> Result<(Zaya<B>, TrainerState)> {
+    let get = |name: &str| files.get(name).with_context(|| format!("{}: no {name} in the checkpoint", dir.display()));
+    let model = checkpoint::load_weights(model, get("model.safetensors")?, &dir.join("model.safetensors"))?;
+    let state: TrainerState = serde_json::from_slice(get("trainer.json")?).with_context(|| format!("{}/trainer.json", dir.display()))?;
+    if optimizer {
+        let muon = optimizer_record(get("optim-muon.bin")?, device).with_context(|| format!("{}/optim-muon.bin", dir.display()))?;
+        let adamw = optimizer_record(get("optim-adamw.bin")?, device).with_context(|| format!("{}/optim-adamw.bin", dir.display()))?;
+        // `load_record` consumes the optimizer; swap in the loaded one.
+        replace_with(&mut optim.muon, |o| o.load_record(muon));
+        replace_with(&mut optim.adamw, |o| o.load_record(adamw));
+    }
+    Ok((model, state))
+}
+
+/// An optimizer record as bytes, entries sorted by parameter id so the same state always
+/// serialises to the same bytes (burn keeps them in a randomly seeded hash map).
+fn optimizer_bytes<RB: Backend, R: Record<RB>>(record: hashbrown::HashMap<ParamId, R>) -> Result<Vec<u8>> {
+    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+    let mut entries: Vec<(ParamId, R)> = record.into_iter().collect();
+    entries.sort_by_key(|(id, _)| id.val());
+    let mut out = Vec::new();
+    for (id, r) in entries {
+        let bytes = Recorder::<RB>::record(&recorder, r, ())?;
+        out.extend_from_slice(&id.val().to_le_bytes());
+        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        out.extend_from_slice(&bytes);
+    }
+    Ok(out)
+}
+
+/// Reads what [`optimizer_bytes`] wrote.
+fn optimizer_record<RB: Backend, R: Record<RB>>(bytes: &[u8], device: &RB::Device) -> Result<hashbrown::HashMap<ParamId, R>> {
+    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+    let mut out = hashbrown::HashMap::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        if at + 16 > bytes.len() {
+            bail!("truncated optimizer state");
+        }
+        let id = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+        let len = u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap()) as usize;
+        at += 16;
+        ensure!(at + len <= bytes.len(), "truncated optimizer state");
+        let r: R = Recorder::<RB>::load(&recorder, bytes[at..at + len].to_vec(), device)?;
+        out.insert(ParamId::from(id), r);
+        at += len;
+    }
+    Ok(out)
+}
+
+/// Replaces `*slot` with `f(old value)`.
+fn replace_with<T: Clone>(slot: &mut T, f: impl FnOnce(T) -> T) {
+    *slot = f(slot.clone());
+}
