@@ -138,7 +138,7 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
 fn balancing_controller_reduces_the_error(a: &Sandbox) {
     let job_path = stage_dir(&a.path().join("zflow-store"), "train.p1").join("job.json");
     let mut job: serde_json::Value = serde_json::from_slice(&std::fs::read(job_path).unwrap()).unwrap();
-    let run = |enabled: bool| -> Vec<f64> {
+    let mut run = |enabled: bool| -> Vec<f64> {
         let dir = a.path().join(format!("balance-{enabled}"));
         job["checkpoints"] = serde_json::json!(dir.join("ckpt"));
         job["train"]["balance"]["enabled"] = serde_json::json!(enabled);

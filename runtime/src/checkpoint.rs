@@ -112,7 +112,8 @@ pub fn weights<B: Backend>(model: &Zaya<B>) -> Vec<(String, Vec<usize>, Vec<f32>
     v.out
 }
 
-/// Serialises the model's weights as safetensors bytes (f32, little endian).
+/// Serialises the model's weights as safetensors bytes (f32, little endian). Give at most one
+/// metadata entry: safetensors orders metadata by a randomly seeded hash map.
 pub fn weights_to_safetensors<B: Backend>(model: &Zaya<B>, metadata: BTreeMap<String, String>) -> Result<Vec<u8>> {
     let tensors = weights(model);
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors

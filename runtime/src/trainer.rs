@@ -527,9 +527,10 @@ fn read_stream(ds: &IndexedDataset, n: usize) -> Vec<u32> {
 
 /// Writes a checkpoint of the current state.
 fn save<B: AutodiffBackend>(root: &Path, model: &Zaya<B>, optim: &Optimizers<B>, state: &TrainerState) -> Result<PathBuf> {
+    // One metadata entry: safetensors keeps metadata in a HashMap, so with two or more the
+    // header's byte order would change from process to process.
     let mut meta = BTreeMap::new();
     meta.insert("format".into(), "zflow-zaya1".into());
-    meta.insert("step".into(), state.step.to_string());
     let files = vec![
         ("model.safetensors".to_string(), checkpoint::weights_to_safetensors(model, meta)?),
         ("optim-muon.bin".to_string(), optimizer_bytes(optim.muon.to_record())?),
