@@ -3,6 +3,8 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use burn::backend::Autodiff;
@@ -14,13 +16,37 @@ use crate::trainer::{self, TrainJob};
 /// Environment variable for fault injection in tests: abort the worker right after this step.
 pub const CRASH_AFTER_STEP: &str = "ZFLOW_FAULT_CRASH_AFTER_STEP";
 
+/// Seconds between heartbeats (a step can take longer than the supervisor's hang timeout
+/// would like to wait for a sign of life).
+const HEARTBEAT_S: u64 = 15;
+
 /// Runs the job in `job_path` on `backend` device `device`; returns the process exit code.
 pub fn run(job_path: &Path, backend: &str, device: usize) -> i32 {
-    let mut out = std::io::stdout().lock();
+    let step = Arc::new(AtomicU64::new(0));
+    let out = Arc::new(Mutex::new(std::io::stdout()));
+    let send = {
+        let out = out.clone();
+        move |m: &WorkerMessage| {
+            let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+            // A supervisor that went away closes the pipe; there is nothing left to report to.
+            let _ = writeln!(out, "{}", m.to_line());
+            let _ = out.flush();
+        }
+    };
+    {
+        let (send, step) = (send.clone(), step.clone());
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(HEARTBEAT_S));
+                send(&WorkerMessage::Heartbeat { step: step.load(Ordering::Relaxed) });
+            }
+        });
+    }
     let mut emit = |m: WorkerMessage| {
-        // A supervisor that went away closes the pipe; there is nothing left to report to.
-        let _ = writeln!(out, "{}", m.to_line());
-        let _ = out.flush();
+        if let WorkerMessage::Step(s) = &m {
+            step.store(s.step, Ordering::Relaxed);
+        }
+        send(&m);
     };
     match run_inner(job_path, backend, device, &mut emit) {
         Ok(()) => 0,

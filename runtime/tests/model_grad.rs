@@ -213,3 +213,33 @@ fn whole_model_loss_wrt_key_temperature_and_conv_bias() {
         m.loss(tokens.clone(), targets.clone(), &biases).0
     });
 }
+
+#[test]
+fn every_parameter_has_a_reference_name() {
+    let model = Zaya::<B>::new(&tiny(), 5, &Default::default());
+    let names = zflow_runtime::checkpoint::param_names::<B, _>(&model);
+    let mapped: Vec<String> = names.iter().map(|(n, _)| zflow_runtime::model::reference_name(n).unwrap_or_else(|| panic!("no reference name for {n}"))).collect();
+    let unique: std::collections::BTreeSet<&String> = mapped.iter().collect();
+    assert_eq!(unique.len(), mapped.len(), "two parameters map to one name");
+    for want in [
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.qkv.linear_q.weight",
+        "model.layers.0.self_attn.qkv.conv_qk.1.weight",
+        "model.layers.0.self_attn.qkv.temp",
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.input_norm.weight",
+        "model.layers.1.res_scale.residual_scale",
+        "model.layers.1.zaya_block.router.down_proj.bias",
+        "model.layers.1.zaya_block.router.rmsnorm_eda.weight",
+        "model.layers.1.zaya_block.router.router_mlp.4.weight",
+        "model.layers.3.zaya_block.router.router_states_scale",
+        "model.layers.3.zaya_block.experts.local_experts.2.linear_fc2.weight",
+        "model.res_scale.hidden_states_scale",
+        "model.final_norm.weight",
+    ] {
+        assert!(unique.contains(&want.to_string()), "{want} missing from {unique:?}");
+    }
+    // Layer 0 has no residual pair; the first MoE layer no EDA scale (as in the reference).
+    assert!(!unique.contains(&"model.layers.0.res_scale.residual_scale".to_string()));
+    assert!(!unique.contains(&"model.layers.1.zaya_block.router.router_states_scale".to_string()));
+}
