@@ -65,7 +65,8 @@ fn default_hang() -> u64 {
 impl Stage for Train {
     type Config = TrainConfig;
     const KIND: &'static str = "train";
-    const VERSION: u32 = 1;
+    // Bump when the runtime's numerics change (model, init, optimizer, data order).
+    const VERSION: u32 = 2;
 
     fn validate(&self, c: &TrainConfig, needs: &[String]) -> Result<(), ConfigError> {
         c.train.validate().map_err(|e| ConfigError::new("train", e))?;
