@@ -219,5 +219,8 @@ fn the_gemma3_tokenizer_loads_from_npm_and_tokenizes_with_i32_ids() {
     assert_eq!((info["bos_id"].as_u64(), info["eos_id"].as_u64(), info["pad_id"].as_u64()), (Some(2), Some(1), Some(0)));
     let parsed = python_read(&stage_dir(&store, "tokenize.notes").join("tokens"));
     assert_eq!(parsed["dtype_code"], 4, "i32 ids for a 262k vocabulary");
-    assert_eq!(parsed["sequence_lengths"].as_array().unwrap().len(), 400);
+    // Every 100th document is held out (tokenize's default `holdout_every`).
+    assert_eq!(parsed["sequence_lengths"].as_array().unwrap().len(), 396);
+    let heldout = python_read(&stage_dir(&store, "tokenize.notes").join("heldout"));
+    assert_eq!(heldout["sequence_lengths"].as_array().unwrap().len(), 4);
 }

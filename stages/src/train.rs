@@ -118,6 +118,11 @@ impl Stage for Train {
         };
         let job_path = out.join("job.json");
         std::fs::write(&job_path, serde_json::to_vec_pretty(&job)?)?;
+        // An earlier attempt finished the phase and died before the stage was committed.
+        if finished(&out.join("final")) {
+            tracing::info!("the phase already finished in an earlier attempt; keeping its final checkpoint");
+            return Metrics::open(&out.join("metrics.jsonl"))?.write_parquet(&c.phase, out);
+        }
 
         let exe = std::env::current_exe().context("locating the zflow binary to start a worker")?;
         let mut cmd = Command::new(exe);
@@ -223,6 +228,13 @@ impl Train {
         }
         Ok(())
     }
+}
+
+/// Whether `dir` is a verified checkpoint at the end of its phase.
+fn finished(dir: &Path) -> bool {
+    let Ok(files) = zflow_runtime::checkpoint::read_verified(dir) else { return false };
+    let state = files.get("trainer.json").and_then(|b| serde_json::from_slice::<zflow_runtime::checkpoint::TrainerState>(b).ok());
+    state.is_some_and(|s| s.step == s.total_steps)
 }
 
 fn describe(status: &std::process::ExitStatus) -> String {
@@ -401,6 +413,6 @@ mod tests {
         assert_eq!((s.global_batch, s.micro_batch, s.rope_base), (32, 16, Some(1.0e6)));
         assert_eq!((s.schedule.peak_lr, s.schedule.warmup), (0.01, 0.0));
         let err = TrainSection::settings(&recipe, "p3", Some(&json!({"globl_batch": 1}))).unwrap_err();
-        assert!(err.to_string().contains("globl_batch"), "{err}");
+        assert!(format!("{}: {}", err.path, err.message).contains("globl_batch"), "{}: {}", err.path, err.message);
     }
 }
