@@ -265,3 +265,33 @@ pub fn retain(root: &Path, keep: usize) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latest_skips_damaged_and_unfinished_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        commit(root, 5, vec![("a.bin".into(), vec![1, 2, 3])]).unwrap();
+        commit(root, 10, vec![("a.bin".into(), vec![4, 5, 6])]).unwrap();
+        // An attempt that died mid-write never has a `step-N` name.
+        fs::create_dir_all(root.join(".tmp-step-00000015")).unwrap();
+        let (newest, files) = latest(root).unwrap();
+        assert!(newest.ends_with("step-00000010"));
+        assert_eq!(files["a.bin"], vec![4, 5, 6]);
+        // Flip a byte in the newest: it is skipped, the older one is used.
+        fs::write(root.join("step-00000010/a.bin"), [4, 5, 7]).unwrap();
+        let (dir5, files) = latest(root).unwrap();
+        assert!(dir5.ends_with("step-00000005"));
+        assert_eq!(files["a.bin"], vec![1, 2, 3]);
+        // A missing manifest (never committed) is skipped too.
+        fs::remove_file(root.join("step-00000005/manifest.json")).unwrap();
+        assert!(latest(root).is_none());
+        // Retention keeps the newest.
+        commit(root, 20, vec![("a.bin".into(), vec![9])]).unwrap();
+        retain(root, 1).unwrap();
+        assert_eq!(list(root).len(), 1);
+    }
+}
