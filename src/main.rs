@@ -135,6 +135,11 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         micro_batch: usize,
     },
+    /// Checkpoint tools.
+    Ckpt {
+        #[command(subcommand)]
+        what: CkptCommand,
+    },
     /// Run one training rank. Train stages start workers; they speak JSON lines on stdout
     /// (hello, step metrics, checkpoints, done, error) and log to stderr.
     Worker {
@@ -165,6 +170,16 @@ fn keep_freed_memory_mapped() {
     const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
     // SAFETY: setting an allocator option; mimalloc documents it as callable at any time.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+}
+
+#[derive(Subcommand)]
+enum CkptCommand {
+    /// Look inside a checkpoint (a train stage's `final/` or `checkpoints/step-N/`): checksum
+    /// status, step, data cursor, routing biases, tensors.
+    Inspect {
+        /// The checkpoint folder.
+        path: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -208,6 +223,10 @@ fn main() -> ExitCode {
             Command::Size { recipe, dp, micro_batch } => commands::size(&recipe, dp, micro_batch),
             Command::Bench { what } => commands::bench(what).await,
             Command::Worker { .. } => unreachable!("handled before the runtime starts"),
+            Command::Ckpt { what: CkptCommand::Inspect { path } } => {
+                print!("{}", zflow_runtime::checkpoint::inspect(&path)?);
+                Ok(ExitCode::SUCCESS)
+            }
         }
     });
     // Stages still blocked on a cancelled child must not keep us alive.

@@ -100,6 +100,11 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
             assert!(series.last().unwrap() < series.first().unwrap(), "{stage} {source}: held-out loss did not fall: {series:?}");
         }
     }
+    // `zflow ckpt inspect` shows the state, and says so when a file no longer verifies.
+    let final_p1 = a.output("train.p1").join("final");
+    let shown = a.ok(&["ckpt", "inspect", final_p1.to_str().unwrap()]).stdout;
+    assert!(shown.contains("manifest verified") && shown.contains("phase p1 step") && shown.contains("blocks.0.self_attn.qkv.linear_q.weight"), "{shown}");
+
     // Phase 2 started from phase 1's weights, with a fresh optimizer and RoPE base 1M.
     let job: serde_json::Value = serde_json::from_slice(&std::fs::read(a.output("train.p2").join("job.json")).unwrap()).unwrap();
     assert!(job["init"].as_str().unwrap().contains("train.p1"));
@@ -131,6 +136,19 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
     assert_eq!(steps, (1..=steps.len() as u64).collect::<Vec<_>>());
 
     balancing_controller_reduces_the_error(&a);
+
+    // A damaged checkpoint is reported, not trusted (done last: it changes the store).
+    let copy = a.path().join("damaged");
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in ["model.safetensors", "trainer.json", "manifest.json", "optim-muon.bin", "optim-adamw.bin"] {
+        std::fs::copy(final_p1.join(f), copy.join(f)).unwrap();
+    }
+    let mut bytes = std::fs::read(copy.join("optim-adamw.bin")).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(copy.join("optim-adamw.bin"), bytes).unwrap();
+    let shown = a.ok(&["ckpt", "inspect", copy.to_str().unwrap()]).stdout;
+    assert!(shown.contains("DOES NOT VERIFY") && shown.contains("optim-adamw.bin: checksum mismatch"), "{shown}");
 }
 
 /// Re-runs phase 1's worker with the controller off and on, from the same data: on, the

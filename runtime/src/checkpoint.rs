@@ -266,6 +266,58 @@ pub fn retain(root: &Path, keep: usize) -> Result<()> {
     Ok(())
 }
 
+/// A human-readable description of checkpoint `dir`: checksum status, step and data cursor,
+/// and every tensor (name, dtype, shape) with the totals.
+pub fn inspect(dir: &Path) -> Result<String> {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let files = match read_verified(dir) {
+        Ok(files) => {
+            writeln!(out, "{}: manifest verified ({} files)", dir.display(), files.len())?;
+            files
+        }
+        Err(e) => {
+            writeln!(out, "{}: DOES NOT VERIFY: {e:#}", dir.display())?;
+            // Still show what can be read, so a damaged checkpoint can be looked at.
+            let mut files = BTreeMap::new();
+            for name in ["trainer.json", "model.safetensors"] {
+                if let Ok(b) = fs::read(dir.join(name)) {
+                    files.insert(name.to_string(), b);
+                }
+            }
+            files
+        }
+    };
+    if let Some(b) = files.get("trainer.json") {
+        let s: TrainerState = serde_json::from_slice(b).context("trainer.json")?;
+        writeln!(out, "phase {} step {}/{}  tokens {}  seed {}  rope base {}", s.phase, s.step, s.total_steps, s.tokens, s.seed, s.rope_base)?;
+        writeln!(out, "data cursor: sample {} of mixture {}", s.cursor.sample, s.cursor.fingerprint)?;
+        for (layer, b) in s.balance.iter().enumerate() {
+            let biases: Vec<String> = b.biases.iter().map(|v| format!("{v:+.3}")).collect();
+            writeln!(out, "routing biases, MoE layer {layer}: [{}]", biases.join(" "))?;
+        }
+    }
+    for (name, bytes) in &files {
+        if name.ends_with(".bin") {
+            writeln!(out, "{name}: {} bytes of optimizer state", bytes.len())?;
+        }
+    }
+    if let Some(b) = files.get("model.safetensors") {
+        let st = safetensors::SafeTensors::deserialize(b).context("model.safetensors")?;
+        let mut tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = st.tensors();
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut total = 0usize;
+        writeln!(out, "model.safetensors: {} tensors", tensors.len())?;
+        for (name, view) in &tensors {
+            let n: usize = view.shape().iter().product();
+            total += n;
+            writeln!(out, "  {name:<60} {:?} {:?}", view.dtype(), view.shape())?;
+        }
+        writeln!(out, "parameters: {total}")?;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
