@@ -45,16 +45,8 @@ pub fn train_step_throughput(model: &ModelConfig, batch: usize, seq_len: usize, 
     let settings = TrainSettings::default();
     let mut zaya: Zaya<B> = Zaya::new(model, 0, &device);
     let mut optim = Optimizers::new(&settings, &zaya);
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let tokens: Vec<i64> = (0..batch * (seq_len + 1))
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % model.vocab_size as u64) as i64
-        })
-        .collect();
-    let rows: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+    let mut rng = crate::rng::SplitMix64(1);
+    let rows: Vec<u32> = (0..batch * (seq_len + 1)).map(|_| rng.below(model.vocab_size as u64) as u32).collect();
     let biases: Vec<Vec<f32>> = (0..model.num_blocks).map(|_| vec![0.0; zaya.routes()]).collect();
     let mut best = f64::MAX;
     for i in 0..steps + 1 {

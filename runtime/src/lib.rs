@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod model;
 pub mod protocol;
+pub mod rng;
 pub mod schedule;
 pub mod size;
 pub mod trainer;

@@ -16,6 +16,7 @@ use burn::tensor::activation::{gelu, log_softmax, silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
+use crate::rng::SplitMix64;
 use crate::size::ModelConfig;
 
 /// The whole model: embedding, `num_blocks` x (attention, MoE), final scaling and norm, and the
@@ -753,26 +754,4 @@ pub fn reference_name(name: &str) -> Option<String> {
 pub fn param_id(path: &str) -> ParamId {
     let hash = blake3::hash(path.as_bytes());
     ParamId::from(u64::from_le_bytes(hash.as_bytes()[..8].try_into().expect("8 bytes")))
-}
-
-/// SplitMix64 with Box-Muller normals: tiny, seedable, identical on every platform.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
-    fn normal(&mut self) -> f64 {
-        let (u1, u2) = (self.uniform(), self.uniform());
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
 }

@@ -61,6 +61,7 @@ use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
 use super::TokenSource;
+use crate::rng::SplitMix64;
 
 /// One stage of a phase's curriculum: from `start` (a fraction of the phase's samples) on,
 /// sources are drawn with these weights.
@@ -167,26 +168,6 @@ pub fn manifest_path(index_path: &Path) -> PathBuf {
 
 // ---------------------------------------------------------------------------------------------
 // Randomness
-
-/// SplitMix64 (Steele, Lea & Flood 2014), written out here so the sample order can never
-/// change with a crate upgrade (see the module docs).
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (n > 0), by multiply-high (Lemire): no division, and a bias of at
-    /// most n / 2^64, which is irrelevant for shuffling.
-    fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() as u128 * n as u128) >> 64) as u64
-    }
-}
 
 /// Domain tags, so the block shuffles and the document shuffles never share a stream.
 const TAG_BLOCK: u64 = 1;
