@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::array::{ArrayRef, Float64Array, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use zflow_pipeline::stage::parse_config;
@@ -88,7 +88,7 @@ impl Stage for Mix {
 }
 
 fn write_report_parquet(ctx: &StageContext, phase: &str, r: &mixture::MixReport) -> Result<()> {
-    let schema = Arc::new(Schema::new(vec![
+    let fields = vec![
         Field::new("phase", DataType::Utf8, false),
         Field::new("source", DataType::Utf8, false),
         Field::new("requested_share", DataType::Float64, false),
@@ -96,7 +96,7 @@ fn write_report_parquet(ctx: &StageContext, phase: &str, r: &mixture::MixReport)
         Field::new("samples", DataType::UInt64, false),
         Field::new("tokens", DataType::UInt64, false),
         Field::new("epochs", DataType::Float64, false),
-    ]));
+    ];
     let n = r.sources.len();
     let cols: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from(vec![phase; n])),
@@ -107,10 +107,7 @@ fn write_report_parquet(ctx: &StageContext, phase: &str, r: &mixture::MixReport)
         Arc::new(UInt64Array::from_iter_values(r.sources.iter().map(|s| s.tokens))),
         Arc::new(Float64Array::from_iter_values(r.sources.iter().map(|s| s.epochs))),
     ];
-    let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(ctx.out_dir().join("report.parquet"))?, schema.clone(), None)?;
-    w.write(&RecordBatch::try_new(schema, cols)?)?;
-    w.close()?;
-    Ok(())
+    crate::util::write_parquet(&ctx.out_dir().join("report.parquet"), fields, cols)
 }
 
 /// One `phases:` entry's data settings.

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::array::{ArrayRef, Float64Array, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use zflow_pipeline::stage::{parse_config, spawn_supervised, terminate_group};
@@ -35,6 +35,8 @@ use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
 use zflow_runtime::protocol::{StepMetrics, WorkerMessage};
 use zflow_runtime::size::ModelConfig;
 use zflow_runtime::trainer::{SourcePaths, TrainJob, TrainSettings};
+
+use crate::util::write_parquet;
 
 /// The `train` stage kind.
 pub struct Train;
@@ -352,14 +354,6 @@ impl Metrics {
             ],
         )
     }
-}
-
-fn write_parquet(path: &Path, fields: Vec<Field>, cols: Vec<ArrayRef>) -> Result<()> {
-    let schema = Arc::new(Schema::new(fields));
-    let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path)?, schema.clone(), None)?;
-    w.write(&RecordBatch::try_new(schema, cols)?)?;
-    w.close()?;
-    Ok(())
 }
 
 /// The `train:` section: settings shared by every phase (each phase's `train:` overrides them).

@@ -1,6 +1,10 @@
 //! Small helpers shared by stage kinds.
 
 use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::{Field, Schema};
 
 /// The last `n` lines of a log file, indented, for error messages.
 pub fn log_tail(path: &Path, n: usize) -> String {
@@ -9,4 +13,14 @@ pub fn log_tail(path: &Path, n: usize) -> String {
     let start = lines.len().saturating_sub(n);
     let tail: Vec<String> = lines[start..].iter().map(|l| format!("    {l}")).collect();
     if tail.is_empty() { "    (the log is empty)".into() } else { tail.join("\n") }
+}
+
+/// Writes one record batch of `cols` (named and typed by `fields`) as a Parquet file: the small
+/// report tables stages leave for `zflow query`.
+pub fn write_parquet(path: &Path, fields: Vec<Field>, cols: Vec<ArrayRef>) -> anyhow::Result<()> {
+    let schema = Arc::new(Schema::new(fields));
+    let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path)?, schema.clone(), None)?;
+    w.write(&RecordBatch::try_new(schema, cols)?)?;
+    w.close()?;
+    Ok(())
 }
