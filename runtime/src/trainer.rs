@@ -225,27 +225,26 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name
 
     // Resume from this phase's newest checkpoint, else start from the previous phase's end.
     if let Some((dir, files)) = checkpoint::latest(&job.checkpoints) {
-        let (m, st) = restore(model, &mut optim, &dir, &files, device, true)?;
-        model = m;
+        let (m, o, st) = restore(model, optim, &dir, &files, device, true)?;
+        (model, optim) = (m, o);
         ensure!(st.phase == job.phase, "{}: a checkpoint of phase `{}` in phase `{}`'s directory", dir.display(), st.phase, job.phase);
         state = st;
         tracing::info!("resuming phase {} at step {} from {}", job.phase, state.step, dir.display());
     } else if let Some(init) = &job.init {
         let files = checkpoint::read_verified(init).with_context(|| format!("the previous phase's checkpoint {}", init.display()))?;
-        let (m, prev) = restore(model, &mut optim, init, &files, device, t.carry_optimizer)?;
-        model = m;
+        let (m, o, prev) = restore(model, optim, init, &files, device, t.carry_optimizer)?;
+        (model, optim) = (m, o);
         // The routing biases are part of the model; the phase's data and step restart.
         state.balance = prev.balance;
         tracing::info!("phase {} starts from {} (optimizer state {})", job.phase, init.display(), if t.carry_optimizer { "carried" } else { "reset" });
     }
     model.options.rope_base = rope_base;
 
-    let names = checkpoint::param_names::<B, _>(&model);
     let heldout = open_heldout(job)?;
     let target = balance::target_shares(routes, job.model.mod_skip, &t.balance);
     let params: u64 = model.num_params() as u64;
     emit(WorkerMessage::Hello { rank: job.rank, world: job.world, device: device_name.to_string(), start_step: state.step, total_steps, params });
-    tracing::debug!("{} parameters in {} tensors; {} trained with Muon", params, names.len(), optim.muon_ids.len());
+    tracing::debug!("{} parameters; {} weight matrices trained with Muon", params, optim.muon_ids.len());
 
     let mut last_loss = f64::NAN;
     while state.step < total_steps {
@@ -543,23 +542,22 @@ fn save<B: AutodiffBackend>(root: &Path, model: &Zaya<B>, optim: &Optimizers<B>,
 /// Loads a checkpoint's weights (always), optimizer state (if `optimizer`) and trainer state.
 fn restore<B: AutodiffBackend>(
     model: Zaya<B>,
-    optim: &mut Optimizers<B>,
+    mut optim: Optimizers<B>,
     dir: &Path,
     files: &BTreeMap<String, Vec<u8>>,
     device: &B::Device,
     optimizer: bool,
-) -> Result<(Zaya<B>, TrainerState)> {
+) -> Result<(Zaya<B>, Optimizers<B>, TrainerState)> {
     let get = |name: &str| files.get(name).with_context(|| format!("{}: no {name} in the checkpoint", dir.display()));
     let model = checkpoint::load_weights(model, get("model.safetensors")?, &dir.join("model.safetensors"))?;
     let state: TrainerState = serde_json::from_slice(get("trainer.json")?).with_context(|| format!("{}/trainer.json", dir.display()))?;
     if optimizer {
         let muon = optimizer_record(get("optim-muon.bin")?, device).with_context(|| format!("{}/optim-muon.bin", dir.display()))?;
         let adamw = optimizer_record(get("optim-adamw.bin")?, device).with_context(|| format!("{}/optim-adamw.bin", dir.display()))?;
-        // `load_record` consumes the optimizer; swap in the loaded one.
-        replace_with(&mut optim.muon, |o| o.load_record(muon));
-        replace_with(&mut optim.adamw, |o| o.load_record(adamw));
+        optim.muon = optim.muon.load_record(muon);
+        optim.adamw = optim.adamw.load_record(adamw);
     }
-    Ok((model, state))
+    Ok((model, optim, state))
 }
 
 /// An optimizer record as bytes, entries sorted by parameter id so the same state always
@@ -596,9 +594,4 @@ fn optimizer_record<RB: Backend, R: Record<RB>>(bytes: &[u8], device: &RB::Devic
         at += len;
     }
     Ok(out)
-}
-
-/// Replaces `*slot` with `f(old value)`.
-fn replace_with<T: Clone>(slot: &mut T, f: impl FnOnce(T) -> T) {
-    *slot = f(slot.clone());
 }
