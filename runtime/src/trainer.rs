@@ -259,7 +259,7 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name
         let lr = t.schedule.lr(state.step, total_steps);
         let (m, out) = train_step(model, &mut optim, micro_batches, &biases, lr, t.grad_clip);
         model = m;
-        let (loss_sum, grad_norm, counts) = (out.loss * accumulation as f64, out.grad_norm, out.counts);
+        let (grad_norm, counts) = (out.grad_norm, out.counts);
 
         let mut errors = 0.0;
         for (layer, c) in counts.iter().enumerate() {
@@ -269,7 +269,7 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name
         state.step += 1;
         let tokens = (t.global_batch * seq_len) as u64;
         state.tokens += tokens;
-        last_loss = loss_sum / accumulation as f64;
+        last_loss = out.loss;
         let mut load = vec![0u64; routes];
         for c in &counts {
             for (r, n) in c.iter().enumerate() {
