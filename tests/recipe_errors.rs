@@ -34,7 +34,7 @@ fn unknown_stage_field_points_at_the_key() {
 
 #[test]
 fn unknown_kind_lists_the_kinds() {
-    check("stages:\n  - name: a\n    kind: shel\n    run: x\n", "r.yaml:3:11", "unknown stage kind `shel`, expected one of: fetch, ingest, megatron, mix, shell, tokenize, tokenizer");
+    check("stages:\n  - name: a\n    kind: shel\n    run: x\n", "r.yaml:3:11", "unknown stage kind `shel`, expected one of: export, fetch, ingest, megatron, mix, shell, tokenize, tokenizer, train");
 }
 
 #[test]
@@ -143,4 +143,10 @@ fn extends_merges_key_by_key() {
     assert!(out.stdout.contains("| a ") && out.stdout.contains("| c "), "{}", out.stdout);
     let a_dir = std::fs::read_dir(sb.path().join("zflow-store")).unwrap().flatten().find(|e| e.file_name().to_string_lossy().starts_with("a-")).unwrap();
     assert_eq!(std::fs::read_to_string(a_dir.path().join("a")).unwrap().trim(), "child");
+}
+
+#[test]
+fn export_section_errors_point_at_the_key() {
+    check("export:\n  format: onnx\n", "r.yaml:2:11", "`onnx` is not an export format");
+    check("model: {}\nexport: {format: hf}\n", "r.yaml:2:", "no `phases:`");
 }

@@ -4,8 +4,9 @@
 //! sub-layers: CCA attention, then a top-1 mixture of SwiGLU experts behind ZAYA1's MLP router.
 //! Field names follow the released reference code (Zyphra's `transformers` fork, `models/zaya`)
 //! so a checkpoint maps one to one onto `model.layers.{2i}.self_attn.qkv.linear_q.weight` and
-//! friends (see `export_name`). Linear weights are stored `[in, out]` (burn's layout; export
-//! transposes them), convolution weights in PyTorch's `[out, in / groups, kernel]`.
+//! friends (see `reference_name`; `hf.rs` exports and imports). Linear weights are stored
+//! `[in, out]` (burn's layout; export transposes them), convolution weights in PyTorch's
+//! `[out, in / groups, kernel]`.
 //!
 //! Reading order: [`Zaya`] (embedding, residual stream, tied head), [`Attention`] (CCA),
 //! [`Router`], [`Moe`] (expert dispatch), then the small pieces they share.

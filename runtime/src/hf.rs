@@ -1,0 +1,1299 @@
+//! Hugging Face export and import of zflow checkpoints.
+//!
+//! The target is the ZAYA1 reference implementation: Zyphra's `transformers` fork, branch
+//! `zaya`, `src/transformers/models/zaya/` (`ZayaConfig`, `ZayaForCausalLM`). An exported
+//! folder holds
+//!
+//! ```text
+//! config.json              ZayaConfig fields (model_type "zaya", architectures ZayaForCausalLM)
+//! model.safetensors        the reference's tensor names and layouts, f32, metadata {"format": "pt"}
+//! tokenizer.json           with --tokenizer: copied byte for byte
+//! tokenizer_config.json    with --tokenizer: PreTrainedTokenizerFast + its special tokens
+//! special_tokens_map.json  with --tokenizer
+//! ```
+//!
+//! Names come from [`crate::model::reference_name`]. Layouts: our linear weights are `[in, out]`
+//! (burn's convention) and PyTorch's `nn.Linear` holds `[out, in]`, so linears are transposed;
+//! the embedding (`nn.Embedding`, `[vocab, hidden]`), the convolutions (`nn.Conv1d`,
+//! `[out, in / groups, kernel]`, the layout `model.rs` already uses) and every 1-D parameter are
+//! the same on both sides. The router's balancing biases, which zflow keeps in `trainer.json`
+//! (they are moved by a controller, not by backprop), are the reference's persistent buffer
+//! `model.layers.{2i+1}.zaya_block.router.balancing_biases`. The output head is tied to the
+//! embedding, so there is no `lm_head.weight` (what `save_pretrained` writes for tied weights).
+//!
+//! Import is the exact inverse, so export then import gives back every tensor bit for bit (and
+//! the same `model.safetensors` bytes): moving f32 values between layouts never changes their
+//! bits, and bf16/f16 tensors (the released ZAYA1-base is bf16) widen to f32 exactly.
+//!
+//! Both directions write into a temporary sibling folder and rename it into place, so a crash
+//! leaves no half-written export or checkpoint.
+//!
+//! Limits of the reference code, not of the export: its decode cache (`ZayaDynamicCache`)
+//! hard-codes head_dim 128 and kernel 2, and its SDPA attention assumes a query latent of half
+//! the hidden size. ZAYA1-base's sizes satisfy both; a smaller model (the nano recipe: head_dim
+//! 64) runs in the reference with eager attention (`ZayaConfig`'s default) and `use_cache=False`.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use safetensors::tensor::{TensorView, View};
+use safetensors::{Dtype, SafeTensors};
+use serde_json::{Map, Value, json};
+
+use crate::balance::BalanceState;
+use crate::checkpoint::{Manifest, TrainerState};
+use crate::data::mixture::DataCursor;
+use crate::model::reference_name;
+use crate::size::ModelConfig;
+
+/// The `format` metadata of the weights the trainer writes (`trainer.rs`, `save`). An imported
+/// checkpoint carries the same single entry, so its `model.safetensors` has the same bytes as
+/// one the trainer wrote for the same weights.
+const CHECKPOINT_FORMAT: &str = "zflow-zaya1";
+
+/// Gemma3's vocabulary, ZAYA1's (ZAYA1.md): with it and no tokenizer, the special ids are
+/// ZAYA1's bos=2, eos=1, pad=0.
+const GEMMA3_VOCAB: usize = 262_272;
+
+/// `max_position_embeddings` when the caller knows no context length: ZAYA1's pretraining
+/// context (4K, ZAYA1.md). The reference's default RoPE does not depend on it.
+pub const DEFAULT_MAX_POSITIONS: usize = 4096;
+
+/// The phase name an imported checkpoint's `trainer.json` carries.
+pub const IMPORTED_PHASE: &str = "hf-import";
+
+/// Export settings besides the checkpoint and the model.
+#[derive(Clone, Debug)]
+pub struct ExportOptions {
+    /// A tokenizer to ship with the model: a `tokenizer.json`, or a folder holding one (a
+    /// `tokenizer` stage's output, whose `tokenizer_info.json` then names the special tokens).
+    pub tokenizer: Option<PathBuf>,
+    /// `max_position_embeddings` in `config.json`: the context the model was trained at.
+    pub max_position_embeddings: usize,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions { tokenizer: None, max_position_embeddings: DEFAULT_MAX_POSITIONS }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Which tensors a model has, under both names
+// ---------------------------------------------------------------------------------------------
+
+/// One parameter: our name and shape, the reference's name, and whether it is a linear weight
+/// (stored transposed on the two sides).
+#[derive(Clone, Debug, PartialEq)]
+struct Spec {
+    ours: String,
+    shape: Vec<usize>,
+    hf: String,
+    linear: bool,
+}
+
+impl Spec {
+    fn hf_shape(&self) -> Vec<usize> {
+        if self.linear { vec![self.shape[1], self.shape[0]] } else { self.shape.clone() }
+    }
+}
+
+/// Builds the list of [`Spec`]s in the model's parameter order.
+struct Specs(Vec<Spec>);
+
+impl Specs {
+    fn add(&mut self, ours: String, shape: Vec<usize>, linear: bool) {
+        // Every parameter path has a reference name (`model_grad.rs` checks it on a real model).
+        let hf = reference_name(&ours).unwrap_or_else(|| panic!("no reference name for `{ours}`"));
+        self.0.push(Spec { ours, shape, hf, linear });
+    }
+
+    fn linear(&mut self, path: &str, d_in: usize, d_out: usize, bias: bool) {
+        self.add(format!("{path}.weight"), vec![d_in, d_out], true);
+        if bias {
+            self.add(format!("{path}.bias"), vec![d_out], false);
+        }
+    }
+
+    fn res_scale(&mut self, path: &str, h: usize, with_residual: bool) {
+        self.add(format!("{path}.hidden_states_scale"), vec![h], false);
+        self.add(format!("{path}.hidden_states_bias"), vec![h], false);
+        if with_residual {
+            self.add(format!("{path}.residual_scale"), vec![h], false);
+            self.add(format!("{path}.residual_bias"), vec![h], false);
+        }
+    }
+}
+
+/// The parameters `Zaya::new(c, ..)` creates, computed from the config alone: export and import
+/// never build the model, so a full-size checkpoint costs no more memory than its tensors.
+/// `tests::specs_match_the_model` checks this against real models.
+fn specs(c: &ModelConfig) -> Vec<Spec> {
+    let (h, lq, lk, hd, d) = (c.hidden_size, c.q_latent(), c.kv_latent(), c.head_dim, c.router_dim);
+    let ch = lq + lk;
+    let routes = c.num_experts + usize::from(c.mod_skip);
+    let mut s = Specs(Vec::new());
+    s.add("embed_tokens".into(), vec![c.vocab_size, h], false);
+    for i in 0..c.num_blocks {
+        let b = format!("blocks.{i}");
+        if c.residual_scaling {
+            s.res_scale(&format!("{b}.attn_res_scale"), h, i > 0);
+        }
+        s.add(format!("{b}.attn_norm.weight"), vec![h], false);
+        let q = format!("{b}.self_attn.qkv");
+        s.linear(&format!("{q}.linear_q"), h, lq, false);
+        s.linear(&format!("{q}.linear_k"), h, lk, false);
+        s.linear(&format!("{q}.val_proj1"), h, lk / 2, false);
+        s.linear(&format!("{q}.val_proj2"), h, lk - lk / 2, false);
+        s.add(format!("{q}.conv0_weight"), vec![ch, 1, c.conv_kernel], false);
+        s.add(format!("{q}.conv0_bias"), vec![ch], false);
+        s.add(format!("{q}.conv1_weight"), vec![ch, hd, c.conv_kernel], false);
+        s.add(format!("{q}.conv1_bias"), vec![ch], false);
+        s.add(format!("{q}.temp"), vec![c.num_kv_heads], false);
+        s.linear(&format!("{b}.self_attn.o_proj"), lq, h, false);
+        if c.residual_scaling {
+            s.res_scale(&format!("{b}.moe_res_scale"), h, true);
+        }
+        s.add(format!("{b}.moe_norm.weight"), vec![h], false);
+        let r = format!("{b}.moe.router");
+        s.linear(&format!("{r}.down_proj"), h, d, true);
+        if i > 0 && c.eda {
+            s.add(format!("{r}.router_states_scale"), vec![d], false);
+        }
+        s.add(format!("{r}.rmsnorm_eda.weight"), vec![d], false);
+        for k in 0..c.router_mlp_layers {
+            let last = k + 1 == c.router_mlp_layers;
+            // Our Vec holds only the linears; `reference_name` maps index k to the Sequential's 2k.
+            s.linear(&format!("{r}.router_mlp.{k}"), d, if last { routes } else { d }, !last);
+        }
+        for e in 0..c.num_experts {
+            let x = format!("{b}.moe.local_experts.{e}");
+            s.linear(&format!("{x}.linear_fc1"), h, 2 * c.expert_ffn, false);
+            s.linear(&format!("{x}.linear_fc2"), c.expert_ffn, h, false);
+        }
+    }
+    if c.residual_scaling {
+        s.res_scale("res_scale", h, true);
+    }
+    s.add("final_norm.weight".into(), vec![h], false);
+    s.0
+}
+
+/// The reference's name of MoE layer `block`'s balancing-bias buffer (`ZayaRouter`'s
+/// `register_buffer("balancing_biases", ...)`).
+fn biases_name(block: usize) -> String {
+    format!("model.layers.{}.zaya_block.router.balancing_biases", 2 * block + 1)
+}
+
+/// `[rows, cols]` row-major f32 bytes -> `[cols, rows]`. Moves 4-byte elements whole, so every
+/// value keeps its exact bits.
+fn transpose(bytes: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    debug_assert_eq!(bytes.len(), rows * cols * 4);
+    let mut out = vec![0u8; bytes.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (src, dst) = ((r * cols + c) * 4, (c * rows + r) * 4);
+            out[dst..dst + 4].copy_from_slice(&bytes[src..src + 4]);
+        }
+    }
+    out
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Little-endian `dtype` values as f32 bytes: f32 as is, bf16 and f16 widened (exactly: every
+/// bf16 and f16 value is an f32 value).
+fn widen(data: &[u8], dtype: Dtype) -> Cow<'_, [u8]> {
+    match dtype {
+        Dtype::BF16 => Cow::Owned(data.chunks_exact(2).flat_map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes()).collect()),
+        Dtype::F16 => Cow::Owned(data.chunks_exact(2).flat_map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes()).collect()),
+        _ => Cow::Borrowed(data),
+    }
+}
+
+/// One f32 tensor to write, converted from its source (widened, then transposed if `from` is a
+/// `[rows, cols]` linear weight) only when the safetensors writer asks for its bytes: the
+/// writer takes one tensor at a time, so a full-size model never sits in memory twice.
+struct Lazy<'a> {
+    source: Cow<'a, [u8]>,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    transpose: Option<(usize, usize)>,
+}
+
+impl View for Lazy<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        let values = widen(&self.source, self.dtype);
+        match self.transpose {
+            Some((rows, cols)) => Cow::Owned(transpose(&values, rows, cols)),
+            None => values,
+        }
+    }
+    fn data_len(&self) -> usize {
+        self.shape.iter().product::<usize>() * 4
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// config.json
+// ---------------------------------------------------------------------------------------------
+
+/// Refuses a model the reference implementation cannot express (or that zflow's model does not
+/// actually implement as configured), naming the `model:` field.
+fn check_exportable(c: &ModelConfig) -> Result<()> {
+    ensure!(c.router_mlp_layers == 3, "model.router_mlp_layers is {}; the reference implementation's router MLP has exactly 3 layers", c.router_mlp_layers);
+    ensure!(c.top_k == 1, "model.top_k is {}; zflow's ZAYA1 routes each token to one expert, so its checkpoints are top-1 models", c.top_k);
+    ensure!(c.tie_embeddings, "model.tie_embeddings is false, but zflow's ZAYA1 always ties the output head to the embedding");
+    ensure!(c.num_kv_heads > 0 && c.num_query_heads.is_multiple_of(c.num_kv_heads), "model.num_query_heads ({}) must be a multiple of model.num_kv_heads ({})", c.num_query_heads, c.num_kv_heads);
+    // The reference's two value projections are each `latent_k // 2` wide.
+    ensure!(c.kv_latent().is_multiple_of(2), "model.num_kv_heads x model.head_dim ({}) must be even: the reference splits it between two value projections", c.kv_latent());
+    // Ours rotates `floor(head_dim * fraction)` rounded down to even channels; the reference's
+    // default RoPE rotates `int(head_dim * partial_rotary_factor)`.
+    let rotated = (c.head_dim as f64 * c.rope_fraction) as usize;
+    ensure!(rotated.is_multiple_of(2), "model.head_dim x model.rope_fraction = {rotated} RoPE channels; the reference needs an even number");
+    Ok(())
+}
+
+/// Special token ids (and their text, when a tokenizer names them).
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Specials {
+    bos: Option<(u32, Option<String>)>,
+    eos: Option<(u32, Option<String>)>,
+    pad: Option<(u32, Option<String>)>,
+}
+
+/// `config.json` for `c`, field names and order as in the reference's `ZayaConfig.__init__`
+/// (the scalar form of `configuration_zaya.py`: `num_attention_heads` = CCA query heads,
+/// `num_query_groups` = `num_key_value_heads` = KV heads, explicit `head_dim`). serde_json keeps
+/// insertion order here, so the same inputs give the same bytes.
+fn hf_config(c: &ModelConfig, rope_theta: f64, max_positions: usize, specials: &Specials) -> Value {
+    let id = |t: &Option<(u32, Option<String>)>| t.as_ref().map(|(id, _)| *id);
+    // A list of pairs rather than one `json!` (which would exceed the macro recursion limit).
+    let fields: Vec<(&str, Value)> = vec![
+        ("architectures", json!(["ZayaForCausalLM"])),
+        ("model_type", json!("zaya")),
+        ("cca", json!(true)),
+        ("num_query_groups", json!(c.num_kv_heads)),
+        ("use_cache", json!(true)),
+        ("attention_bias", json!(false)),
+        ("lm_head_bias", json!(false)),
+        ("vocab_size", json!(c.vocab_size)),
+        ("hidden_size", json!(c.hidden_size)),
+        // gate and up in one matrix: the reference's width is 2 x the expert's SwiGLU width.
+        ("ffn_hidden_size", json!(2 * c.expert_ffn)),
+        // Each of our blocks is two reference layers (attention 2i, MoE 2i + 1).
+        ("num_hidden_layers", json!(2 * c.num_blocks)),
+        ("num_experts", json!(c.num_experts)),
+        ("num_attention_heads", json!(c.num_query_heads)),
+        ("head_dim", json!(c.head_dim)),
+        ("activation_func", json!("swiglu")),
+        ("max_position_embeddings", json!(max_positions)),
+        ("norm_epsilon", json!(c.rms_norm_eps)),
+        ("pad_token_id", json!(id(&specials.pad))),
+        ("bos_token_id", json!(id(&specials.bos))),
+        ("eos_token_id", json!(id(&specials.eos))),
+        ("tie_word_embeddings", json!(true)),
+        ("rope_theta", json!(rope_theta)),
+        ("attention_dropout", json!(0.0)),
+        ("moe_router_topk", json!(c.top_k)),
+        ("normalization", json!("RMSNorm")),
+        ("zaya_mlp_expansion", json!(c.router_dim)),
+        ("zaya_use_mod", json!(c.mod_skip)),
+        ("zaya_high_prec", json!(true)),
+        ("zaya_use_eda", json!(c.eda)),
+        ("add_bias_linear", json!(false)),
+        ("gated_linear_unit", json!(true)),
+        ("scale_residual_merge", json!(c.residual_scaling)),
+        ("fused_add_norm", json!(false)),
+        // zflow trains and exports in f32 throughout, the residual stream included.
+        ("residual_in_fp32", json!(true)),
+        ("apply_rope_fusion", json!(true)),
+        ("bias_activation_fusion", json!(true)),
+        ("activation_func_fp8_input_store", json!(false)),
+        ("sliding_window", Value::Null),
+        ("rope_scaling", Value::Null),
+        ("partial_rotary_factor", json!(c.rope_fraction)),
+        ("num_key_value_heads", json!(c.num_kv_heads)),
+        ("clamp_temp", json!(false)),
+        ("cca_time0", json!(c.conv_kernel)),
+        ("cca_time1", json!(c.conv_kernel)),
+        ("swa_layers", Value::Null),
+        ("swa_rotary_base", Value::Null),
+        ("torch_dtype", json!("float32")),
+    ];
+    Value::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+}
+
+/// Typed reads of `config.json` fields whose errors name the file and the field.
+struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    file: &'a Path,
+}
+
+impl Fields<'_> {
+    fn error(&self, key: &str, msg: impl std::fmt::Display) -> anyhow::Error {
+        anyhow!("{}: `{key}`: {msg}", self.file.display())
+    }
+
+    /// The value, treating `null` as absent (the reference writes `null` for unset options).
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn usize_of(&self, key: &str, v: &Value) -> Result<usize> {
+        v.as_u64().map(|n| n as usize).ok_or_else(|| self.error(key, format!("expected a non-negative integer, found {v}")))
+    }
+
+    fn usize(&self, key: &str) -> Result<Option<usize>> {
+        self.get(key).map(|v| self.usize_of(key, v)).transpose()
+    }
+
+    fn required(&self, key: &str) -> Result<usize> {
+        self.usize(key)?.ok_or_else(|| self.error(key, "missing"))
+    }
+
+    /// An integer, or a per-layer list of them (the form ZAYA1-base's config uses for some
+    /// fields: 0 on the layers it does not apply to); the list's first non-zero entry, all of
+    /// which must agree.
+    fn usize_or_list(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => {
+                let mut found = None;
+                for v in items {
+                    let n = self.usize_of(key, v)?;
+                    if n != 0 && found.is_some_and(|f| f != n) {
+                        return Err(self.error(key, "per-layer values differ; zflow's ZAYA1 uses one value for every layer"));
+                    }
+                    if n != 0 {
+                        found = Some(n);
+                    }
+                }
+                Ok(found)
+            }
+            Some(v) => self.usize_of(key, v).map(Some),
+        }
+    }
+
+    fn f64(&self, key: &str, default: f64) -> Result<f64> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_f64().ok_or_else(|| self.error(key, format!("expected a number, found {v}"))),
+        }
+    }
+
+    fn bool(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| self.error(key, format!("expected true or false, found {v}"))),
+        }
+    }
+
+    fn str(&self, key: &str) -> Result<Option<&str>> {
+        self.get(key).map(|v| v.as_str().ok_or_else(|| self.error(key, format!("expected a string, found {v}")))).transpose()
+    }
+
+    /// Fails unless boolean `key` is `want` (default `default`): a feature zflow's model lacks.
+    fn expect_bool(&self, key: &str, default: bool, want: bool, why: &str) -> Result<()> {
+        if self.bool(key, default)? != want {
+            return Err(self.error(key, format!("{} is not supported: {why}", !want)));
+        }
+        Ok(())
+    }
+}
+
+/// The [`ModelConfig`] a reference `config.json` describes (parsed JSON `v`, read from `file`).
+/// Accepts the scalar `ZayaConfig` form [`export_hf`] writes and the older per-layer list form
+/// (`zaya_layers`, `cca_num_q_heads`, `*_list` fields, `num_attention_heads` = uncompressed
+/// heads), which is what SGLang's `ZayaConfig` reads from the released ZAYA1-base; fields the
+/// reference gives defaults to default as there. Rejects what zflow's model cannot represent.
+pub fn model_config_from_hf(v: &Value, file: &Path) -> Result<ModelConfig> {
+    let map = v.as_object().ok_or_else(|| anyhow!("{}: not a JSON object", file.display()))?;
+    let f = Fields { map, file };
+    match f.str("model_type")? {
+        Some("zaya") => {}
+        Some(other) => return Err(f.error("model_type", format!("`{other}` is not a ZAYA1 model (expected `zaya`)"))),
+        None => return Err(f.error("model_type", "missing (expected `zaya`)")),
+    }
+    let hidden_size = f.required("hidden_size")?;
+    let vocab_size = f.required("vocab_size")?;
+
+    // Layers: `zaya_layers` ("a" = attention, an integer = a MoE layer's experts) wins over
+    // `num_hidden_layers`, as in the reference.
+    let mut layer_experts = None;
+    let layers = match f.get("zaya_layers") {
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                let ok = match (i % 2, item) {
+                    (0, Value::String(s)) => s == "a",
+                    (1, v) => match v.as_u64() {
+                        Some(n) if layer_experts.is_none_or(|e| e == n as usize) => {
+                            layer_experts = Some(n as usize);
+                            true
+                        }
+                        _ => false,
+                    },
+                    _ => false,
+                };
+                if !ok {
+                    return Err(f.error("zaya_layers", format!("entry {i} is {item}; zflow's ZAYA1 alternates \"a\" (attention) and one expert count for every MoE layer")));
+                }
+            }
+            items.len()
+        }
+        Some(other) => return Err(f.error("zaya_layers", format!("expected a list, found {other}"))),
+        None => f.required("num_hidden_layers")?,
+    };
+    if layers == 0 || layers % 2 != 0 {
+        return Err(f.error("num_hidden_layers", format!("{layers} layers; ZAYA1 pairs an attention layer with a MoE layer, so the count must be even")));
+    }
+
+    let num_attention_heads = f.usize("num_attention_heads")?;
+    // The older form names the CCA query heads `cca_num_q_heads`; the newer one
+    // `num_attention_heads`.
+    let cca_num_q_heads = f.usize_or_list("cca_num_q_heads")?;
+    let num_query_heads = match cca_num_q_heads {
+        Some(n) => n,
+        None => num_attention_heads.ok_or_else(|| f.error("num_attention_heads", "missing"))?,
+    };
+    let groups = f.usize_or_list("num_query_groups")?.or(f.usize_or_list("num_query_groups_list")?);
+    let kv = f.usize("num_key_value_heads")?;
+    let num_kv_heads = match (groups, kv) {
+        (Some(g), Some(k)) if g != k => return Err(f.error("num_query_groups", format!("{g}, but num_key_value_heads is {k}; ZAYA1 needs them equal"))),
+        (Some(n), _) | (None, Some(n)) => n,
+        (None, None) => 2, // the reference's default
+    };
+    // `head_dim`, else `kv_channels`, else (older form only) hidden_size / num_attention_heads,
+    // where `num_attention_heads` counts the uncompressed heads, twice the CCA query heads.
+    let head_dim = match (f.usize("head_dim")?, f.usize("kv_channels")?, cca_num_q_heads.and(num_attention_heads)) {
+        (Some(d), _, _) | (None, Some(d), _) => d,
+        (None, None, Some(n)) if n > 0 && hidden_size % n == 0 => hidden_size / n,
+        _ => return Err(f.error("head_dim", "missing")),
+    };
+    let num_experts = match (f.usize("num_experts")?, layer_experts) {
+        (Some(n), Some(e)) if n != e => return Err(f.error("num_experts", format!("{n}, but zaya_layers says {e}"))),
+        (Some(n), _) | (None, Some(n)) => n,
+        (None, None) => return Err(f.error("num_experts", "missing")),
+    };
+    let ffn = match f.usize_or_list("ffn_hidden_size")?.or(f.usize_or_list("ffn_hidden_size_list")?) {
+        Some(n) => n,
+        None => return Err(f.error("ffn_hidden_size", "missing")),
+    };
+    if ffn % 2 != 0 {
+        return Err(f.error("ffn_hidden_size", format!("{ffn} is odd; with gated_linear_unit it holds gate and up, two equal halves")));
+    }
+    let top_k = f.usize("moe_router_topk")?.unwrap_or(1);
+    if top_k != 1 {
+        return Err(f.error("moe_router_topk", format!("{top_k} is not supported: zflow's ZAYA1 routes top-1")));
+    }
+    let (t0, t1) = (f.usize("cca_time0")?.unwrap_or(2), f.usize("cca_time1")?.unwrap_or(2));
+    if t0 != t1 || t0 == 0 {
+        return Err(f.error("cca_time1", format!("{t1} with cca_time0 {t0}; zflow's ZAYA1 uses one kernel size for both convolutions")));
+    }
+
+    f.expect_bool("cca", true, true, "zflow's ZAYA1 uses CCA attention")?;
+    f.expect_bool("attention_bias", false, false, "zflow's attention linears have no bias")?;
+    f.expect_bool("add_bias_linear", false, false, "zflow's experts have no bias")?;
+    f.expect_bool("lm_head_bias", false, false, "zflow's output head has no bias")?;
+    f.expect_bool("gated_linear_unit", true, true, "zflow's experts are SwiGLU")?;
+    f.expect_bool("tie_word_embeddings", true, true, "zflow's ZAYA1 ties the output head to the embedding")?;
+    if let Some(a) = f.str("activation_func")?.filter(|a| *a != "swiglu") {
+        return Err(f.error("activation_func", format!("`{a}` is not supported: zflow's experts are SwiGLU")));
+    }
+    if let Some(n) = f.str("normalization")?.filter(|n| *n != "RMSNorm") {
+        return Err(f.error("normalization", format!("`{n}` is not supported: zflow's ZAYA1 uses RMSNorm")));
+    }
+    if let Some(r) = f.get("rope_scaling") {
+        return Err(f.error("rope_scaling", format!("{r} is not supported: zflow's RoPE is the default (unscaled) one")));
+    }
+    if let Some(Value::Array(w)) = f.get("swa_layers")
+        && w.iter().any(|x| x.as_u64() != Some(0))
+    {
+        return Err(f.error("swa_layers", "sliding-window layers are not supported: zflow's ZAYA1 attends over the whole context"));
+    }
+    // `rope_parameters` (newer transformers) carries theta and the partial factor too.
+    let rope = f.get("rope_parameters").and_then(Value::as_object);
+    let rope_theta = match rope.and_then(|r| r.get("rope_theta")) {
+        Some(v) => v.as_f64().ok_or_else(|| f.error("rope_parameters.rope_theta", format!("expected a number, found {v}")))?,
+        None => f.f64("rope_theta", 10_000.0)?,
+    };
+    let rope_fraction = match rope.and_then(|r| r.get("partial_rotary_factor")) {
+        Some(v) => v.as_f64().ok_or_else(|| f.error("rope_parameters.partial_rotary_factor", format!("expected a number, found {v}")))?,
+        None => f.f64("partial_rotary_factor", 0.5)?,
+    };
+
+    let c = ModelConfig {
+        hidden_size,
+        num_blocks: layers / 2,
+        vocab_size,
+        num_query_heads,
+        num_kv_heads,
+        head_dim,
+        conv_kernel: t0,
+        rope_fraction,
+        rope_base: rope_theta,
+        num_experts,
+        top_k,
+        expert_ffn: ffn / 2,
+        mod_skip: f.bool("zaya_use_mod", true)?,
+        router_dim: f.usize_or_list("zaya_mlp_expansion")?.unwrap_or(256),
+        // The reference's router MLP is always Linear-GELU-Linear-GELU-Linear.
+        router_mlp_layers: 3,
+        eda: f.bool("zaya_use_eda", true)?,
+        residual_scaling: f.bool("scale_residual_merge", true)?,
+        tie_embeddings: true,
+        rms_norm_eps: f.f64("norm_epsilon", 1e-5)?,
+    };
+    check_exportable(&c).with_context(|| format!("{}: a ZAYA1 model zflow cannot represent", file.display()))?;
+    Ok(c)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tokenizer files
+// ---------------------------------------------------------------------------------------------
+
+/// A tokenizer to ship with an export.
+struct TokenizerFiles {
+    /// `tokenizer.json`, byte for byte.
+    json: Vec<u8>,
+    /// Where it came from (for errors).
+    path: PathBuf,
+    /// Tokens it knows (highest id + 1).
+    size: usize,
+    specials: Specials,
+}
+
+impl TokenizerFiles {
+    /// Reads a `tokenizer.json`, or the one in folder `path`. The special tokens are those a
+    /// `tokenizer` stage recorded in its `tokenizer_info.json` next to it, else the added tokens
+    /// `<bos>`, `<eos>`, `<pad>` (the names zflow's trained tokenizers and Gemma3's use).
+    fn read(path: &Path) -> Result<TokenizerFiles> {
+        let (file, info) = if path.is_dir() { (path.join("tokenizer.json"), Some(path.join("tokenizer_info.json"))) } else { (path.to_path_buf(), None) };
+        let json = fs::read(&file).with_context(|| format!("reading the tokenizer {}", file.display()))?;
+        let v: Value = serde_json::from_slice(&json).with_context(|| format!("{}: not JSON", file.display()))?;
+        let mut added: BTreeMap<u32, String> = BTreeMap::new();
+        for t in v.get("added_tokens").and_then(Value::as_array).into_iter().flatten() {
+            if let (Some(id), Some(content)) = (t.get("id").and_then(Value::as_u64), t.get("content").and_then(Value::as_str)) {
+                added.insert(id as u32, content.to_string());
+            }
+        }
+        let vocab = v.get("model").and_then(|m| m.get("vocab"));
+        let model_size = match vocab {
+            // BPE / WordPiece: token -> id.
+            Some(Value::Object(m)) => m.values().filter_map(Value::as_u64).max().map_or(0, |n| n as usize + 1),
+            // Unigram: [piece, score] in id order.
+            Some(Value::Array(a)) => a.len(),
+            _ => bail!("{}: no model.vocab; not a Hugging Face tokenizer.json", file.display()),
+        };
+        let size = model_size.max(added.keys().next_back().map_or(0, |&id| id as usize + 1));
+        let named = |id: u32| Some((id, added.get(&id).cloned()));
+        let by_text = |text: &str| added.iter().find(|(_, c)| c.as_str() == text).map(|(&id, c)| (id, Some(c.clone())));
+        let specials = match info.filter(|p| p.exists()) {
+            Some(info) => {
+                let i: Value = serde_json::from_slice(&fs::read(&info)?).with_context(|| format!("parsing {}", info.display()))?;
+                let id = |k: &str| i.get(k).and_then(Value::as_u64).map(|n| n as u32);
+                Specials { bos: id("bos_id").and_then(named), eos: id("eos_id").and_then(named), pad: id("pad_id").and_then(named) }
+            }
+            None => Specials { bos: by_text("<bos>"), eos: by_text("<eos>"), pad: by_text("<pad>") },
+        };
+        Ok(TokenizerFiles { json, path: file, size, specials })
+    }
+
+    /// `tokenizer_config.json` and `special_tokens_map.json`: what `AutoTokenizer` needs to load
+    /// `tokenizer.json` as a fast tokenizer with the right special tokens. Only tokens whose
+    /// text is known are named.
+    fn configs(&self, max_positions: usize) -> (Value, Value) {
+        let mut map = Map::new();
+        for (key, t) in [("bos_token", &self.specials.bos), ("eos_token", &self.specials.eos), ("pad_token", &self.specials.pad)] {
+            if let Some((_, Some(text))) = t {
+                map.insert(key.into(), Value::String(text.clone()));
+            }
+        }
+        let mut config = Map::new();
+        config.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
+        config.extend(map.clone());
+        config.insert("model_max_length".into(), json!(max_positions));
+        config.insert("clean_up_tokenization_spaces".into(), json!(false));
+        (Value::Object(config), Value::Object(map))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Export
+// ---------------------------------------------------------------------------------------------
+
+/// The model config of checkpoint `dir`: its `model.json`, else the `model` of the train job
+/// that wrote it (`../job.json`, as a train stage leaves `final/` next to its `job.json`).
+pub fn checkpoint_model(dir: &Path) -> Result<ModelConfig> {
+    let own = dir.join("model.json");
+    if own.exists() {
+        return serde_json::from_slice(&fs::read(&own)?).with_context(|| format!("parsing {}", own.display()));
+    }
+    let job = dir.join("..").join("job.json");
+    if job.exists() {
+        let v: Value = serde_json::from_slice(&fs::read(&job)?).with_context(|| format!("parsing {}", job.display()))?;
+        let model = v.get("model").cloned().ok_or_else(|| anyhow!("{}: no `model` field", job.display()))?;
+        return serde_json::from_value(model).with_context(|| format!("{}: `model`", job.display()));
+    }
+    bail!(
+        "{}: no model.json in the checkpoint and no job.json next to it, so the model's sizes are unknown; \
+         pass --recipe RECIPE to take them from the recipe's `model:` section",
+        dir.display()
+    )
+}
+
+/// Checks checkpoint `dir` against its manifest as [`crate::checkpoint::read_verified`] does
+/// (every file present with its size and blake3), streaming the files instead of holding them:
+/// the optimizer state alone is twice the weights, and export needs none of it. Returns the
+/// manifest's file names.
+fn verify(dir: &Path) -> Result<BTreeSet<String>> {
+    let mpath = dir.join("manifest.json");
+    let manifest: Manifest = serde_json::from_slice(&fs::read(&mpath).with_context(|| format!("reading {}", mpath.display()))?)
+        .with_context(|| format!("parsing {}", mpath.display()))?;
+    for (name, (size, hash)) in &manifest.files {
+        let path = dir.join(name);
+        let (len, digest) = hash_file(&path).with_context(|| format!("reading {}", path.display()))?;
+        ensure!(len == *size, "{}: {len} bytes, the manifest says {size}", path.display());
+        ensure!(digest == *hash, "{}: checksum mismatch", path.display());
+    }
+    Ok(manifest.files.into_keys().collect())
+}
+
+/// Size and blake3 (hex) of a file, read as a stream.
+fn hash_file(path: &Path) -> Result<(u64, String)> {
+    let mut hasher = blake3::Hasher::new();
+    let len = std::io::copy(&mut fs::File::open(path)?, &mut hasher)?;
+    Ok((len, hasher.finalize().to_hex().to_string()))
+}
+
+/// Maps `path` read-only.
+fn map(path: &Path) -> Result<memmap2::Mmap> {
+    let f = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: a read-only mapping; like any reader of a file, we assume nobody rewrites it
+    // while we read.
+    unsafe { memmap2::Mmap::map(&f) }.with_context(|| format!("mapping {}", path.display()))
+}
+
+/// Exports checkpoint `checkpoint` (a zflow checkpoint folder of `model`) as a Hugging Face
+/// folder `out` for the reference implementation; see the module docs for what it holds.
+/// Refuses a checkpoint that does not verify against its manifest, and a folder `out` that
+/// exists and is not empty.
+pub fn export_hf(checkpoint: &Path, model: &ModelConfig, opts: &ExportOptions, out: &Path) -> Result<()> {
+    check_exportable(model)?;
+    let listed = verify(checkpoint)
+        .with_context(|| format!("{} does not verify against its manifest; refusing to export a damaged checkpoint", checkpoint.display()))?;
+    for name in ["model.safetensors", "trainer.json"] {
+        ensure!(listed.contains(name), "{}: the manifest lists no {name}", checkpoint.display());
+    }
+    let state_path = checkpoint.join("trainer.json");
+    let state: TrainerState = serde_json::from_slice(&fs::read(&state_path)?).with_context(|| format!("parsing {}", state_path.display()))?;
+    let tokenizer = opts.tokenizer.as_deref().map(TokenizerFiles::read).transpose()?;
+    if let Some(t) = &tokenizer {
+        ensure!(
+            t.size <= model.vocab_size,
+            "{}: {} tokens, more than the model's vocabulary of {}; is it the model's tokenizer?",
+            t.path.display(),
+            t.size,
+            model.vocab_size
+        );
+    }
+    // Special ids: the tokenizer's if given (it is what the model was trained on); without one,
+    // ZAYA1's own when the vocabulary is Gemma3's; otherwise unknown (null).
+    let specials = match &tokenizer {
+        Some(t) => t.specials.clone(),
+        None if model.vocab_size == GEMMA3_VOCAB => Specials { bos: Some((2, None)), eos: Some((1, None)), pad: Some((0, None)) },
+        None => Specials::default(),
+    };
+
+    let origin = checkpoint.join("model.safetensors");
+    let weights = map(&origin)?;
+    let st = SafeTensors::deserialize(&weights).with_context(|| format!("{}: not a safetensors file", origin.display()))?;
+    let specs = specs(model);
+    let known: BTreeSet<&str> = specs.iter().map(|s| s.ours.as_str()).collect();
+    let mut names = st.names();
+    names.sort();
+    if let Some(extra) = names.iter().find(|n| !known.contains(**n)) {
+        bail!("{}: tensor `{extra}` is not a parameter of the given model config; is it the checkpoint's model?", origin.display());
+    }
+    let mut tensors: Vec<(String, Lazy<'_>)> = Vec::with_capacity(specs.len() + model.num_blocks);
+    for s in &specs {
+        let view = st.tensor(&s.ours).map_err(|_| anyhow!("{}: tensor `{}` is missing (the model config has it)", origin.display(), s.ours))?;
+        ensure!(
+            view.dtype() == Dtype::F32 && view.shape() == s.shape.as_slice(),
+            "{}: tensor `{}` is {:?} {:?}, the model config implies F32 {:?}; is it the checkpoint's model?",
+            origin.display(),
+            s.ours,
+            view.dtype(),
+            view.shape(),
+            s.shape
+        );
+        let transpose = s.linear.then(|| (s.shape[0], s.shape[1]));
+        tensors.push((s.hf.clone(), Lazy { source: Cow::Borrowed(view.data()), dtype: Dtype::F32, shape: s.hf_shape(), transpose }));
+    }
+    let routes = model.num_experts + usize::from(model.mod_skip);
+    ensure!(
+        state.balance.len() == model.num_blocks,
+        "{}/trainer.json: balancing state for {} MoE layers, the model has {}",
+        checkpoint.display(),
+        state.balance.len(),
+        model.num_blocks
+    );
+    for (i, b) in state.balance.iter().enumerate() {
+        ensure!(b.biases.len() == routes, "{}/trainer.json: MoE layer {i} has {} balancing biases, the model routes to {routes}", checkpoint.display(), b.biases.len());
+        let biases = Lazy { source: Cow::Owned(f32_bytes(&b.biases)), dtype: Dtype::F32, shape: vec![routes], transpose: None };
+        tensors.push((biases_name(i), biases));
+    }
+
+    let config = hf_config(model, state.rope_base, opts.max_position_embeddings, &specials);
+    publish(out, |dir| {
+        fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
+        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+        safetensors::serialize_to_file(tensors, Some(meta), &dir.join("model.safetensors")).context("writing model.safetensors")?;
+        if let Some(t) = &tokenizer {
+            fs::write(dir.join("tokenizer.json"), &t.json)?;
+            let (config, map) = t.configs(opts.max_position_embeddings);
+            fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec_pretty(&config)?)?;
+            fs::write(dir.join("special_tokens_map.json"), serde_json::to_vec_pretty(&map)?)?;
+        }
+        Ok(())
+    })
+    .with_context(|| format!("writing {}", out.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Import
+// ---------------------------------------------------------------------------------------------
+
+/// The tensors of a Hugging Face folder: `model.safetensors`, or the shards a
+/// `model.safetensors.index.json` lists, memory-mapped.
+struct HfFiles {
+    files: Vec<(memmap2::Mmap, PathBuf)>,
+}
+
+impl HfFiles {
+    fn open(dir: &Path) -> Result<HfFiles> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let paths: Vec<PathBuf> = if single.exists() {
+            vec![single]
+        } else if index.exists() {
+            let v: Value = serde_json::from_slice(&fs::read(&index)?).with_context(|| format!("parsing {}", index.display()))?;
+            let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| anyhow!("{}: no `weight_map`", index.display()))?;
+            let shards: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
+            shards.into_iter().map(|s| dir.join(s)).collect()
+        } else {
+            bail!("{}: neither model.safetensors nor model.safetensors.index.json", dir.display());
+        };
+        let files = paths.into_iter().map(|p| Ok((map(&p)?, p))).collect::<Result<_>>()?;
+        Ok(HfFiles { files })
+    }
+}
+
+/// A tensor's values as f32 bytes, refusing dtypes other than F32, BF16 and F16.
+fn to_f32<'a>(view: &TensorView<'a>, name: &str, file: &Path) -> Result<Cow<'a, [u8]>> {
+    match view.dtype() {
+        Dtype::F32 | Dtype::BF16 | Dtype::F16 => Ok(widen(view.data(), view.dtype())),
+        other => bail!("{}: tensor `{name}` is {other:?}; zflow reads F32, BF16 and F16", file.display()),
+    }
+}
+
+/// Imports Hugging Face folder `hf` (a reference-implementation ZAYA1: `config.json` and
+/// `model.safetensors` or its shards) as zflow checkpoint folder `out`: `model.safetensors` with
+/// our names and layouts (f32, the bytes the trainer would write for these weights),
+/// `trainer.json` (the balancing biases, the RoPE base, step 0 of phase `hf-import`; no data
+/// cursor or optimizer state), `model.json` and `manifest.json`. Returns the model config.
+pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
+    let cpath = hf.join("config.json");
+    let v: Value = serde_json::from_slice(&fs::read(&cpath).with_context(|| format!("reading {}", cpath.display()))?)
+        .with_context(|| format!("{}: not JSON", cpath.display()))?;
+    let model = model_config_from_hf(&v, &cpath)?;
+
+    let files = HfFiles::open(hf)?;
+    let mut tables: Vec<(&Path, SafeTensors<'_>)> = Vec::new();
+    for (map, p) in &files.files {
+        tables.push((p, SafeTensors::deserialize(map).with_context(|| format!("{}: not a safetensors file", p.display()))?));
+    }
+    // Every tensor name -> the file holding it.
+    let mut at: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, (p, t)) in tables.iter().enumerate() {
+        for name in t.names() {
+            if at.insert(name.to_string(), i).is_some() {
+                bail!("{}: tensor `{name}` is in two shards", p.display());
+            }
+        }
+    }
+    let get = |name: &str| -> Result<(TensorView<'_>, &Path)> {
+        let &i = at.get(name).ok_or_else(|| anyhow!("{}: tensor `{name}` is missing (config.json implies it)", hf.display()))?;
+        let (p, t) = &tables[i];
+        Ok((t.tensor(name)?, p))
+    };
+
+    let specs = specs(&model);
+    let routes = model.num_experts + usize::from(model.mod_skip);
+    let mut expected: BTreeSet<String> = specs.iter().map(|s| s.hf.clone()).collect();
+    expected.extend((0..model.num_blocks).map(biases_name));
+    if let Some(extra) = at.keys().find(|n| !expected.contains(*n) && n.as_str() != "lm_head.weight") {
+        bail!("{}: unexpected tensor `{extra}` (not part of the ZAYA1 model config.json describes)", hf.display());
+    }
+
+    let mut tensors: Vec<(String, Lazy<'_>)> = Vec::with_capacity(specs.len());
+    for s in &specs {
+        let (view, file) = get(&s.hf)?;
+        let want = s.hf_shape();
+        ensure!(view.shape() == want.as_slice(), "{}: tensor `{}` is {:?}, config.json implies {:?}", file.display(), s.hf, view.shape(), want);
+        to_f32(&view, &s.hf, file)?; // the dtype check, before anything is written
+        let transpose = s.linear.then(|| (want[0], want[1]));
+        tensors.push((s.ours.clone(), Lazy { source: Cow::Borrowed(view.data()), dtype: view.dtype(), shape: s.shape.clone(), transpose }));
+    }
+    // A saved tied head duplicates the embedding; anything else is a model zflow cannot hold.
+    if at.contains_key("lm_head.weight") {
+        let (head, file) = get("lm_head.weight")?;
+        let (embed, efile) = get("model.embed_tokens.weight")?;
+        let same = head.shape() == embed.shape() && to_f32(&head, "lm_head.weight", file)? == to_f32(&embed, "model.embed_tokens.weight", efile)?;
+        ensure!(same, "{}: `lm_head.weight` differs from the embedding; zflow's ZAYA1 ties the output head to it", file.display());
+    }
+    let mut balance = Vec::with_capacity(model.num_blocks);
+    for i in 0..model.num_blocks {
+        let name = biases_name(i);
+        let (view, file) = get(&name)?;
+        ensure!(view.shape() == [routes], "{}: tensor `{name}` is {:?}, config.json implies [{routes}]", file.display(), view.shape());
+        let biases = to_f32(&view, &name, file)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        // A fresh controller around the imported biases (its gains' state is not exported).
+        balance.push(BalanceState { biases, ..BalanceState::new(routes, model.mod_skip) });
+    }
+    let state = TrainerState {
+        phase: IMPORTED_PHASE.into(),
+        step: 0,
+        total_steps: 0,
+        cursor: DataCursor { phase: IMPORTED_PHASE.into(), sample: 0, fingerprint: String::new() },
+        balance,
+        tokens: 0,
+        seed: 0,
+        rope_base: model.rope_base,
+        loss_history: Vec::new(),
+        skipped_batches: Vec::new(),
+        rollbacks: 0,
+    };
+
+    publish(out, |dir| {
+        let meta = HashMap::from([("format".to_string(), CHECKPOINT_FORMAT.to_string())]);
+        safetensors::serialize_to_file(tensors, Some(meta), &dir.join("model.safetensors")).context("writing model.safetensors")?;
+        fs::write(dir.join("trainer.json"), serde_json::to_vec_pretty(&state)?)?;
+        fs::write(dir.join("model.json"), serde_json::to_vec_pretty(&model)?)?;
+        // The manifest, as `checkpoint::commit` writes it (step, size and blake3 per file), last.
+        let mut manifest = Manifest { step: 0, files: BTreeMap::new() };
+        for name in ["model.safetensors", "trainer.json", "model.json"] {
+            manifest.files.insert(name.to_string(), hash_file(&dir.join(name))?);
+        }
+        fs::write(dir.join("manifest.json"), serde_json::to_vec_pretty(&manifest)?)?;
+        Ok(())
+    })
+    .with_context(|| format!("writing {}", out.display()))?;
+    Ok(model)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Atomic folders
+// ---------------------------------------------------------------------------------------------
+
+/// Creates folder `out` holding what `fill` writes into the folder it is given: `fill` writes
+/// into a temporary sibling, every file is fsynced, and the folder is renamed into place, so
+/// `out` either does not exist or is complete. `out` may exist only as an empty folder.
+fn publish(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    if out.exists() {
+        let empty = fs::read_dir(out).map(|mut d| d.next().is_none()).unwrap_or(false);
+        ensure!(empty, "{} already exists; remove it or choose another folder", out.display());
+    }
+    let name = out.file_name().ok_or_else(|| anyhow!("{}: not a folder name", out.display()))?.to_string_lossy().into_owned();
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp)?;
+    }
+    fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let filled = fill(&tmp).and_then(|()| {
+        for entry in fs::read_dir(&tmp)? {
+            fs::File::open(entry?.path())?.sync_all()?;
+        }
+        fs::File::open(&tmp)?.sync_all()?;
+        Ok(())
+    });
+    if let Err(e) = filled {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if out.exists() {
+        fs::remove_dir(out)?;
+    }
+    fs::rename(&tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
+    fs::File::open(&parent)?.sync_all()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn_flex::Flex;
+
+    use crate::checkpoint::{self, commit, load_weights, weights, weights_to_safetensors};
+    use crate::model::Zaya;
+
+    fn tiny() -> ModelConfig {
+        ModelConfig {
+            hidden_size: 8,
+            num_blocks: 2,
+            vocab_size: 11,
+            num_query_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 4,
+            num_experts: 3,
+            expert_ffn: 6,
+            router_dim: 4,
+            rope_base: 5.0e5,
+            ..ModelConfig::default()
+        }
+    }
+
+    fn model(c: &ModelConfig, seed: u64) -> Zaya<Flex> {
+        Zaya::new(c, seed, &Default::default())
+    }
+
+    /// A committed checkpoint of a random `c` with distinct balancing biases.
+    fn checkpoint(root: &Path, c: &ModelConfig, seed: u64) -> (PathBuf, TrainerState) {
+        let m = model(c, seed);
+        let routes = m.routes();
+        let mut state = TrainerState {
+            phase: "p1".into(),
+            step: 7,
+            total_steps: 7,
+            cursor: DataCursor { phase: "p1".into(), sample: 56, fingerprint: "f".into() },
+            balance: (0..c.num_blocks).map(|_| BalanceState::new(routes, c.mod_skip)).collect(),
+            tokens: 448,
+            seed,
+            rope_base: c.rope_base,
+            loss_history: Vec::new(),
+            skipped_batches: Vec::new(),
+            rollbacks: 0,
+        };
+        for (l, b) in state.balance.iter_mut().enumerate() {
+            for (r, v) in b.biases.iter_mut().enumerate() {
+                *v += 0.125 * (l * routes + r) as f32 - 0.3;
+            }
+        }
+        let meta = BTreeMap::from([("format".to_string(), CHECKPOINT_FORMAT.to_string())]);
+        let files = vec![
+            ("model.safetensors".to_string(), weights_to_safetensors(&m, meta).unwrap()),
+            ("trainer.json".to_string(), serde_json::to_vec_pretty(&state).unwrap()),
+            ("model.json".to_string(), serde_json::to_vec_pretty(c).unwrap()),
+        ];
+        (commit(root, 7, files).unwrap(), state)
+    }
+
+    #[test]
+    fn specs_match_the_model() {
+        let variants = [
+            tiny(),
+            ModelConfig { eda: false, residual_scaling: false, ..tiny() },
+            ModelConfig { mod_skip: false, router_mlp_layers: 2, num_kv_heads: 1, conv_kernel: 3, ..tiny() },
+        ];
+        for c in variants {
+            let got: Vec<(String, Vec<usize>)> = specs(&c).into_iter().map(|s| (s.ours, s.shape)).collect();
+            let want: Vec<(String, Vec<usize>)> = weights(&model(&c, 1)).into_iter().map(|(n, shape, _)| (n, shape)).collect();
+            assert_eq!(got, want, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn export_then_import_is_bit_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = tiny();
+        let (ckpt, state) = checkpoint(&dir.path().join("ckpts"), &c, 3);
+        assert_eq!(checkpoint_model(&ckpt).unwrap(), c);
+        let hf = dir.path().join("hf");
+        export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
+
+        // The reference's names and layouts.
+        let bytes = fs::read(hf.join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let ours = fs::read(ckpt.join("model.safetensors")).unwrap();
+        let ours = SafeTensors::deserialize(&ours).unwrap();
+        let q = st.tensor("model.layers.2.self_attn.qkv.linear_q.weight").unwrap();
+        assert_eq!(q.shape(), [16, 8]); // [out, in] as nn.Linear
+        let q0 = ours.tensor("blocks.1.self_attn.qkv.linear_q.weight").unwrap();
+        let at = |v: &TensorView<'_>, i: usize| f32::from_le_bytes(v.data()[4 * i..4 * i + 4].try_into().unwrap());
+        assert_eq!(at(&q, 3 * 8 + 5).to_bits(), at(&q0, 5 * 16 + 3).to_bits()); // hf[o=3][i=5] = ours[i=5][o=3]
+        assert_eq!(st.tensor("model.layers.3.zaya_block.router.router_mlp.4.weight").unwrap().shape(), [4, 4]);
+        let b = st.tensor("model.layers.3.zaya_block.router.balancing_biases").unwrap();
+        assert_eq!(b.data(), f32_bytes(&state.balance[1].biases).as_slice());
+        assert!(st.names().iter().all(|n| !n.starts_with("blocks.")) && st.tensor("lm_head.weight").is_err());
+        let config: Value = serde_json::from_slice(&fs::read(hf.join("config.json")).unwrap()).unwrap();
+        assert_eq!((config["model_type"].as_str(), config["rope_theta"].as_f64(), config["num_hidden_layers"].as_u64()), (Some("zaya"), Some(5.0e5), Some(4)));
+        assert_eq!(config["bos_token_id"], Value::Null, "no tokenizer and not Gemma3's vocabulary: unknown");
+
+        let back = dir.path().join("back");
+        assert_eq!(import_hf(&hf, &back).unwrap(), c);
+        // The same bytes the trainer wrote, a checkpoint that verifies, and the same biases.
+        assert_eq!(fs::read(back.join("model.safetensors")).unwrap(), fs::read(ckpt.join("model.safetensors")).unwrap());
+        let files = checkpoint::read_verified(&back).unwrap();
+        let imported: TrainerState = serde_json::from_slice(&files["trainer.json"]).unwrap();
+        assert_eq!(imported.balance.iter().map(|b| b.biases.clone()).collect::<Vec<_>>(), state.balance.iter().map(|b| b.biases.clone()).collect::<Vec<_>>());
+        assert_eq!((imported.rope_base, imported.phase.as_str()), (5.0e5, IMPORTED_PHASE));
+        assert_eq!(checkpoint_model(&back).unwrap(), c);
+        // The trainer's loader takes it, and gets the original weights.
+        let loaded = load_weights(model(&c, 99), &files["model.safetensors"], &back).unwrap();
+        let bits = |m: &Zaya<Flex>| weights(m).into_iter().map(|(n, _, v)| (n, v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())).collect::<Vec<_>>();
+        assert_eq!(bits(&loaded), bits(&model(&c, 3)));
+        assert!(checkpoint::inspect(&back).unwrap().contains("manifest verified"));
+        // Exported again: the same folder, byte for byte.
+        let again = dir.path().join("again");
+        export_hf(&back, &c, &ExportOptions::default(), &again).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            assert_eq!(fs::read(hf.join(f)).unwrap(), fs::read(again.join(f)).unwrap(), "{f}");
+        }
+    }
+
+    #[test]
+    fn bf16_weights_import_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = tiny();
+        let (ckpt, _) = checkpoint(&dir.path().join("ckpts"), &c, 4);
+        let hf = dir.path().join("hf");
+        export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
+        // Rewrite the export in bf16, as the released ZAYA1-base is.
+        let bytes = fs::read(hf.join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let halves: Vec<(String, Vec<usize>, Vec<u8>)> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| {
+                let b = v.data().chunks_exact(4).flat_map(|x| half::bf16::from_f32(f32::from_le_bytes(x.try_into().unwrap())).to_le_bytes()).collect();
+                (n, v.shape().to_vec(), b)
+            })
+            .collect();
+        let views: Vec<(&str, TensorView<'_>)> = halves.iter().map(|(n, s, d)| (n.as_str(), TensorView::new(Dtype::BF16, s.clone(), d).unwrap())).collect();
+        fs::write(hf.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+
+        let back = dir.path().join("back");
+        import_hf(&hf, &back).unwrap();
+        let got = fs::read(back.join("model.safetensors")).unwrap();
+        let got = SafeTensors::deserialize(&got).unwrap();
+        let embed = got.tensor("embed_tokens").unwrap();
+        let (_, _, want) = halves.iter().find(|(n, _, _)| n == "model.embed_tokens.weight").unwrap();
+        let widened: Vec<u8> = want.chunks_exact(2).flat_map(|x| (f32::from_bits(u32::from(u16::from_le_bytes([x[0], x[1]])) << 16)).to_le_bytes()).collect();
+        assert_eq!(embed.dtype(), Dtype::F32);
+        assert_eq!(embed.data(), widened.as_slice());
+    }
+
+    /// Rewrites the export's `model.safetensors` through `edit` (name -> tensor).
+    fn edit_weights(hf: &Path, edit: impl FnOnce(&mut BTreeMap<String, (Vec<usize>, Vec<u8>)>)) {
+        let bytes = fs::read(hf.join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let mut map: BTreeMap<String, (Vec<usize>, Vec<u8>)> = st.tensors().into_iter().map(|(n, v)| (n, (v.shape().to_vec(), v.data().to_vec()))).collect();
+        edit(&mut map);
+        let views: Vec<(&str, TensorView<'_>)> = map.iter().map(|(n, (s, d))| (n.as_str(), TensorView::new(Dtype::F32, s.clone(), d).unwrap())).collect();
+        fs::write(hf.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+    }
+
+    fn import_error(hf: &Path, out: &Path) -> String {
+        let e = format!("{:#}", import_hf(hf, out).unwrap_err());
+        assert!(!out.exists(), "a failed import left {}", out.display());
+        e
+    }
+
+    #[test]
+    fn import_names_what_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = tiny();
+        let (ckpt, _) = checkpoint(&dir.path().join("ckpts"), &c, 5);
+        let hf = dir.path().join("hf");
+        export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
+        let out = dir.path().join("out");
+        let expert = "model.layers.1.zaya_block.experts.local_experts.2.linear_fc2.weight";
+
+        edit_weights(&hf, |m| {
+            m.remove(expert);
+        });
+        let e = import_error(&hf, &out);
+        assert!(e.contains(&format!("tensor `{expert}` is missing")), "{e}");
+
+        edit_weights(&hf, |m| {
+            m.insert(expert.into(), (vec![8, 5], vec![0; 160]));
+        });
+        let e = import_error(&hf, &out);
+        assert!(e.contains(&format!("tensor `{expert}` is [8, 5], config.json implies [8, 6]")), "{e}");
+
+        edit_weights(&hf, |m| {
+            m.insert(expert.into(), (vec![8, 6], vec![0; 192]));
+            m.insert("model.layers.1.mlp.gate.weight".into(), (vec![2], vec![0; 8]));
+        });
+        let e = import_error(&hf, &out);
+        assert!(e.contains("unexpected tensor `model.layers.1.mlp.gate.weight`"), "{e}");
+
+        let config_path = hf.join("config.json");
+        let good = fs::read(&config_path).unwrap();
+        let mut v: Value = serde_json::from_slice(&good).unwrap();
+        v["hidden_size"] = json!("big");
+        fs::write(&config_path, serde_json::to_vec(&v).unwrap()).unwrap();
+        let e = import_error(&hf, &out);
+        assert!(e.contains("config.json: `hidden_size`: expected a non-negative integer, found \"big\""), "{e}");
+        let mut v: Value = serde_json::from_slice(&good).unwrap();
+        v.as_object_mut().unwrap().remove("num_experts");
+        fs::write(&config_path, serde_json::to_vec(&v).unwrap()).unwrap();
+        let e = import_error(&hf, &out);
+        assert!(e.contains("config.json: `num_experts`: missing"), "{e}");
+        let mut v: Value = serde_json::from_slice(&good).unwrap();
+        v["attention_bias"] = json!(true);
+        fs::write(&config_path, serde_json::to_vec(&v).unwrap()).unwrap();
+        let e = import_error(&hf, &out);
+        assert!(e.contains("`attention_bias`: true is not supported"), "{e}");
+    }
+
+    #[test]
+    fn sharded_folders_and_a_saved_tied_head_import() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = tiny();
+        let (ckpt, _) = checkpoint(&dir.path().join("ckpts"), &c, 8);
+        let hf = dir.path().join("hf");
+        export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
+        // Two shards and an index, as `save_pretrained` writes big models, plus the tied head.
+        let bytes = fs::read(hf.join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let mut tensors: Vec<(String, TensorView<'_>)> = st.tensors();
+        let embed = st.tensor("model.embed_tokens.weight").unwrap();
+        tensors.push(("lm_head.weight".into(), embed.clone()));
+        let (a, b) = tensors.split_at(tensors.len() / 2);
+        let mut weight_map = Map::new();
+        for (file, part) in [("model-00001-of-00002.safetensors", a), ("model-00002-of-00002.safetensors", b)] {
+            fs::write(hf.join(file), safetensors::serialize(part.iter().map(|(n, v)| (n.as_str(), v.clone())), None).unwrap()).unwrap();
+            weight_map.extend(part.iter().map(|(n, _)| (n.clone(), json!(file))));
+        }
+        fs::write(hf.join("model.safetensors.index.json"), serde_json::to_vec(&json!({"weight_map": weight_map})).unwrap()).unwrap();
+        fs::remove_file(hf.join("model.safetensors")).unwrap();
+        let back = dir.path().join("back");
+        import_hf(&hf, &back).unwrap();
+        assert_eq!(fs::read(back.join("model.safetensors")).unwrap(), fs::read(ckpt.join("model.safetensors")).unwrap());
+
+        // An untied head is refused.
+        let mut head = embed.data().to_vec();
+        head[0] ^= 1;
+        let shard = hf.join("model-00002-of-00002.safetensors");
+        let part = fs::read(&shard).unwrap();
+        let part = SafeTensors::deserialize(&part).unwrap();
+        let mut rest: Vec<(String, TensorView<'_>)> = part.tensors().into_iter().filter(|(n, _)| n != "lm_head.weight").collect();
+        rest.push(("lm_head.weight".into(), TensorView::new(Dtype::F32, embed.shape().to_vec(), &head).unwrap()));
+        fs::write(&shard, safetensors::serialize(rest, None).unwrap()).unwrap();
+        let e = import_error(&hf, &dir.path().join("again"));
+        assert!(e.contains("`lm_head.weight` differs from the embedding"), "{e}");
+    }
+
+    #[test]
+    fn export_refuses_damaged_checkpoints_and_existing_folders() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = tiny();
+        let (ckpt, _) = checkpoint(&dir.path().join("ckpts"), &c, 6);
+        let hf = dir.path().join("hf");
+        fs::create_dir(&hf).unwrap();
+        fs::write(hf.join("keep.txt"), "mine").unwrap();
+        let e = format!("{:#}", export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap_err());
+        assert!(e.contains("already exists"), "{e}");
+        assert_eq!(fs::read_to_string(hf.join("keep.txt")).unwrap(), "mine");
+
+        // The wrong model config: named, not silently reshaped.
+        let wide = ModelConfig { expert_ffn: 8, ..c.clone() };
+        let e = format!("{:#}", export_hf(&ckpt, &wide, &ExportOptions::default(), &dir.path().join("x")).unwrap_err());
+        assert!(e.contains("linear_fc1.weight` is F32 [8, 12], the model config implies F32 [8, 16]"), "{e}");
+        let e = format!("{:#}", export_hf(&ckpt, &ModelConfig { router_mlp_layers: 2, ..c.clone() }, &ExportOptions::default(), &dir.path().join("x")).unwrap_err());
+        assert!(e.contains("router_mlp_layers is 2"), "{e}");
+
+        let path = ckpt.join("model.safetensors");
+        let mut bytes = fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n - 1] ^= 1;
+        fs::write(&path, bytes).unwrap();
+        let out = dir.path().join("out");
+        let e = format!("{:#}", export_hf(&ckpt, &c, &ExportOptions::default(), &out).unwrap_err());
+        assert!(e.contains("refusing to export a damaged checkpoint") && e.contains("checksum mismatch"), "{e}");
+        assert!(!out.exists());
+        assert!(fs::read_dir(dir.path()).unwrap().flatten().all(|e| !e.file_name().to_string_lossy().contains(".tmp-")));
+    }
+
+    #[test]
+    fn tokenizer_files_and_special_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = tiny();
+        let (ckpt, _) = checkpoint(&dir.path().join("ckpts"), &c, 7);
+        let tok = dir.path().join("tok");
+        fs::create_dir(&tok).unwrap();
+        let tokenizer = json!({
+            "added_tokens": [{"id": 0, "content": "<pad>"}, {"id": 1, "content": "<eos>"}, {"id": 2, "content": "<bos>"}],
+            "model": {"type": "BPE", "vocab": {"<pad>": 0, "<eos>": 1, "<bos>": 2, "a": 3, "b": 4}}
+        });
+        fs::write(tok.join("tokenizer.json"), serde_json::to_vec(&tokenizer).unwrap()).unwrap();
+        let hf = dir.path().join("hf");
+        let opts = ExportOptions { tokenizer: Some(tok.clone()), max_position_embeddings: 256 };
+        export_hf(&ckpt, &c, &opts, &hf).unwrap();
+        let read = |f: &str| serde_json::from_slice::<Value>(&fs::read(hf.join(f)).unwrap()).unwrap();
+        let config = read("config.json");
+        assert_eq!((config["bos_token_id"].as_u64(), config["eos_token_id"].as_u64(), config["pad_token_id"].as_u64()), (Some(2), Some(1), Some(0)));
+        assert_eq!(config["max_position_embeddings"].as_u64(), Some(256));
+        assert_eq!(fs::read(hf.join("tokenizer.json")).unwrap(), fs::read(tok.join("tokenizer.json")).unwrap());
+        assert_eq!(read("special_tokens_map.json"), json!({"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}));
+        assert_eq!(read("tokenizer_config.json")["tokenizer_class"], "PreTrainedTokenizerFast");
+
+        // A tokenizer stage's tokenizer_info.json names the ids.
+        fs::write(tok.join("tokenizer_info.json"), r#"{"vocab_size": 5, "bos_id": 1, "eos_id": 2, "pad_id": 0, "dtype": "u16"}"#).unwrap();
+        let hf2 = dir.path().join("hf2");
+        export_hf(&ckpt, &c, &ExportOptions { tokenizer: Some(tok.clone()), ..Default::default() }, &hf2).unwrap();
+        let config: Value = serde_json::from_slice(&fs::read(hf2.join("config.json")).unwrap()).unwrap();
+        assert_eq!((config["bos_token_id"].as_u64(), config["eos_token_id"].as_u64()), (Some(1), Some(2)));
+
+        // A tokenizer bigger than the vocabulary is someone else's.
+        let mut big = tokenizer.clone();
+        big["model"]["vocab"]["z"] = json!(40);
+        fs::write(tok.join("tokenizer.json"), serde_json::to_vec(&big).unwrap()).unwrap();
+        let e = format!("{:#}", export_hf(&ckpt, &c, &opts, &dir.path().join("hf3")).unwrap_err());
+        assert!(e.contains("41 tokens, more than the model's vocabulary of 11"), "{e}");
+    }
+
+    #[test]
+    fn reads_the_released_per_layer_config_form() {
+        // The older ZayaConfig form: `num_attention_heads` counts uncompressed heads (16), the
+        // CCA query heads are `cca_num_q_heads`, per-layer lists, no `head_dim`.
+        let mut layers = Vec::new();
+        for _ in 0..40 {
+            layers.push(json!("a"));
+            layers.push(json!(16));
+        }
+        let pairs = |a: u64, b: u64| (0..40).flat_map(|_| [a, b]).collect::<Vec<_>>();
+        let v = json!({
+            "model_type": "zaya", "architectures": ["ZayaForCausalLM"],
+            "hidden_size": 2048, "vocab_size": 262272, "num_hidden_layers": 120,
+            "zaya_layers": layers, "num_attention_heads": 16,
+            "cca_num_q_heads": pairs(8, 0), "num_query_groups_list": pairs(2, 0),
+            "ffn_hidden_size_list": pairs(0, 4096), "zaya_mlp_expansion": pairs(0, 256),
+            "num_key_value_heads": 2, "rope_theta": 10000, "partial_rotary_factor": 0.5,
+            "norm_epsilon": 1e-5, "zaya_use_mod": true, "zaya_use_eda": true, "scale_residual_merge": true,
+            "tie_word_embeddings": true, "moe_router_topk": 1, "sliding_window": null, "rope_scaling": null
+        });
+        assert_eq!(model_config_from_hf(&v, Path::new("config.json")).unwrap(), ModelConfig::zaya1_base());
+        // And the scalar form this module writes reads back as the same model.
+        let specials = Specials::default();
+        let c = ModelConfig::zaya1_base();
+        assert_eq!(model_config_from_hf(&hf_config(&c, c.rope_base, 4096, &specials), Path::new("config.json")).unwrap(), c);
+    }
+}
