@@ -315,6 +315,37 @@ pub fn size(args: &RecipeArgs, dp: usize, micro_batch: usize) -> Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
+/// `zflow ckpt export --format hf`: the model's sizes from `recipe`'s `model:` if given, else
+/// from the checkpoint (its model.json, or the train job next to it).
+pub fn ckpt_export(checkpoint: &Path, out: &Path, tokenizer: Option<PathBuf>, recipe: Option<&Path>) -> Result<ExitCode> {
+    let model = match recipe {
+        Some(path) => {
+            let opts = LoadOptions { sets: Vec::new(), store: None };
+            let recipe = recipe::load(path, &opts, &zflow_stages::registry())?;
+            zflow_stages::model::ModelSection::config(&recipe.document).map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path, e.message))?
+        }
+        None => zflow_runtime::hf::checkpoint_model(checkpoint)?,
+    };
+    let opts = zflow_runtime::hf::ExportOptions { tokenizer, ..Default::default() };
+    zflow_runtime::hf::export_hf(checkpoint, &model, &opts, out)?;
+    println!("exported {} to {} (Hugging Face, model_type zaya)", checkpoint.display(), out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `zflow ckpt import`: a Hugging Face ZAYA1 folder as a zflow checkpoint.
+pub fn ckpt_import(hf: &Path, out: &Path) -> Result<ExitCode> {
+    let model = zflow_runtime::hf::import_hf(hf, out)?;
+    println!(
+        "imported {} to {} ({} blocks, hidden {}, {} experts)",
+        hf.display(),
+        out.display(),
+        model.num_blocks,
+        model.hidden_size,
+        model.num_experts
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn query(store: &Path, sql: &str) -> Result<ExitCode> {
     if !store.join(".zflow").is_dir() {
         bail!("{} is not a zflow store (no .zflow folder)", store.display());
@@ -452,4 +483,12 @@ fn tempdir() -> Result<PathBuf> {
     let d = std::env::temp_dir().join(format!("zflow-bench-{}-{}", std::process::id(), now_ms()));
     std::fs::create_dir_all(&d)?;
     Ok(d)
+}
+
+/// `zflow ckpt reshape IN OUT --dp N [--ep M]`.
+pub fn ckpt_reshape(input: &Path, out: &Path, dp: usize, ep: usize) -> Result<ExitCode> {
+    let layout = zflow_runtime::zero::reshape(input, out, dp, ep)?;
+    let load: Vec<String> = layout.load().iter().map(|n| format!("{:.2}M", *n as f64 / 1e6)).collect();
+    println!("{} -> {}: optimizer state over {} data-parallel rank(s) ({} parameters each), experts over {} expert-parallel rank(s)", input.display(), out.display(), layout.dp, load.join(" / "), layout.ep);
+    Ok(ExitCode::SUCCESS)
 }

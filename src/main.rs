@@ -180,6 +180,48 @@ enum CkptCommand {
         /// The checkpoint folder.
         path: PathBuf,
     },
+    /// Export a checkpoint as a Hugging Face folder for ZAYA1's reference implementation
+    /// (Zyphra's `transformers` fork): config.json, model.safetensors, tokenizer files.
+    Export {
+        /// Output format; `hf` is the one there is.
+        #[arg(long, default_value = "hf", value_parser = ["hf"])]
+        format: String,
+        /// The checkpoint folder.
+        checkpoint: PathBuf,
+        /// The folder to create (must not exist, or be empty).
+        out: PathBuf,
+        /// A tokenizer.json, or a folder holding one (a tokenizer stage's output), to ship.
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// Take the model's sizes from this recipe's `model:` (default: the checkpoint's
+        /// model.json, else the job.json next to it).
+        #[arg(long)]
+        recipe: Option<PathBuf>,
+    },
+    /// Import a Hugging Face ZAYA1 folder (config.json + safetensors, f32/bf16/f16) as a zflow
+    /// checkpoint.
+    Import {
+        /// The Hugging Face folder.
+        hf: PathBuf,
+        /// The checkpoint folder to create (must not exist, or be empty).
+        out: PathBuf,
+    },
+    /// Re-partition a checkpoint for another parallel layout: `--dp N` moves the ZeRO-1
+    /// optimizer shards to N data-parallel ranks, `--ep N` places the experts on N
+    /// expert-parallel ranks. Weights, trainer state and data cursor are copied unchanged, so
+    /// training resumed from OUT reads the same data in the same order.
+    Reshape {
+        /// The checkpoint folder.
+        input: PathBuf,
+        /// The checkpoint folder to write (committed atomically; replaced if it exists).
+        out: PathBuf,
+        /// Data-parallel ranks.
+        #[arg(long)]
+        dp: usize,
+        /// Expert-parallel ranks.
+        #[arg(long, default_value_t = 1)]
+        ep: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -227,6 +269,11 @@ fn main() -> ExitCode {
                 print!("{}", zflow_runtime::checkpoint::inspect(&path)?);
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Ckpt { what: CkptCommand::Export { format: _, checkpoint, out, tokenizer, recipe } } => {
+                commands::ckpt_export(&checkpoint, &out, tokenizer, recipe.as_deref())
+            }
+            Command::Ckpt { what: CkptCommand::Import { hf, out } } => commands::ckpt_import(&hf, &out),
+            Command::Ckpt { what: CkptCommand::Reshape { input, out, dp, ep } } => commands::ckpt_reshape(&input, &out, dp, ep),
         }
     });
     // Stages still blocked on a cancelled child must not keep us alive.

@@ -3,6 +3,8 @@
 
 use std::time::Instant;
 
+use crate::collective::Group;
+
 use burn::backend::Autodiff;
 use burn::tensor::{Distribution, Tensor};
 use burn_flex::{Flex, FlexDevice};
@@ -52,7 +54,7 @@ pub fn train_step_throughput(model: &ModelConfig, batch: usize, seq_len: usize, 
     for i in 0..steps + 1 {
         let (inputs, targets) = crate::trainer::batch_tensors::<B>(&rows, batch, seq_len, &device);
         let t = Instant::now();
-        let (m, out) = train_step(zaya, &mut optim, vec![(inputs, targets)], &biases, 1e-3, 1.0);
+        let (m, out) = train_step(zaya, &mut optim, vec![(inputs, targets)], &biases, 1e-3, 1.0, &mut Group::single(), None).expect("a step on one rank");
         zaya = m;
         let elapsed = t.elapsed().as_secs_f64();
         assert!(out.loss.is_finite());

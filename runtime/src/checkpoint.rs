@@ -2,17 +2,21 @@
 //!
 //! ```text
 //! checkpoints/step-00000120/
-//!   model.safetensors     weights, f32, named by module path (`blocks.0.self_attn.qkv.linear_q.weight`)
-//!   optim-muon.bin        Muon momentum (burn record, full precision)
-//!   optim-adamw.bin       AdamW moments
-//!   trainer.json          step, data cursor, balancing-controller state, seed
-//!   manifest.json         blake3 + size of every file above; written last
+//!   model.safetensors       weights, f32, named by module path (`blocks.0.self_attn.qkv.linear_q.weight`)
+//!   optim-muon.rank-R.bin   rank R's shard of the Muon momentum (ZeRO-1, see `zero`)
+//!   optim-adamw.rank-R.bin  rank R's shard of the AdamW moments
+//!   trainer.json            step, data cursor, balancing-controller state, seed, spike-guard state
+//!   layout.json             which rank owns which parameter's optimizer state; expert placement
+//!   model.json              the model's sizes (the recipe's `model:`)
+//!   manifest.json           blake3 + size of every file above; written last
 //! ```
 //!
 //! A checkpoint is written into `.tmp-step-N/`, every file fsynced, the manifest written last,
 //! then the directory renamed into place: a crash at any moment leaves either no checkpoint or a
-//! complete one. Loading verifies the manifest; a checkpoint that fails is skipped with a
-//! warning and the next older one is used.
+//! complete one. With several ranks each writes its files into the same temporary directory
+//! and rank 0 commits once all have ([`write_part`], [`finish_parts`]). Loading verifies the
+//! manifest; a checkpoint that fails is quarantined (moved to `quarantine/`) with a warning and
+//! the next older one is used.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -49,6 +53,15 @@ pub struct TrainerState {
     pub seed: u64,
     /// RoPE base the phase trains with.
     pub rope_base: f64,
+    /// The last losses, which the loss-spike guard judges the next one against.
+    #[serde(default)]
+    pub loss_history: Vec<f64>,
+    /// First samples of the global batches skipped after loss spikes, ascending.
+    #[serde(default)]
+    pub skipped_batches: Vec<u64>,
+    /// Rollbacks after loss spikes so far in the phase.
+    #[serde(default)]
+    pub rollbacks: u32,
 }
 
 /// The manifest: what a complete checkpoint holds.
@@ -180,27 +193,93 @@ pub fn load_weights<B: Backend>(model: Zaya<B>, bytes: &[u8], origin: &Path) -> 
 /// Writes `files` (name -> bytes) as checkpoint `step` under `root`, atomically; returns the
 /// committed directory.
 pub fn commit(root: &Path, step: u64, files: Vec<(String, Vec<u8>)>) -> Result<PathBuf> {
-    fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
-    let final_dir = root.join(dir_name(step));
-    let tmp = root.join(format!(".tmp-{}", dir_name(step)));
+    let dir = root.join(dir_name(step));
+    commit_dir(&dir, files)?;
+    Ok(dir)
+}
+
+/// Writes `files` as checkpoint directory `dir`, atomically: into `.tmp-<name>` beside it, each
+/// file fsynced, the manifest last, then renamed into place.
+pub fn commit_dir(dir: &Path, files: Vec<(String, Vec<u8>)>) -> Result<()> {
+    let tmp = tmp_dir(dir);
     if tmp.exists() {
         fs::remove_dir_all(&tmp)?;
     }
-    fs::create_dir_all(&tmp)?;
-    let mut manifest = Manifest { step, files: BTreeMap::new() };
-    for (name, bytes) in &files {
+    fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let part = write_files(&tmp, &files)?;
+    finish_with(dir, part)
+}
+
+/// The temporary directory a checkpoint `dir` is written in before its commit.
+pub fn tmp_dir(dir: &Path) -> PathBuf {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    dir.with_file_name(format!(".tmp-{name}"))
+}
+
+/// Writes `files` into `tmp` (fsynced) and returns their manifest entries.
+pub fn write_files(tmp: &Path, files: &[(String, Vec<u8>)]) -> Result<BTreeMap<String, (u64, String)>> {
+    let mut part = BTreeMap::new();
+    for (name, bytes) in files {
         write_synced(&tmp.join(name), bytes)?;
-        manifest.files.insert(name.clone(), (bytes.len() as u64, blake3::hash(bytes).to_hex().to_string()));
+        part.insert(name.clone(), (bytes.len() as u64, blake3::hash(bytes).to_hex().to_string()));
     }
+    Ok(part)
+}
+
+/// One rank's part of a multi-rank checkpoint: writes its files into the shared temporary
+/// directory of `dir`, then `part-R.json` (their sizes and hashes) as its vote that they are
+/// complete. Rank 0 commits once every rank has voted ([`finish_parts`]).
+pub fn write_part(dir: &Path, rank: usize, files: &[(String, Vec<u8>)]) -> Result<()> {
+    let tmp = tmp_dir(dir);
+    fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let part = write_files(&tmp, files)?;
+    write_synced(&tmp.join(format!("part-{rank}.json")), &serde_json::to_vec(&part)?)
+}
+
+/// Rank 0's half of a multi-rank commit: waits (up to `timeout`) until all `world` ranks have
+/// written their part of checkpoint `dir`, then writes the manifest of every file and renames
+/// the directory into place.
+pub fn finish_parts(dir: &Path, world: usize, timeout: std::time::Duration) -> Result<()> {
+    let tmp = tmp_dir(dir);
+    let started = std::time::Instant::now();
+    let mut all = BTreeMap::new();
+    for rank in 0..world {
+        let path = tmp.join(format!("part-{rank}.json"));
+        let part: BTreeMap<String, (u64, String)> = loop {
+            if let Ok(bytes) = fs::read(&path) {
+                break serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?;
+            }
+            ensure!(started.elapsed() < timeout, "{}: rank {rank} did not write its part within {:?}", dir.display(), timeout);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        fs::remove_file(&path)?;
+        all.extend(part);
+    }
+    finish_with(dir, all)
+}
+
+/// Writes the manifest of `files` into `dir`'s temporary directory and renames it to `dir`:
+/// the commit.
+pub fn finish_with(dir: &Path, files: BTreeMap<String, (u64, String)>) -> Result<()> {
+    let tmp = tmp_dir(dir);
+    let step = trailing_number(dir).unwrap_or(0);
+    let manifest = Manifest { step, files };
     write_synced(&tmp.join("manifest.json"), &serde_json::to_vec_pretty(&manifest)?)?;
-    if final_dir.exists() {
+    fs::File::open(&tmp)?.sync_all()?;
+    if dir.exists() {
         // A checkpoint of this step already exists (a rerun after a crash right after commit):
         // the new one replaces it.
-        fs::remove_dir_all(&final_dir)?;
+        fs::remove_dir_all(dir)?;
     }
-    fs::rename(&tmp, &final_dir)?;
-    fs::File::open(root)?.sync_all()?;
-    Ok(final_dir)
+    fs::rename(&tmp, dir)?;
+    if let Some(parent) = dir.parent() {
+        fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+fn trailing_number(dir: &Path) -> Option<u64> {
+    dir.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok()
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -255,6 +334,32 @@ pub fn latest(root: &Path) -> Option<(PathBuf, BTreeMap<String, Vec<u8>>)> {
     None
 }
 
+/// Prepares `root` for a new attempt (rank 0, before any rank reads it): checkpoints that do not
+/// verify are moved to `root/quarantine/` with a warning, so they are never loaded and can be
+/// looked at; temporary directories of commits that never finished are removed. Returns what
+/// it quarantined.
+pub fn quarantine_damaged(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut moved = Vec::new();
+    for entry in fs::read_dir(root).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().starts_with(".tmp-") {
+            fs::remove_dir_all(entry.path()).with_context(|| format!("removing the unfinished checkpoint {}", entry.path().display()))?;
+        }
+    }
+    for (_, dir) in list(root) {
+        if let Err(e) = read_verified(&dir) {
+            let to = root.join("quarantine").join(dir.file_name().expect("step-N"));
+            fs::create_dir_all(to.parent().expect("parent"))?;
+            if to.exists() {
+                fs::remove_dir_all(&to)?;
+            }
+            fs::rename(&dir, &to)?;
+            tracing::warn!("quarantined checkpoint {} (it does not verify: {e:#}); it will not be loaded", to.display());
+            moved.push(to);
+        }
+    }
+    Ok(moved)
+}
+
 /// Deletes all but the newest `keep` checkpoints (0 keeps all).
 pub fn retain(root: &Path, keep: usize) -> Result<()> {
     if keep == 0 {
@@ -296,6 +401,11 @@ pub fn inspect(dir: &Path) -> Result<String> {
             let biases: Vec<String> = b.biases.iter().map(|v| format!("{v:+.3}")).collect();
             writeln!(out, "routing biases, MoE layer {layer}: [{}]", biases.join(" "))?;
         }
+    }
+    if let Some(b) = files.get("layout.json") {
+        let layout: crate::zero::Layout = serde_json::from_slice(b).context("layout.json")?;
+        let load: Vec<String> = layout.load().iter().map(|n| n.to_string()).collect();
+        writeln!(out, "layout: optimizer state sharded over {} data-parallel rank(s) (ZeRO-1; parameters per shard: {}), experts over {} expert-parallel rank(s)", layout.dp, load.join(" / "), layout.ep)?;
     }
     for (name, bytes) in &files {
         if name.ends_with(".bin") {

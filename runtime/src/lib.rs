@@ -1,17 +1,24 @@
 //! The training runtime: data loading ([`data`]), model sizing ([`size`]), the ZAYA1 model in
-//! burn ([`model`]), its trainer pieces ([`schedule`], [`balance`]) and the worker protocol
-//! ([`protocol`]). This crate never depends on DataFusion, so the trainer builds without the
-//! query engine.
+//! burn ([`model`]), its trainer pieces ([`schedule`], [`balance`]), the worker protocol
+//! ([`protocol`]) and Hugging Face export/import ([`hf`]). This crate never depends on
+//! DataFusion, so the trainer builds without the query engine.
 
 pub mod backend;
 pub mod balance;
 pub mod bench;
 pub mod checkpoint;
+pub mod collective;
 pub mod data;
+pub mod data_parallel;
+pub mod faults;
+pub mod hf;
 pub mod model;
 pub mod protocol;
 pub mod rng;
+pub mod saver;
 pub mod schedule;
 pub mod size;
+pub mod spike;
 pub mod trainer;
 pub mod worker;
+pub mod zero;

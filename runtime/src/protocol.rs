@@ -6,6 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Where a worker's messages go (stdout in a worker process); callable from any thread.
+pub type Emit = std::sync::Arc<dyn Fn(WorkerMessage) + Send + Sync>;
+
 /// A message from a worker to its supervisor.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -45,6 +48,20 @@ pub enum WorkerMessage {
         step: u64,
         /// Its directory.
         path: String,
+    },
+    /// The loss-spike guard fired: training goes back to checkpoint `rollback_to` and skips
+    /// the batch that caused the spike.
+    LossSpike {
+        /// The step whose loss spiked.
+        step: u64,
+        /// Its loss.
+        loss: f64,
+        /// How many standard deviations above the recent mean it was.
+        z: f64,
+        /// The step training resumes from.
+        rollback_to: u64,
+        /// First global sample of the skipped batch.
+        skipped_sample: u64,
     },
     /// The phase finished.
     Done {

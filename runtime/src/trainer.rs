@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::decay::WeightDecayConfig;
@@ -31,7 +31,13 @@ use crate::data::TokenSource;
 use crate::data::megatron::IndexedDataset;
 use crate::data::mixture::MixtureReader;
 use crate::model::Zaya;
-use crate::protocol::{StepMetrics, WorkerMessage};
+use crate::collective::Group;
+use crate::data_parallel::{self, Plan, StepSums};
+use crate::faults::{self, Faults, Kind};
+use crate::protocol::{Emit, StepMetrics, WorkerMessage};
+use crate::saver::{Saver, Snapshot};
+use crate::spike::SpikeGuard;
+use crate::zero;
 use crate::schedule::WsdSchedule;
 use crate::size::ModelConfig;
 
@@ -109,6 +115,10 @@ pub struct TrainSettings {
     pub seed: u64,
     /// Where workers run: cpu, cuda or rocm.
     pub backend: String,
+    /// Write checkpoints in a background thread while training goes on.
+    pub async_checkpoints: bool,
+    /// The loss-spike guard.
+    pub spike: SpikeGuard,
 }
 
 impl Default for TrainSettings {
@@ -129,6 +139,8 @@ impl Default for TrainSettings {
             eval_tokens: 16384,
             seed: 0,
             backend: "cpu".into(),
+            async_checkpoints: true,
+            spike: SpikeGuard::default(),
         }
     }
 }
@@ -174,30 +186,25 @@ pub struct TrainJob {
     pub checkpoints: PathBuf,
     /// The previous phase's final checkpoint to start from.
     pub init: Option<PathBuf>,
-    /// This worker's rank.
-    pub rank: usize,
-    /// Ranks in all.
-    pub world: usize,
 }
 
 type MuonOpt<B> = OptimizerAdaptor<Muon<<B as AutodiffBackend>::InnerBackend>, Zaya<B>, B>;
 type AdamOpt<B> = OptimizerAdaptor<AdamW, Zaya<B>, B>;
 
-/// Trains `job` on backend `B`, sending protocol messages to `emit`. `crash_after` (fault
-/// injection for tests) aborts the process right after that step.
-pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name: &str, emit: &mut dyn FnMut(WorkerMessage), crash_after: Option<u64>) -> Result<()> {
+/// Trains `job` on backend `B` as rank `group.rank` of `group.world`, sending protocol
+/// messages to `emit`; `faults` are the injected faults that apply to this rank.
+pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name: &str, emit: &Emit, faults: &Faults, group: &mut Group) -> Result<()> {
     let t = &job.train;
     t.validate().map_err(|e| anyhow::anyhow!("phase `{}`: {e}", job.phase))?;
-    ensure!(job.world >= 1 && job.rank < job.world, "rank {} is not below world {}", job.rank, job.world);
+    let (rank, world) = (group.rank, group.world);
     ensure!(
-        t.global_batch % (job.world * t.micro_batch) == 0,
-        "phase `{}`: global_batch {} is not a multiple of world {} x micro_batch {}",
+        t.global_batch % (world * t.micro_batch) == 0,
+        "phase `{}`: global_batch {} is not a multiple of {world} ranks x micro_batch {}",
         job.phase,
         t.global_batch,
-        job.world,
         t.micro_batch
     );
-    let accumulation = t.global_batch / (job.world * t.micro_batch);
+    let accumulation = t.global_batch / (world * t.micro_batch);
 
     let mut sources: Vec<Arc<dyn TokenSource>> = Vec::new();
     for s in &job.sources {
@@ -208,58 +215,81 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name
     let total_steps = reader.num_samples() / t.global_batch as u64;
     ensure!(total_steps > 0, "phase `{}`: the mixture has {} samples, fewer than one global batch of {}", job.phase, reader.num_samples(), t.global_batch);
 
-    let mut model: Zaya<B> = Zaya::new(&job.model, t.seed, device);
-    let rope_base = t.rope_base.unwrap_or(job.model.rope_base);
+    let shape_model: Zaya<B> = Zaya::new(&job.model, t.seed, device);
+    let layout = zero::Layout::new(&param_list(&shape_model), world, 1)?;
+    let plan = Plan::new(&layout);
+    drop(shape_model);
+    let (mut model, mut optim, mut state) = start::<B>(job, total_steps, &reader, &layout, rank, device)?;
+
+    let heldout = if rank == 0 { open_heldout(job)? } else { Vec::new() };
     let routes = model.routes();
-    let mut optim = Optimizers::new(t, &model);
-    let mut state = TrainerState {
-        phase: job.phase.clone(),
-        step: 0,
-        total_steps,
-        cursor: reader.start(&job.phase),
-        balance: (0..job.model.num_blocks).map(|_| BalanceState::new(routes, job.model.mod_skip)).collect(),
-        tokens: 0,
-        seed: t.seed,
-        rope_base,
-    };
-
-    // Resume from this phase's newest checkpoint, else start from the previous phase's end.
-    if let Some((dir, files)) = checkpoint::latest(&job.checkpoints) {
-        let (m, o, st) = restore(model, optim, &dir, &files, device, true)?;
-        (model, optim) = (m, o);
-        ensure!(st.phase == job.phase, "{}: a checkpoint of phase `{}` in phase `{}`'s directory", dir.display(), st.phase, job.phase);
-        state = st;
-        tracing::info!("resuming phase {} at step {} from {}", job.phase, state.step, dir.display());
-    } else if let Some(init) = &job.init {
-        let files = checkpoint::read_verified(init).with_context(|| format!("the previous phase's checkpoint {}", init.display()))?;
-        let (m, o, prev) = restore(model, optim, init, &files, device, t.carry_optimizer)?;
-        (model, optim) = (m, o);
-        // The routing biases are part of the model; the phase's data and step restart.
-        state.balance = prev.balance;
-        tracing::info!("phase {} starts from {} (optimizer state {})", job.phase, init.display(), if t.carry_optimizer { "carried" } else { "reset" });
-    }
-    model.options.rope_base = rope_base;
-
-    let heldout = open_heldout(job)?;
     let target = balance::target_shares(routes, job.model.mod_skip, &t.balance);
     let params: u64 = model.num_params() as u64;
-    emit(WorkerMessage::Hello { rank: job.rank, world: job.world, device: device_name.to_string(), start_step: state.step, total_steps, params });
-    tracing::debug!("{} parameters; {} weight matrices trained with Muon", params, optim.muon_ids.len());
+    emit(WorkerMessage::Hello { rank, world, device: device_name.to_string(), start_step: state.step, total_steps, params });
+    tracing::debug!("{} parameters; {} weight matrices trained with Muon; rank {rank} owns {} of {} values", params, optim.muon_ids.len(), plan.blocks[rank].len(), plan.total);
 
+    let mut saver = Saver::new(job.checkpoints.clone(), rank, world, t.keep_checkpoints, t.async_checkpoints, faults.clone(), emit.clone());
+    let mut spike_fired = false;
     let mut last_loss = f64::NAN;
+    let mut saved_step = None;
     while state.step < total_steps {
+        // Batches skipped after a loss spike are passed over; the phase ends early if that
+        // leaves too few samples for a whole batch.
+        while state.skipped_batches.binary_search(&state.cursor.sample).is_ok() {
+            state.cursor.sample += t.global_batch as u64;
+        }
+        if state.cursor.sample + t.global_batch as u64 > reader.num_samples() {
+            tracing::warn!("phase {}: out of samples after skipping {} batches; ending at step {}", job.phase, state.skipped_batches.len(), state.step);
+            break;
+        }
         let started = Instant::now();
+        let batch_start = state.cursor.sample;
+        let garbage = faults.at(Kind::Spike, state.step + 1) && !spike_fired;
+        spike_fired |= garbage;
         let biases: Vec<Vec<f32>> = state.balance.iter().map(|b| b.biases.clone()).collect();
         let mut micro_batches = Vec::with_capacity(accumulation);
         for _ in 0..accumulation {
-            let batch = reader.batch(&state.cursor, job.rank, job.world, t.micro_batch)?;
+            let mut batch = reader.batch(&state.cursor, rank, world, t.micro_batch)?;
+            if garbage {
+                // Fault injection: this batch is noise, as a corrupt shard would be.
+                let mut rng = crate::rng::SplitMix64(batch_start ^ 0xbad);
+                batch.tokens.iter_mut().for_each(|x| *x = rng.below(job.model.vocab_size as u64) as u32);
+            }
             micro_batches.push(batch_tensors::<B>(&batch.tokens, t.micro_batch, seq_len, device));
-            state.cursor = state.cursor.advance(job.world, t.micro_batch);
+            state.cursor = state.cursor.advance(world, t.micro_batch);
         }
         let lr = t.schedule.lr(state.step, total_steps);
-        let (m, out) = train_step(model, &mut optim, micro_batches, &biases, lr, t.grad_clip);
+        let (m, out) = train_step(model, &mut optim, micro_batches, &biases, lr, t.grad_clip, group, Some(&plan))?;
         model = m;
         let (grad_norm, counts) = (out.grad_norm, out.counts);
+        let delay = faults.delay_ms(state.step + 1);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(delay));
+        }
+
+        // The loss-spike guard. Every rank sees the same (all-reduced) loss, so all roll back
+        // together.
+        if let Some(z) = t.spike.check(&state.loss_history, out.loss) {
+            if state.rollbacks < t.spike.max_rollbacks {
+                saver.wait()?;
+                group.barrier()?;
+                let mut skipped = state.skipped_batches.clone();
+                skipped.push(batch_start);
+                skipped.sort_unstable();
+                skipped.dedup();
+                let rollbacks = state.rollbacks + 1;
+                let spiked_step = state.step + 1;
+                (model, optim, state) = start::<B>(job, total_steps, &reader, &layout, rank, device)?;
+                state.skipped_batches = skipped;
+                state.rollbacks = rollbacks;
+                tracing::warn!("loss spike at step {spiked_step} (loss {:.4}, z {z:.1}): back to step {}, skipping samples {batch_start}..", out.loss, state.step);
+                emit(WorkerMessage::LossSpike { step: spiked_step, loss: out.loss, z, rollback_to: state.step, skipped_sample: batch_start });
+                continue;
+            }
+            tracing::warn!("loss spike at step {} (z {z:.1}) but the phase already rolled back {} times; going on", state.step + 1, state.rollbacks);
+        }
+        ensure!(out.loss.is_finite(), "phase `{}`: the loss is {} at step {}", job.phase, out.loss, state.step + 1);
+        t.spike.record(&mut state.loss_history, out.loss);
 
         let mut errors = 0.0;
         for (layer, c) in counts.iter().enumerate() {
@@ -286,26 +316,82 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name
             expert_load: load,
             balance_error: errors / counts.len() as f64,
         }));
-        ensure!(last_loss.is_finite(), "phase `{}`: the loss is {last_loss} at step {}", job.phase, state.step);
 
         let last = state.step == total_steps;
-        if (t.eval_every > 0 && state.step % t.eval_every == 0) || last {
+        if rank == 0 && ((t.eval_every > 0 && state.step % t.eval_every == 0) || last) {
             let losses = evaluate(&model.valid(), &heldout, seq_len, t.eval_tokens, t.micro_batch, &biases);
             emit(WorkerMessage::Eval { step: state.step, losses });
         }
         if (t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0) || last {
-            let dir = save(&job.checkpoints, &model, &optim, &state)?;
-            emit(WorkerMessage::CheckpointCommitted { step: state.step, path: dir.display().to_string() });
-            checkpoint::retain(&job.checkpoints, t.keep_checkpoints.max(1))?;
+            saver.save(snapshot(&job.model, &layout, rank, &model, &optim, &state)?, last)?;
+            saved_step = Some(state.step);
         }
-        if crash_after == Some(state.step) {
-            // Fault injection: die like a crashed process would, mid-phase, without cleanup.
-            eprintln!("fault injection: aborting after step {}", state.step);
-            std::process::abort();
+        if faults.at(Kind::Crash, state.step) {
+            faults::abort(&format!("aborting after step {}", state.step));
+        }
+        if faults.at(Kind::Hang, state.step) {
+            faults::hang(&format!("hanging after step {}", state.step));
         }
     }
+    if saved_step != Some(state.step) {
+        // The phase ended early (skipped batches): its last state still becomes a checkpoint.
+        saver.save(snapshot(&job.model, &layout, rank, &model, &optim, &state)?, true)?;
+    }
+    saver.wait()?;
     emit(WorkerMessage::Done { step: state.step, loss: last_loss });
     Ok(())
+}
+
+/// The state training starts (or restarts after a spike) from: this phase's newest checkpoint
+/// that verifies, else the previous phase's final one, else a fresh model.
+fn start<B: AutodiffBackend>(
+    job: &TrainJob,
+    total_steps: u64,
+    reader: &MixtureReader,
+    layout: &zero::Layout,
+    rank: usize,
+    device: &B::Device,
+) -> Result<(Zaya<B>, Optimizers<B>, TrainerState)> {
+    let t = &job.train;
+    let mut model: Zaya<B> = Zaya::new(&job.model, t.seed, device);
+    let rope_base = t.rope_base.unwrap_or(job.model.rope_base);
+    let routes = model.routes();
+    let mut optim = Optimizers::new(t, &model);
+    let mut state = TrainerState {
+        phase: job.phase.clone(),
+        step: 0,
+        total_steps,
+        cursor: reader.start(&job.phase),
+        balance: (0..job.model.num_blocks).map(|_| BalanceState::new(routes, job.model.mod_skip)).collect(),
+        tokens: 0,
+        seed: t.seed,
+        rope_base,
+        loss_history: Vec::new(),
+        skipped_batches: Vec::new(),
+        rollbacks: 0,
+    };
+    if let Some((dir, files)) = checkpoint::latest(&job.checkpoints) {
+        let (m, o, st) = restore(model, optim, &dir, &files, device, Some((layout, rank)))?;
+        (model, optim) = (m, o);
+        ensure!(st.phase == job.phase, "{}: a checkpoint of phase `{}` in phase `{}`'s directory", dir.display(), st.phase, job.phase);
+        state = st;
+        tracing::info!("resuming phase {} at step {} from {}", job.phase, state.step, dir.display());
+    } else if let Some(init) = &job.init {
+        let files = checkpoint::read_verified(init).with_context(|| format!("the previous phase's checkpoint {}", init.display()))?;
+        let (m, o, prev) = restore(model, optim, init, &files, device, t.carry_optimizer.then_some((layout, rank)))?;
+        (model, optim) = (m, o);
+        // The routing biases are part of the model; the phase's data and step restart.
+        state.balance = prev.balance;
+        tracing::info!("phase {} starts from {} (optimizer state {})", job.phase, init.display(), if t.carry_optimizer { "carried" } else { "reset" });
+    }
+    model.options.rope_base = rope_base;
+    Ok((model, optim, state))
+}
+
+/// Every parameter as (name, id, elements), in visiting order: what [`zero::Layout`] shards.
+pub fn param_list<B: Backend>(model: &Zaya<B>) -> Vec<(String, u64, usize)> {
+    let sizes: Vec<usize> = checkpoint::weights(model).iter().map(|(_, shape, _)| shape.iter().product()).collect();
+    checkpoint::param_names::<B, _>(model).into_iter().zip(sizes).map(|((name, id), n)| (name, id.val(), n)).collect()
 }
 
 /// Muon for the 2-D weight matrices, AdamW for everything else, sharing one learning rate
@@ -346,8 +432,11 @@ pub struct StepOutput {
     pub counts: Vec<Vec<u64>>,
 }
 
-/// One optimizer step: forward/backward over every micro-batch (gradients averaged), global
-/// norm clipping (`clip` > 0), then Muon and AdamW updates at `lr`.
+/// One optimizer step: forward/backward over every micro-batch (gradients averaged, over the
+/// micro-batches and then over the ranks of `group`), global norm clipping (`clip` > 0), then
+/// Muon and AdamW updates at `lr` of the parameters this rank `owned` (ZeRO-1), and the
+/// all-gather of everyone's updates.
+#[allow(clippy::too_many_arguments)]
 pub fn train_step<B: AutodiffBackend>(
     mut model: Zaya<B>,
     optim: &mut Optimizers<B>,
@@ -355,7 +444,9 @@ pub fn train_step<B: AutodiffBackend>(
     biases: &[Vec<f32>],
     lr: f64,
     clip: f64,
-) -> (Zaya<B>, StepOutput) {
+    group: &mut Group,
+    plan: Option<&Plan>,
+) -> Result<(Zaya<B>, StepOutput)> {
     let n = micro_batches.len();
     let mut accumulator = GradientsAccumulator::<Zaya<B>>::new();
     let mut loss_sum = 0.0;
@@ -372,14 +463,25 @@ pub fn train_step<B: AutodiffBackend>(
         }
     }
     let mut grads = accumulator.grads();
-    let grad_norm = global_norm::<B>(&model, &grads);
+    let mut loss = loss_sum / n as f64;
+    let grad_norm = match plan {
+        Some(plan) if group.world > 1 => {
+            let (g, sums, norm) = data_parallel::exchange_gradients(group, plan, &model, grads, StepSums { loss, counts })?;
+            (grads, loss, counts) = (g, sums.loss, sums.counts);
+            norm
+        }
+        _ => global_norm::<B>(&model, &grads),
+    };
     if clip > 0.0 && grad_norm > clip {
         scale_grads::<B>(&model, &mut grads, clip / (grad_norm + 1e-6));
     }
     let muon_grads = split_grads::<B>(&model, &mut grads, &optim.muon_ids);
     model = optim.muon.step(lr, model, muon_grads);
     model = optim.adamw.step(lr, model, grads);
-    (model, StepOutput { loss: loss_sum / n as f64, grad_norm, counts })
+    if let Some(plan) = plan.filter(|_| group.world > 1) {
+        model = data_parallel::all_gather_parameters(group, plan, model)?;
+    }
+    Ok((model, StepOutput { loss, grad_norm, counts }))
 }
 
 /// `[micro_batch, seq_len + 1]` token rows -> (inputs, targets) `[micro_batch, seq_len]`.
@@ -524,74 +626,78 @@ fn read_stream(ds: &IndexedDataset, n: usize) -> Vec<u32> {
     out
 }
 
-/// Writes a checkpoint of the current state.
-fn save<B: AutodiffBackend>(root: &Path, model: &Zaya<B>, optim: &Optimizers<B>, state: &TrainerState) -> Result<PathBuf> {
-    // One metadata entry: safetensors keeps metadata in a HashMap, so with two or more the
-    // header's byte order would change from process to process.
-    let mut meta = BTreeMap::new();
-    meta.insert("format".into(), "zflow-zaya1".into());
-    let files = vec![
-        ("model.safetensors".to_string(), checkpoint::weights_to_safetensors(model, meta)?),
-        ("optim-muon.bin".to_string(), optimizer_bytes(optim.muon.to_record())?),
-        ("optim-adamw.bin".to_string(), optimizer_bytes(optim.adamw.to_record())?),
-        ("trainer.json".to_string(), serde_json::to_vec_pretty(state)?),
+/// This rank's files of a checkpoint of the current state: every rank its optimizer shards;
+/// rank 0 also the weights, the trainer state, the layout and the model config.
+fn snapshot<B: AutodiffBackend>(model_config: &ModelConfig, layout: &zero::Layout, rank: usize, model: &Zaya<B>, optim: &Optimizers<B>, state: &TrainerState) -> Result<Snapshot> {
+    let mut files = vec![
+        (zero::shard_file("muon", rank), optimizer_bytes(optim.muon.to_record())?),
+        (zero::shard_file("adamw", rank), optimizer_bytes(optim.adamw.to_record())?),
     ];
-    checkpoint::commit(root, state.step, files)
+    if rank == 0 {
+        // One metadata entry: safetensors keeps metadata in a HashMap, so with two or more the
+        // header's byte order would change from process to process.
+        let mut meta = BTreeMap::new();
+        meta.insert("format".into(), "zflow-zaya1".into());
+        files.push(("model.safetensors".to_string(), checkpoint::weights_to_safetensors(model, meta)?));
+        files.push(("trainer.json".to_string(), serde_json::to_vec_pretty(state)?));
+        files.push(("layout.json".to_string(), serde_json::to_vec_pretty(layout)?));
+        files.push(("model.json".to_string(), serde_json::to_vec_pretty(model_config)?));
+    }
+    Ok(Snapshot { step: state.step, files })
 }
 
-/// Loads a checkpoint's weights (always), optimizer state (if `optimizer`) and trainer state.
+/// Loads a checkpoint's weights (always), this rank's optimizer shards (if `shard` names the
+/// run's layout and rank) and trainer state.
 fn restore<B: AutodiffBackend>(
     model: Zaya<B>,
     mut optim: Optimizers<B>,
     dir: &Path,
     files: &BTreeMap<String, Vec<u8>>,
     device: &B::Device,
-    optimizer: bool,
+    shard: Option<(&zero::Layout, usize)>,
 ) -> Result<(Zaya<B>, Optimizers<B>, TrainerState)> {
     let get = |name: &str| files.get(name).with_context(|| format!("{}: no {name} in the checkpoint", dir.display()));
     let model = checkpoint::load_weights(model, get("model.safetensors")?, &dir.join("model.safetensors"))?;
     let state: TrainerState = serde_json::from_slice(get("trainer.json")?).with_context(|| format!("{}/trainer.json", dir.display()))?;
-    if optimizer {
-        let muon = optimizer_record(get("optim-muon.bin")?, device).with_context(|| format!("{}/optim-muon.bin", dir.display()))?;
-        let adamw = optimizer_record(get("optim-adamw.bin")?, device).with_context(|| format!("{}/optim-adamw.bin", dir.display()))?;
+    if let Some((layout, rank)) = shard {
+        let saved = zero::read_layout(dir, files)?;
+        if saved.dp != layout.dp && rank == 0 {
+            tracing::warn!(
+                "{} holds optimizer state for {} data-parallel ranks and this run has {}: every rank reads every shard (`zflow ckpt reshape` does this once, offline)",
+                dir.display(),
+                saved.dp,
+                layout.dp
+            );
+        }
+        let muon = zero::shard_for(dir, files, &saved, layout, rank, "muon")?;
+        let adamw = zero::shard_for(dir, files, &saved, layout, rank, "adamw")?;
+        let muon = optimizer_record(&muon, device).with_context(|| format!("{}: Muon state of rank {rank}", dir.display()))?;
+        let adamw = optimizer_record(&adamw, device).with_context(|| format!("{}: AdamW state of rank {rank}", dir.display()))?;
         optim.muon = optim.muon.load_record(muon);
         optim.adamw = optim.adamw.load_record(adamw);
     }
     Ok((model, optim, state))
 }
 
-/// An optimizer record as bytes, entries sorted by parameter id so the same state always
-/// serialises to the same bytes (burn keeps them in a randomly seeded hash map).
+/// An optimizer record as bytes ([`zero`]'s shard format), entries sorted by parameter id so
+/// the same state always serialises to the same bytes (burn keeps them in a randomly seeded
+/// hash map).
 fn optimizer_bytes<RB: Backend, R: Record<RB>>(record: hashbrown::HashMap<ParamId, R>) -> Result<Vec<u8>> {
     let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
-    let mut entries: Vec<(ParamId, R)> = record.into_iter().collect();
-    entries.sort_by_key(|(id, _)| id.val());
-    let mut out = Vec::new();
-    for (id, r) in entries {
-        let bytes = Recorder::<RB>::record(&recorder, r, ())?;
-        out.extend_from_slice(&id.val().to_le_bytes());
-        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        out.extend_from_slice(&bytes);
+    let mut encoded = Vec::with_capacity(record.len());
+    for (id, r) in record {
+        encoded.push((id.val(), Recorder::<RB>::record(&recorder, r, ())?));
     }
-    Ok(out)
+    Ok(zero::join_entries(encoded.iter().map(|(id, b)| (*id, b.as_slice())).collect()))
 }
 
 /// Reads what [`optimizer_bytes`] wrote.
 fn optimizer_record<RB: Backend, R: Record<RB>>(bytes: &[u8], device: &RB::Device) -> Result<hashbrown::HashMap<ParamId, R>> {
     let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
     let mut out = hashbrown::HashMap::new();
-    let mut at = 0;
-    while at < bytes.len() {
-        if at + 16 > bytes.len() {
-            bail!("truncated optimizer state");
-        }
-        let id = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
-        let len = u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap()) as usize;
-        at += 16;
-        ensure!(at + len <= bytes.len(), "truncated optimizer state");
-        let r: R = Recorder::<RB>::load(&recorder, bytes[at..at + len].to_vec(), device)?;
+    for (id, record) in zero::entries(bytes)? {
+        let r: R = Recorder::<RB>::load(&recorder, record.to_vec(), device)?;
         out.insert(ParamId::from(id), r);
-        at += len;
     }
     Ok(out)
 }

@@ -9,46 +9,50 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result};
 use burn::backend::Autodiff;
 
+use burn::tensor::backend::AutodiffBackend;
+
 use crate::backend::{self, BackendKind};
-use crate::protocol::WorkerMessage;
+use crate::checkpoint;
+use crate::collective::{Group, Placement};
+use crate::faults::{self, Faults};
+use crate::protocol::{Emit, WorkerMessage};
 use crate::trainer::{self, TrainJob};
 
-/// Environment variable for fault injection in tests: abort the worker right after this step.
-pub const CRASH_AFTER_STEP: &str = "ZFLOW_FAULT_CRASH_AFTER_STEP";
-
 /// Seconds between heartbeats (a step can take longer than the supervisor's hang timeout
-/// would like to wait for a sign of life).
-const HEARTBEAT_S: u64 = 15;
+/// would like to wait for a sign of life); the supervisor sets it from its hang timeout.
+pub const HEARTBEAT_ENV: &str = "ZFLOW_HEARTBEAT_S";
 
 /// Runs the job in `job_path` on `backend` device `device`; returns the process exit code.
+/// The rank, world and rendezvous come from the environment ([`Placement::from_env`]).
 pub fn run(job_path: &Path, backend: &str, device: usize) -> i32 {
     let step = Arc::new(AtomicU64::new(0));
     let out = Arc::new(Mutex::new(std::io::stdout()));
-    let send = {
-        let out = out.clone();
-        move |m: &WorkerMessage| {
+    let emit: Emit = {
+        let (out, step) = (out.clone(), step.clone());
+        Arc::new(move |m: WorkerMessage| {
+            if let WorkerMessage::Step(s) = &m {
+                step.store(s.step, Ordering::Relaxed);
+            }
+            if faults::HUNG.load(Ordering::SeqCst) {
+                return;
+            }
             let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
             // A supervisor that went away closes the pipe; there is nothing left to report to.
             let _ = writeln!(out, "{}", m.to_line());
             let _ = out.flush();
-        }
+        })
     };
     {
-        let (send, step) = (send.clone(), step.clone());
+        let (emit, step) = (emit.clone(), step.clone());
+        let every: u64 = std::env::var(HEARTBEAT_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(15);
         std::thread::spawn(move || {
             loop {
-                std::thread::sleep(std::time::Duration::from_secs(HEARTBEAT_S));
-                send(&WorkerMessage::Heartbeat { step: step.load(Ordering::Relaxed) });
+                std::thread::sleep(std::time::Duration::from_secs(every.max(1)));
+                emit(WorkerMessage::Heartbeat { step: step.load(Ordering::Relaxed) });
             }
         });
     }
-    let mut emit = |m: WorkerMessage| {
-        if let WorkerMessage::Step(s) = &m {
-            step.store(s.step, Ordering::Relaxed);
-        }
-        send(&m);
-    };
-    match run_inner(job_path, backend, device, &mut emit) {
+    match run_inner(job_path, backend, device, &emit) {
         Ok(()) => 0,
         Err(e) => {
             emit(WorkerMessage::Error { message: format!("{e:#}") });
@@ -58,28 +62,42 @@ pub fn run(job_path: &Path, backend: &str, device: usize) -> i32 {
     }
 }
 
-fn run_inner(job_path: &Path, backend: &str, device: usize, emit: &mut dyn FnMut(WorkerMessage)) -> Result<()> {
+fn run_inner(job_path: &Path, backend: &str, device: usize, emit: &Emit) -> Result<()> {
     let job: TrainJob = serde_json::from_slice(&std::fs::read(job_path).with_context(|| format!("reading {}", job_path.display()))?)
         .with_context(|| format!("parsing the train job {}", job_path.display()))?;
     let kind = BackendKind::parse(backend)?;
     let description = backend::probe(kind, device)?;
-    let crash_after = std::env::var(CRASH_AFTER_STEP).ok().and_then(|v| v.parse().ok());
+    let placement = Placement::from_env()?;
+    let rank = placement.as_ref().map_or(0, |p| p.rank);
+    let faults = Faults::from_env(rank)?;
+    if rank == 0 {
+        // Before any rank reads the checkpoints (the others wait for rank 0 in `Group::join`).
+        checkpoint::quarantine_damaged(&job.checkpoints)?;
+    }
     match kind {
         BackendKind::Cpu => {
             let device = burn_flex::FlexDevice;
-            trainer::train::<Autodiff<burn_flex::Flex>>(&job, &device, &description, emit, crash_after)
+            go::<Autodiff<burn_flex::Flex>>(&job, &device, &description, emit, &faults, placement.as_ref())
         }
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
             let device = burn::backend::cuda::CudaDevice::new(device);
-            trainer::train::<Autodiff<burn::backend::Cuda>>(&job, &device, &description, emit, crash_after)
+            go::<Autodiff<burn::backend::Cuda>>(&job, &device, &description, emit, &faults, placement.as_ref())
         }
         #[cfg(feature = "rocm")]
         BackendKind::Rocm => {
             let device = burn::backend::rocm::RocmDevice::new(device);
-            trainer::train::<Autodiff<burn::backend::Rocm>>(&job, &device, &description, emit, crash_after)
+            go::<Autodiff<burn::backend::Rocm>>(&job, &device, &description, emit, &faults, placement.as_ref())
         }
         #[allow(unreachable_patterns)]
         _ => unreachable!("probe rejects backends that are not compiled in"),
     }
+}
+
+fn go<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, description: &str, emit: &Emit, faults: &Faults, placement: Option<&Placement>) -> Result<()> {
+    let mut group = match placement {
+        Some(p) => Group::join(p)?,
+        None => Group::single(),
+    };
+    trainer::train::<B>(job, device, description, emit, faults, &mut group)
 }

@@ -4,6 +4,7 @@
 //! [`zflow_pipeline::Stage`], then add one `.register(...)` line below.
 
 pub mod docs;
+pub mod export;
 pub mod fetch;
 pub mod ingest;
 pub mod megatron_source;
@@ -26,10 +27,12 @@ pub fn registry() -> Registry {
         .register(tokenize::Tokenize)
         .register(mix::Mix)
         .register(megatron_source::MegatronSource)
-        .register(train::Train);
+        .register(train::Train)
+        .register(export::Export);
     r.register_section(sources::Sources).register_section(tokenizer::TokenizerSection)
         .register_section(mix::Phases)
         .register_section(model::ModelSection)
-        .register_section(train::TrainSection);
+        .register_section(train::TrainSection)
+        .register_section(export::ExportSection);
     r
 }

@@ -211,7 +211,7 @@ impl Section for Phases {
                 path: path.clone(),
             });
             if let Some(model) = &model {
-                let train = crate::train::TrainSection::settings(recipe, phase, data.train.as_ref())?;
+                let (train, launch) = crate::train::TrainSection::settings(recipe, phase, data.train.as_ref())?;
                 let name = format!("train.{phase}");
                 let mut needs = vec![format!("mix.{phase}")];
                 needs.extend(used.iter().map(|s| format!("tokenize.{s}")));
@@ -219,7 +219,7 @@ impl Section for Phases {
                 nodes.push(NodeSpec {
                     name: name.clone(),
                     kind: "train".into(),
-                    config: json!({"phase": phase, "model": model, "train": train, "sources": used, "previous": previous}),
+                    config: json!({"phase": phase, "model": model, "train": train, "sources": used, "previous": previous, "launch": launch}),
                     needs,
                     resources: None,
                     path: format!("{path}.train"),

@@ -55,13 +55,33 @@ pub struct TrainConfig {
     pub sources: Vec<String>,
     /// The previous phase's train stage, whose final checkpoint this phase starts from.
     pub previous: Option<String>,
-    /// Seconds without a message from the worker before it is declared hung and stopped.
-    #[serde(default = "default_hang", skip_serializing)]
+    /// How the phase is launched and supervised. Not part of the stage's identity: more ranks
+    /// or more retries do not change what the phase computes (beyond float rounding of the
+    /// gradient sums), and a phase started on 2 ranks can finish on 4.
+    #[serde(default, skip_serializing)]
+    pub launch: LaunchSettings,
+}
+
+/// How a phase runs (`train.launch` in the recipe).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LaunchSettings {
+    /// Data-parallel worker processes (ranks); the optimizer state is sharded over them
+    /// (ZeRO-1). `global_batch` must be a multiple of `data_parallel x micro_batch`.
+    pub data_parallel: usize,
+    /// Relaunches after a crash or hang before the stage fails.
+    pub max_restarts: u32,
+    /// Seconds to wait before the first relaunch; doubled for each further one (up to 60 s).
+    pub backoff_s: f64,
+    /// Seconds without a message from a rank before it is declared hung. Workers send a
+    /// heartbeat every quarter of this.
     pub hang_timeout_s: u64,
 }
 
-fn default_hang() -> u64 {
-    600
+impl Default for LaunchSettings {
+    fn default() -> Self {
+        LaunchSettings { data_parallel: 1, max_restarts: 3, backoff_s: 1.0, hang_timeout_s: 600 }
+    }
 }
 
 impl Stage for Train {
@@ -72,6 +92,13 @@ impl Stage for Train {
 
     fn validate(&self, c: &TrainConfig, needs: &[String]) -> Result<(), ConfigError> {
         c.train.validate().map_err(|e| ConfigError::new("train", e))?;
+        let ranks = c.launch.data_parallel;
+        if ranks == 0 || c.train.global_batch % (ranks * c.train.micro_batch) != 0 {
+            return Err(ConfigError::new(
+                "train.launch.data_parallel",
+                format!("global_batch ({}) must be a multiple of data_parallel ({ranks}) x micro_batch ({})", c.train.global_batch, c.train.micro_batch),
+            ));
+        }
         zflow_runtime::backend::BackendKind::parse(&c.train.backend).map_err(|e| ConfigError::new("train.backend", e.to_string()))?;
         let want = format!("mix.{}", c.phase);
         if !needs.contains(&want) {
@@ -88,7 +115,7 @@ impl Stage for Train {
     fn resources(&self, c: &TrainConfig) -> zflow_pipeline::Resources {
         // Training takes the whole machine: the worker's matrix kernels use every core.
         let cpus = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
-        zflow_pipeline::Resources { cpus, gpus: u32::from(c.train.backend != "cpu"), ..Default::default() }
+        zflow_pipeline::Resources { cpus, gpus: if c.train.backend == "cpu" { 0 } else { c.launch.data_parallel as u32 }, ..Default::default() }
     }
 
     fn resumable(&self, _c: &TrainConfig) -> bool {
@@ -115,69 +142,44 @@ impl Stage for Train {
             sources,
             checkpoints: out.join("checkpoints"),
             init: c.previous.as_ref().map(|p| ctx.input(p).map(|d| d.join("final"))).transpose()?,
-            rank: 0,
-            world: 1,
         };
         let job_path = out.join("job.json");
         std::fs::write(&job_path, serde_json::to_vec_pretty(&job)?)?;
         // An earlier attempt finished the phase and died before the stage was committed.
         if finished(&out.join("final")) {
             tracing::info!("the phase already finished in an earlier attempt; keeping its final checkpoint");
+            Events::open(&out.join("events.jsonl"))?.write_parquet(&c.phase, out)?;
             return Metrics::open(&out.join("metrics.jsonl"))?.write_parquet(&c.phase, out);
         }
 
-        let exe = std::env::current_exe().context("locating the zflow binary to start a worker")?;
-        let mut cmd = Command::new(exe);
-        cmd.arg("worker").arg("--job").arg(&job_path).arg("--backend").arg(&c.train.backend);
-        cmd.current_dir(out).envs(ctx.child_env()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(ctx.log().stdio()?);
-        let mut child = spawn_supervised(&mut cmd).context("starting the training worker")?;
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = std::sync::mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-
+        let mut events = Events::open(&out.join("events.jsonl"))?;
         let mut metrics = Metrics::open(&out.join("metrics.jsonl"))?;
-        let mut last_message = Instant::now();
-        let mut worker_error = None;
-        let mut done = false;
-        let status = loop {
-            match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(line) => {
-                    last_message = Instant::now();
-                    match WorkerMessage::parse(&line) {
-                        Some(m) => self.handle(m, ctx, &mut metrics, &mut worker_error, &mut done)?,
-                        None => ctx.log().line(&line),
+        let sup = &c.launch;
+        let mut restarts = 0u32;
+        loop {
+            let attempt = events.next_attempt()?;
+            match self.attempt(c, ctx, &job_path, attempt, &mut metrics, &mut events)? {
+                Outcome::Finished => break,
+                Outcome::Failed { cause, step } => {
+                    let detected = now_ms();
+                    if restarts >= sup.max_restarts {
+                        events.push(Event::failure(attempt, &cause, step, detected, None))?;
+                        bail!("the training workers failed: {cause} (no restarts left after {restarts}; log: {})", ctx.log().path().display());
                     }
+                    let backoff = (sup.backoff_s * 2f64.powi(restarts as i32)).min(60.0);
+                    restarts += 1;
+                    tracing::warn!("{cause}; relaunching from the newest complete checkpoint in {backoff:.1} s (restart {restarts} of {})", sup.max_restarts);
+                    events.push(Event::failure(attempt, &cause, step, detected, Some(backoff)))?;
+                    std::thread::sleep(Duration::from_secs_f64(backoff));
                 }
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    break child.wait()?;
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             }
-            if ctx.cancel_token().is_cancelled() {
-                terminate_group(child.id() as i32, Duration::from_secs(5), &mut child);
-                bail!("cancelled");
-            }
-            if last_message.elapsed() > Duration::from_secs(c.hang_timeout_s) {
-                terminate_group(child.id() as i32, Duration::from_secs(5), &mut child);
-                bail!("the worker sent nothing for {} s (hang_timeout_s) and was stopped", c.hang_timeout_s);
-            }
-        };
-        if !status.success() || !done {
-            let why = worker_error.unwrap_or_else(|| describe(&status));
-            bail!("the training worker failed: {why} (log: {})", ctx.log().path().display());
         }
 
         // The phase's artifact: its last checkpoint as `final/`, metrics as Parquet.
         let (_, last) = zflow_runtime::checkpoint::list(&out.join("checkpoints"))
             .into_iter()
             .next()
-            .context("the worker finished without committing a checkpoint")?;
+            .context("the workers finished without committing a checkpoint")?;
         let final_dir = out.join("final");
         if final_dir.exists() {
             std::fs::remove_dir_all(&final_dir)?;
@@ -185,22 +187,144 @@ impl Stage for Train {
         std::fs::rename(&last, &final_dir)?;
         std::fs::remove_dir_all(out.join("checkpoints"))?;
         metrics.write_parquet(&c.phase, out)?;
+        events.write_parquet(&c.phase, out)?;
         Ok(())
     }
 }
 
+/// How one launch of the workers ended.
+enum Outcome {
+    Finished,
+    Failed { cause: String, step: u64 },
+}
+
+/// One rank's process as the supervisor sees it.
+struct Rank {
+    child: std::process::Child,
+    last_message: Instant,
+    step: u64,
+    done: bool,
+    exited: Option<std::process::ExitStatus>,
+    error: Option<String>,
+}
+
 impl Train {
-    fn handle(&self, m: WorkerMessage, ctx: &StageContext, metrics: &mut Metrics, error: &mut Option<String>, done: &mut bool) -> Result<()> {
+    /// Launches every rank once and watches them until all finish, one fails or hangs, or the
+    /// run is cancelled; a failed launch has all its ranks stopped before this returns.
+    fn attempt(&self, c: &TrainConfig, ctx: &StageContext, job_path: &Path, attempt: u32, metrics: &mut Metrics, events: &mut Events) -> Result<Outcome> {
+        let world = c.launch.data_parallel;
+        let placements = zflow_runtime::collective::Placement::local(world)?;
+        let exe = std::env::current_exe().context("locating the zflow binary to start a worker")?;
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
+        let mut ranks = Vec::new();
+        let heartbeat = (c.launch.hang_timeout_s / 4).max(1);
+        for p in &placements {
+            let mut cmd = Command::new(&exe);
+            cmd.arg("worker").arg("--job").arg(job_path).arg("--backend").arg(&c.train.backend);
+            if world > 1 {
+                cmd.envs(p.to_env());
+            }
+            cmd.env(zflow_runtime::faults::ATTEMPT, attempt.to_string()).env(zflow_runtime::worker::HEARTBEAT_ENV, heartbeat.to_string());
+            cmd.current_dir(ctx.out_dir()).envs(ctx.child_env()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(ctx.log().stdio()?);
+            let mut child = spawn_supervised(&mut cmd).with_context(|| format!("starting training worker rank {}", p.rank))?;
+            let stdout = child.stdout.take().expect("piped stdout");
+            let (tx, rank) = (tx.clone(), p.rank);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if tx.send((rank, Some(line))).is_err() {
+                        return;
+                    }
+                }
+                let _ = tx.send((rank, None));
+            });
+            ranks.push(Rank { child, last_message: Instant::now(), step: 0, done: false, exited: None, error: None });
+        }
+        drop(tx);
+        tracing::info!("attempt {attempt}: {world} worker rank(s) started");
+
+        let stop_all = |ranks: &mut Vec<Rank>| {
+            for r in ranks.iter_mut().filter(|r| r.exited.is_none()) {
+                terminate_group(r.child.id() as i32, Duration::from_secs(5), &mut r.child);
+            }
+        };
+        let hang = Duration::from_secs(c.launch.hang_timeout_s);
+        loop {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok((rank, Some(line))) => {
+                    let r = &mut ranks[rank];
+                    r.last_message = Instant::now();
+                    match WorkerMessage::parse(&line) {
+                        Some(m) => self.handle(rank, m, ctx, metrics, events, r)?,
+                        None => ctx.log().line(&format!("[rank {rank}] {line}")),
+                    }
+                }
+                Ok((rank, None)) => {
+                    let r = &mut ranks[rank];
+                    let status = r.child.wait()?;
+                    r.exited = Some(status);
+                    if !(status.success() && r.done) {
+                        // When one rank dies, its ring neighbours fail too ("receiving from the
+                        // previous rank"): give them a moment, then blame a rank that was killed
+                        // by a signal or failed on its own, not the ones that lost a peer.
+                        let deadline = Instant::now() + Duration::from_secs(1);
+                        while Instant::now() < deadline && ranks.iter().any(|r| r.exited.is_none()) {
+                            for r in ranks.iter_mut().filter(|r| r.exited.is_none()) {
+                                r.exited = r.child.try_wait()?;
+                            }
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        while let Ok((rank, Some(line))) = rx.try_recv() {
+                            if let Some(WorkerMessage::Error { message }) = WorkerMessage::parse(&line) {
+                                ranks[rank].error = Some(message);
+                            }
+                        }
+                        let failed: Vec<usize> = (0..ranks.len()).filter(|&i| ranks[i].exited.is_some_and(|s| !(s.success() && ranks[i].done))).collect();
+                        let lost_peer = |i: &usize| ranks[*i].error.as_deref().is_some_and(|e| e.contains("did it die?"));
+                        let culprit = failed.iter().copied().find(|i| !lost_peer(i)).unwrap_or(rank);
+                        let r = &ranks[culprit];
+                        let why = r.error.clone().unwrap_or_else(|| describe(&r.exited.expect("exited")));
+                        let step = r.step;
+                        stop_all(&mut ranks);
+                        return Ok(Outcome::Failed { cause: format!("rank {culprit} failed after step {step}: {why}"), step });
+                    }
+                    if ranks.iter().all(|r| r.exited.is_some()) {
+                        return Ok(Outcome::Finished);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Ok(Outcome::Finished),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if ctx.cancel_token().is_cancelled() {
+                stop_all(&mut ranks);
+                bail!("cancelled");
+            }
+            if let Some((rank, r)) = ranks.iter().enumerate().find(|(_, r)| r.exited.is_none() && r.last_message.elapsed() > hang) {
+                let (step, secs) = (r.step, r.last_message.elapsed().as_secs());
+                stop_all(&mut ranks);
+                return Ok(Outcome::Failed { cause: format!("rank {rank} hung after step {step}: no message for {secs} s (hang_timeout_s {})", c.launch.hang_timeout_s), step });
+            }
+        }
+    }
+
+    fn handle(&self, rank: usize, m: WorkerMessage, ctx: &StageContext, metrics: &mut Metrics, events: &mut Events, r: &mut Rank) -> Result<()> {
         match m {
-            WorkerMessage::Hello { device, start_step, total_steps, params, .. } => {
-                ctx.progress().set_length(total_steps);
-                ctx.progress().set_position(start_step);
-                metrics.truncate_after(start_step)?;
-                let from = if start_step > 0 { format!(", resuming at step {start_step}") } else { String::new() };
-                tracing::info!("worker on {device}: {params} parameters, {total_steps} steps{from}");
+            WorkerMessage::Hello { device, start_step, total_steps, params, world, .. } => {
+                r.step = start_step;
+                if rank == 0 {
+                    ctx.progress().set_length(total_steps);
+                    ctx.progress().set_position(start_step);
+                    metrics.truncate_after(start_step)?;
+                    let from = if start_step > 0 { format!(", resuming at step {start_step}") } else { String::new() };
+                    tracing::info!("{world} rank(s) on {device}: {params} parameters, {total_steps} steps{from}");
+                }
             }
             WorkerMessage::Heartbeat { .. } => {}
             WorkerMessage::Step(s) => {
+                r.step = s.step;
+                if rank != 0 {
+                    return Ok(());
+                }
+                events.training_again(now_ms())?;
                 ctx.progress().set_position(s.step);
                 ctx.progress().set_message(format!("loss {:.3}  {:.0} tok/s", s.loss, s.tokens_per_s));
                 if s.step % 10 == 0 || s.step == 1 {
@@ -222,13 +346,143 @@ impl Train {
                 metrics.push(Record::Eval { step, losses })?;
             }
             WorkerMessage::CheckpointCommitted { step, path } => tracing::info!("checkpoint at step {step}: {path}"),
-            WorkerMessage::Done { step, loss } => {
-                tracing::info!("phase done at step {step}, loss {loss:.4}");
-                *done = true;
+            WorkerMessage::LossSpike { step, loss, z, rollback_to, skipped_sample } => {
+                if rank == 0 {
+                    tracing::warn!("loss spike at step {step} (loss {loss:.4}, z {z:.1}): rolled back to step {rollback_to}, skipping the batch at sample {skipped_sample}");
+                    metrics.truncate_after(rollback_to)?;
+                    ctx.progress().set_position(rollback_to);
+                    let cause = format!("loss spike at step {step}: loss {loss:.4}, z {z:.1}; batch at sample {skipped_sample} skipped");
+                    events.push(Event { kind: "loss_spike".into(), rollback_to: Some(rollback_to), ..Event::failure(events.current_attempt(), &cause, step, now_ms(), Some(0.0)) })?;
+                }
             }
-            WorkerMessage::Error { message } => *error = Some(message),
+            WorkerMessage::Done { step, loss } => {
+                if rank == 0 {
+                    tracing::info!("phase done at step {step}, loss {loss:.4}");
+                }
+                r.done = true;
+            }
+            WorkerMessage::Error { message } => r.error = Some(message),
         }
         Ok(())
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// One thing that interrupted training: a failed launch (crash, hang, error) or a loss-spike
+/// rollback; a line of `events.jsonl`, which survives failed attempts of the stage.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Event {
+    /// `failure` (a launch that crashed, hung or errored), `loss_spike`, or `launch`.
+    pub kind: String,
+    /// Launch number (1 = first launch in this stage directory).
+    pub attempt: u32,
+    /// What happened.
+    pub cause: String,
+    /// Last step reported before it happened.
+    pub step: u64,
+    /// The step training went back to (loss spikes).
+    #[serde(default)]
+    pub rollback_to: Option<u64>,
+    /// When the supervisor noticed (ms since the epoch).
+    pub detected_ms: u64,
+    /// Backoff before the relaunch, seconds (`None`: no relaunch, the stage failed).
+    pub backoff_s: Option<f64>,
+    /// When training made progress again (the first step reported afterwards).
+    #[serde(default)]
+    pub training_again_ms: Option<u64>,
+}
+
+impl Event {
+    fn failure(attempt: u32, cause: &str, step: u64, detected_ms: u64, backoff_s: Option<f64>) -> Event {
+        Event { kind: "failure".into(), attempt, cause: cause.to_string(), step, rollback_to: None, detected_ms, backoff_s, training_again_ms: None }
+    }
+
+    /// Seconds from the fault's detection until training made progress again.
+    pub fn downtime_s(&self) -> Option<f64> {
+        Some(self.training_again_ms?.saturating_sub(self.detected_ms) as f64 / 1000.0)
+    }
+}
+
+/// The run's events so far, mirrored in `events.jsonl`.
+struct Events {
+    path: std::path::PathBuf,
+    events: Vec<Event>,
+}
+
+impl Events {
+    fn open(path: &Path) -> Result<Events> {
+        let events = match std::fs::read_to_string(path) {
+            Ok(text) => text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect(),
+            Err(_) => Vec::new(),
+        };
+        Ok(Events { path: path.to_path_buf(), events })
+    }
+
+    /// Records a new launch and returns its number (numbers continue across `zflow run`s, so
+    /// a fault injected into attempt 1 fires once).
+    fn next_attempt(&mut self) -> Result<u32> {
+        let attempt = self.current_attempt() + 1;
+        self.push(Event { kind: "launch".into(), ..Event::failure(attempt, "", 0, now_ms(), None) })?;
+        Ok(attempt)
+    }
+
+    fn current_attempt(&self) -> u32 {
+        self.events.iter().filter(|e| e.kind == "launch").map(|e| e.attempt).max().unwrap_or(0)
+    }
+
+    /// Notes that training made progress: the newest open interruption ends here.
+    fn training_again(&mut self, ms: u64) -> Result<()> {
+        if let Some(e) = self.events.iter_mut().rev().find(|e| e.kind != "launch" && e.training_again_ms.is_none() && e.backoff_s.is_some()) {
+            e.training_again_ms = Some(ms);
+            self.rewrite()?;
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, e: Event) -> Result<()> {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
+        writeln!(f, "{}", serde_json::to_string(&e)?)?;
+        self.events.push(e);
+        Ok(())
+    }
+
+    fn rewrite(&self) -> Result<()> {
+        let mut text = String::new();
+        for e in &self.events {
+            text.push_str(&serde_json::to_string(e)?);
+            text.push('\n');
+        }
+        let tmp = self.path.with_extension("jsonl.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &self.path)?;
+        Ok(())
+    }
+
+    /// `events.parquet`: the interruptions (not the launches), with their downtime.
+    fn write_parquet(&self, phase: &str, out: &Path) -> Result<()> {
+        let rows: Vec<&Event> = self.events.iter().filter(|e| e.kind != "launch").collect();
+        write_parquet(
+            &out.join("events.parquet"),
+            vec![
+                Field::new("phase", DataType::Utf8, false),
+                Field::new("kind", DataType::Utf8, false),
+                Field::new("attempt", DataType::UInt64, false),
+                Field::new("step", DataType::UInt64, false),
+                Field::new("cause", DataType::Utf8, false),
+                Field::new("downtime_s", DataType::Float64, true),
+            ],
+            vec![
+                Arc::new(StringArray::from(vec![phase; rows.len()])),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|e| e.kind.as_str()))),
+                Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.attempt as u64))),
+                Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.step))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|e| e.cause.as_str()))),
+                Arc::new(Float64Array::from(rows.iter().map(|e| e.downtime_s()).collect::<Vec<_>>())),
+            ],
+        )
     }
 }
 
@@ -243,7 +497,17 @@ fn describe(status: &std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit status {code}"),
-        (None, Some(sig)) => format!("killed by signal {sig}"),
+        (None, Some(sig)) => {
+            let name = match sig {
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGBUS => " (SIGBUS)",
+                _ => "",
+            };
+            format!("killed by signal {sig}{name}")
+        }
         _ => "ended without finishing the phase".into(),
     }
 }
@@ -361,13 +625,16 @@ impl Metrics {
 pub struct TrainSection;
 
 impl TrainSection {
-    /// Phase `phase`'s settings: the recipe's `train:` merged with the phase's own `train:`.
-    pub fn settings(recipe: &Value, phase: &str, own: Option<&Value>) -> Result<TrainSettings, ConfigError> {
+    /// Phase `phase`'s settings: the recipe's `train:` merged with the phase's own `train:`,
+    /// and its `launch:` part apart.
+    pub fn settings(recipe: &Value, phase: &str, own: Option<&Value>) -> Result<(TrainSettings, LaunchSettings), ConfigError> {
         let mut merged = recipe.get("train").cloned().unwrap_or_else(|| Value::Object(Default::default()));
         if let Some(own) = own {
             merge(&mut merged, own);
         }
-        parse_config(merged, &format!("phases.{phase}.train"))
+        let supervisor = merged.as_object_mut().and_then(|m| m.remove("launch")).unwrap_or_else(|| Value::Object(Default::default()));
+        let supervisor = parse_config(supervisor, &format!("phases.{phase}.train.launch"))?;
+        Ok((parse_config(merged, &format!("phases.{phase}.train"))?, supervisor))
     }
 }
 
@@ -389,7 +656,10 @@ impl Section for TrainSection {
     }
 
     fn expand(&self, value: &Value, _recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
-        let _: TrainSettings = parse_config(value.clone(), "train")?;
+        let mut value = value.clone();
+        let supervisor = value.as_object_mut().and_then(|m| m.remove("launch")).unwrap_or_else(|| Value::Object(Default::default()));
+        let _: LaunchSettings = parse_config(supervisor, "train.launch")?;
+        let _: TrainSettings = parse_config(value, "train")?;
         Ok(Vec::new())
     }
 }
@@ -403,7 +673,8 @@ mod tests {
     fn phase_settings_override_the_shared_ones_key_by_key() {
         let recipe = json!({"train": {"global_batch": 32, "micro_batch": 8, "schedule": {"peak_lr": 0.01, "warmup": 0.1}}});
         let own = json!({"micro_batch": 16, "schedule": {"warmup": 0.0}, "rope_base": 1.0e6});
-        let s = TrainSection::settings(&recipe, "p3", Some(&own)).unwrap();
+        let (s, launch) = TrainSection::settings(&recipe, "p3", Some(&own)).unwrap();
+        assert_eq!(launch, LaunchSettings::default());
         assert_eq!((s.global_batch, s.micro_batch, s.rope_base), (32, 16, Some(1.0e6)));
         assert_eq!((s.schedule.peak_lr, s.schedule.warmup), (0.01, 0.0));
         let err = TrainSection::settings(&recipe, "p3", Some(&json!({"globl_batch": 1}))).unwrap_err();
