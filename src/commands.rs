@@ -237,10 +237,46 @@ pub fn status(args: &RecipeArgs) -> Result<ExitCode> {
         };
         *counts.entry(word).or_default() += 1;
         println!("  {word:<8} {:<width$}  {detail}", node.name);
+        // Training interruptions (restarts, loss-spike rollbacks) from the stage's run records.
+        let identity = match &states[i] {
+            StageState::Cached { manifest } => Some(manifest.identity.clone()),
+            StageState::WillRun { identity, .. } => Some(identity.clone()),
+            _ => None,
+        };
+        if let Some(identity) = identity {
+            let dirs = [engine.store.output_dir(&node.name, &identity), engine.store.partial_dir(&node.name, &identity)];
+            if let Some(text) = dirs.iter().find_map(|d| std::fs::read_to_string(d.join("events.jsonl")).ok()) {
+                for line in interruptions(&text) {
+                    println!("  {:<8} {:<width$}    {line}", "", "");
+                }
+            }
+        }
     }
     let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
     println!("{}", summary.join(", "));
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line per restart or loss-spike rollback in a train stage's `events.jsonl`.
+fn interruptions(events: &str) -> Vec<String> {
+    events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["kind"] != "launch")
+        .map(|e| {
+            let downtime = match (e["detected_ms"].as_u64(), e["training_again_ms"].as_u64()) {
+                (Some(a), Some(b)) => format!(", training again after {:.1}s", b.saturating_sub(a) as f64 / 1000.0),
+                _ if e["backoff_s"].is_null() && e["kind"] == "failure" => ", not relaunched".to_string(),
+                _ => String::new(),
+            };
+            let what = match e["kind"].as_str() {
+                Some("loss_spike") => "rollback",
+                Some("preflight") => "preflight",
+                _ => "restart",
+            };
+            format!("{what} (attempt {}): {}{downtime}", e["attempt"], e["cause"].as_str().unwrap_or(""))
+        })
+        .collect()
 }
 
 pub fn graph(args: &RecipeArgs, format: &str) -> Result<ExitCode> {
@@ -376,6 +412,27 @@ pub enum Bench {
         #[arg(long)]
         source: String,
     },
+    /// Checkpoint write throughput against `dd` on the same disk, and the step-time cost of
+    /// checkpointing in the background and inline, in one run.
+    Checkpoint {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Scratch folder on the disk to measure (default: the store's).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Training steps per mode.
+        #[arg(long, default_value_t = 20)]
+        steps: u64,
+        /// A checkpoint every this many steps.
+        #[arg(long, default_value_t = 5)]
+        every: u64,
+        /// Sequences per step.
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        /// Tokens per sequence.
+        #[arg(long, default_value_t = 256)]
+        seq_len: usize,
+    },
     /// The training step of the recipe's model: tokens/s and model FLOP/s against this
     /// machine's matmul peak and against PyTorch on the same model, in one run.
     Train {
@@ -398,6 +455,7 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
         Bench::Plan { stages, dir } => bench_plan(stages, dir).await,
         Bench::Tokenize { recipe, source } => crate::bench_tokenize::run(&recipe, &source),
         Bench::Train { recipe, batch, seq_len, steps } => crate::bench_train::run(&recipe, batch, seq_len, steps),
+        Bench::Checkpoint { recipe, dir, steps, every, batch, seq_len } => crate::bench_checkpoint::run(&recipe, dir.as_deref(), steps, every, batch, seq_len),
     }
 }
 

@@ -6,6 +6,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod bench_checkpoint;
 mod bench_tokenize;
 mod bench_train;
 mod commands;

@@ -322,3 +322,46 @@ fn copy_dir(from: &Path, to: &Path) {
 fn store_stage(sb: &Sandbox, stage: &str) -> PathBuf {
     stage_dir(&sb.path().join("zflow-store"), stage)
 }
+
+#[test]
+fn a_loss_spike_rolls_back_and_skips_the_bad_batch() {
+    // The batch of step 30 is noise (as a corrupt shard would be): the loss jumps, both ranks
+    // go back to the step-25 checkpoint together and skip that batch.
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &recipe(2, 2));
+    let (stderr, _) = run_with(&sb, "spike@30");
+    assert!(stderr.contains("loss spike at step 30") && stderr.contains("rolled back to step 25"), "{stderr}");
+    let state = trainer_state(&sb.output("train.p1").join("final"));
+    assert_eq!(state["skipped_batches"], serde_json::json!([29 * 8]), "{state}");
+    assert_eq!(state["rollbacks"], 1);
+    // Metrics hold each step once: the spiked step was dropped and recomputed on the next batch.
+    let steps: Vec<u64> = losses(&std::fs::read_to_string(sb.output("train.p1").join("metrics.jsonl")).unwrap()).iter().map(|l| l.0).collect();
+    assert_eq!(steps, (1..=steps.len() as u64).collect::<Vec<_>>());
+    let events = sb.ok(&["query", "zflow-store", "select kind, step from \"train.p1/events\""]).stdout;
+    assert!(events.contains("loss_spike") && events.contains("30"), "{events}");
+    let status = sb.ok(&["status", "r.yaml"]).stdout;
+    assert!(status.contains("rollback (attempt 1): loss spike at step 30"), "{status}");
+    // A clean run never rolls back (the guard does not mistake a falling curve for spikes).
+    let clean = Sandbox::new();
+    clean.write("r.yaml", &recipe(2, 0));
+    clean.ok(&["run", "r.yaml"]);
+    assert_eq!(trainer_state(&clean.output("train.p1").join("final"))["rollbacks"], 0);
+}
+
+#[test]
+fn preflight_leaves_out_a_slow_rank() {
+    // Rank 1's device is slow from the start (its probe takes 300 ms per timing): with
+    // `exclude`, the phase runs on the one healthy rank, exactly as a 1-rank run would.
+    let with_exclude = |r: String| r.replace("hang_timeout_s: 3}", "hang_timeout_s: 3, preflight: {exclude: true}}");
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &with_exclude(recipe(2, 0)));
+    let (stderr, log) = run_with(&sb, "slow@0:ms=300:rank=1");
+    assert!(stderr.contains("preflight: rank 1") && stderr.contains("relaunching on 1 rank(s)"), "{stderr}");
+    assert!(log.contains("preflight rank 0: GEMM"), "{log}");
+    let reference = Sandbox::new();
+    reference.write("r.yaml", &recipe(1, 0));
+    reference.ok(&["run", "r.yaml"]);
+    assert!(final_weights(&sb) == final_weights(&reference), "the run without the slow rank differs from a 1-rank run");
+    let status = sb.ok(&["status", "r.yaml"]).stdout;
+    assert!(status.contains("preflight (attempt 1): rank 1: GEMM"), "{status}");
+}

@@ -64,3 +64,91 @@ pub fn train_step_throughput(model: &ModelConfig, batch: usize, seq_len: usize, 
     }
     StepThroughput { step_s: best, tokens_per_s: (batch * seq_len) as f64 / best, flops_per_token: model.flops(seq_len).total }
 }
+
+/// What [`checkpoint_io`] measured.
+pub struct CheckpointIo {
+    /// Bytes in one checkpoint (weights, optimizer state, trainer state).
+    pub bytes: u64,
+    /// Best time to write, fsync, hash and commit it (s).
+    pub write_s: f64,
+    /// Time to serialise it into host memory (the part a training step waits for) (s).
+    pub snapshot_s: f64,
+}
+
+/// Writes a checkpoint of `model` (fresh weights and optimizer state after one step) under
+/// `dir` `repeats` times with the trainer's own commit (write, fsync, blake3, manifest, rename).
+pub fn checkpoint_io(model: &ModelConfig, dir: &std::path::Path, repeats: usize) -> anyhow::Result<CheckpointIo> {
+    let (zaya, optim, state, layout) = one_step_state(model)?;
+    let t = Instant::now();
+    let snap = crate::trainer::snapshot(model, &layout, 0, &zaya, &optim, &state)?;
+    let snapshot_s = t.elapsed().as_secs_f64();
+    let bytes = snap.files.iter().map(|(_, b)| b.len() as u64).sum();
+    let mut best = f64::MAX;
+    for i in 0..repeats {
+        let t = Instant::now();
+        crate::checkpoint::commit(dir, i as u64, snap.files.clone())?;
+        best = best.min(t.elapsed().as_secs_f64());
+        crate::checkpoint::retain(dir, 1)?;
+    }
+    Ok(CheckpointIo { bytes, write_s: best, snapshot_s })
+}
+
+/// Mean step time over `steps` steps of `batch` x `seq_len` random tokens: without
+/// checkpoints, with one every `every` steps written in the background, and written inline.
+pub fn checkpoint_overhead(model: &ModelConfig, batch: usize, seq_len: usize, steps: u64, every: u64, dir: &std::path::Path) -> anyhow::Result<[f64; 3]> {
+    type B = Autodiff<Flex>;
+    let device = FlexDevice;
+    let mut rng = crate::rng::SplitMix64(1);
+    let rows: Vec<u32> = (0..batch * (seq_len + 1)).map(|_| rng.below(model.vocab_size as u64) as u32).collect();
+    let mut out = [0.0; 3];
+    for (mode, slot) in out.iter_mut().enumerate() {
+        let (mut zaya, mut optim, mut state, layout) = one_step_state(model)?;
+        let biases: Vec<Vec<f32>> = (0..model.num_blocks).map(|_| vec![0.0; zaya.routes()]).collect();
+        let root = dir.join(format!("mode-{mode}"));
+        let emit: crate::protocol::Emit = std::sync::Arc::new(|_| {});
+        let mut saver = crate::saver::Saver::new(root, 0, 1, 1, mode == 1, Default::default(), emit);
+        let t = Instant::now();
+        for step in 1..=steps {
+            let (inputs, targets) = crate::trainer::batch_tensors::<B>(&rows, batch, seq_len, &device);
+            let (m, _) = train_step(zaya, &mut optim, vec![(inputs, targets)], &biases, 1e-3, 1.0, &mut Group::single(), None)?;
+            zaya = m;
+            state.step = step;
+            if mode > 0 && step % every == 0 {
+                saver.save(crate::trainer::snapshot(model, &layout, 0, &zaya, &optim, &state)?, false)?;
+            }
+        }
+        saver.wait()?;
+        *slot = t.elapsed().as_secs_f64() / steps as f64;
+    }
+    Ok(out)
+}
+
+type OneStep = (Zaya<Autodiff<Flex>>, Optimizers<Autodiff<Flex>>, crate::checkpoint::TrainerState, crate::zero::Layout);
+
+/// A model and optimizer after one step (so the optimizer state exists), with trainer state.
+fn one_step_state(model: &ModelConfig) -> anyhow::Result<OneStep> {
+    type B = Autodiff<Flex>;
+    let device = FlexDevice;
+    let settings = TrainSettings::default();
+    let zaya: Zaya<B> = Zaya::new(model, 0, &device);
+    let mut optim = Optimizers::new(&settings, &zaya);
+    let layout = crate::zero::Layout::new(&crate::trainer::param_list(&zaya), 1, 1)?;
+    let rows: Vec<u32> = (0..2 * 65).map(|i| (i % model.vocab_size) as u32).collect();
+    let biases: Vec<Vec<f32>> = (0..model.num_blocks).map(|_| vec![0.0; zaya.routes()]).collect();
+    let (inputs, targets) = crate::trainer::batch_tensors::<B>(&rows, 2, 64, &device);
+    let (zaya, _) = train_step(zaya, &mut optim, vec![(inputs, targets)], &biases, 1e-3, 1.0, &mut Group::single(), None)?;
+    let state = crate::checkpoint::TrainerState {
+        phase: "bench".into(),
+        step: 1,
+        total_steps: 1,
+        cursor: crate::data::mixture::DataCursor { phase: "bench".into(), sample: 0, fingerprint: String::new() },
+        balance: Vec::new(),
+        tokens: 0,
+        seed: 0,
+        rope_base: model.rope_base,
+        loss_history: Vec::new(),
+        skipped_batches: Vec::new(),
+        rollbacks: 0,
+    };
+    Ok((zaya, optim, state, layout))
+}

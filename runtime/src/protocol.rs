@@ -28,6 +28,13 @@ pub enum WorkerMessage {
         /// Parameters in the model.
         params: u64,
     },
+    /// The preflight probe of this rank's device (sent before training, when asked for).
+    Preflight {
+        /// This worker's rank.
+        rank: usize,
+        /// What it measured.
+        probe: crate::preflight::Probe,
+    },
     /// Liveness, sent between steps when a step takes long.
     Heartbeat {
         /// The step in progress.

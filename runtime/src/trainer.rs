@@ -628,7 +628,7 @@ fn read_stream(ds: &IndexedDataset, n: usize) -> Vec<u32> {
 
 /// This rank's files of a checkpoint of the current state: every rank its optimizer shards;
 /// rank 0 also the weights, the trainer state, the layout and the model config.
-fn snapshot<B: AutodiffBackend>(model_config: &ModelConfig, layout: &zero::Layout, rank: usize, model: &Zaya<B>, optim: &Optimizers<B>, state: &TrainerState) -> Result<Snapshot> {
+pub(crate) fn snapshot<B: AutodiffBackend>(model_config: &ModelConfig, layout: &zero::Layout, rank: usize, model: &Zaya<B>, optim: &Optimizers<B>, state: &TrainerState) -> Result<Snapshot> {
     let mut files = vec![
         (zero::shard_file("muon", rank), optimizer_bytes(optim.muon.to_record())?),
         (zero::shard_file("adamw", rank), optimizer_bytes(optim.adamw.to_record())?),

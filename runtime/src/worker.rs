@@ -22,6 +22,9 @@ use crate::trainer::{self, TrainJob};
 /// would like to wait for a sign of life); the supervisor sets it from its hang timeout.
 pub const HEARTBEAT_ENV: &str = "ZFLOW_HEARTBEAT_S";
 
+/// Set by the supervisor when the workers are to probe their devices before training.
+pub const PREFLIGHT_ENV: &str = "ZFLOW_PREFLIGHT";
+
 /// Runs the job in `job_path` on `backend` device `device`; returns the process exit code.
 /// The rank, world and rendezvous come from the environment ([`Placement::from_env`]).
 pub fn run(job_path: &Path, backend: &str, device: usize) -> i32 {
@@ -95,6 +98,10 @@ fn run_inner(job_path: &Path, backend: &str, device: usize, emit: &Emit) -> Resu
 }
 
 fn go<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, description: &str, emit: &Emit, faults: &Faults, placement: Option<&Placement>) -> Result<()> {
+    if std::env::var_os(PREFLIGHT_ENV).is_some() {
+        let probe = crate::preflight::probe::<B::InnerBackend>(device, faults.delay_ms(0));
+        emit(WorkerMessage::Preflight { rank: placement.map_or(0, |p| p.rank), probe });
+    }
     let mut group = match placement {
         Some(p) => Group::join(p)?,
         None => Group::single(),

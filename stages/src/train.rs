@@ -76,11 +76,32 @@ pub struct LaunchSettings {
     /// Seconds without a message from a rank before it is declared hung. Workers send a
     /// heartbeat every quarter of this.
     pub hang_timeout_s: u64,
+    /// The preflight health check of every rank's device before training.
+    pub preflight: PreflightSettings,
+}
+
+/// The preflight health check (`train.launch.preflight`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PreflightSettings {
+    /// Probe every rank's device (a short GEMM and a bandwidth test) at each launch.
+    pub enabled: bool,
+    /// A rank below this fraction of the median GEMM or bandwidth is reported...
+    pub min_ratio: f64,
+    /// ...and, with `exclude`, the phase runs without it (on fewer ranks, when the global
+    /// batch still divides).
+    pub exclude: bool,
+}
+
+impl Default for PreflightSettings {
+    fn default() -> Self {
+        PreflightSettings { enabled: true, min_ratio: 0.5, exclude: false }
+    }
 }
 
 impl Default for LaunchSettings {
     fn default() -> Self {
-        LaunchSettings { data_parallel: 1, max_restarts: 3, backoff_s: 1.0, hang_timeout_s: 600 }
+        LaunchSettings { data_parallel: 1, max_restarts: 3, backoff_s: 1.0, hang_timeout_s: 600, preflight: PreflightSettings::default() }
     }
 }
 
@@ -156,10 +177,15 @@ impl Stage for Train {
         let mut metrics = Metrics::open(&out.join("metrics.jsonl"))?;
         let sup = &c.launch;
         let mut restarts = 0u32;
+        let mut world = c.launch.data_parallel;
         loop {
             let attempt = events.next_attempt()?;
-            match self.attempt(c, ctx, &job_path, attempt, &mut metrics, &mut events)? {
+            match self.attempt(c, ctx, &job_path, attempt, world, &mut metrics, &mut events)? {
                 Outcome::Finished => break,
+                Outcome::Exclude { slow } => {
+                    world -= slow;
+                    tracing::warn!("relaunching on {world} rank(s) without the slow one(s)");
+                }
                 Outcome::Failed { cause, step } => {
                     let detected = now_ms();
                     if restarts >= sup.max_restarts {
@@ -195,6 +221,8 @@ impl Stage for Train {
 /// How one launch of the workers ended.
 enum Outcome {
     Finished,
+    /// The preflight check found `slow` ranks to leave out.
+    Exclude { slow: usize },
     Failed { cause: String, step: u64 },
 }
 
@@ -206,13 +234,14 @@ struct Rank {
     done: bool,
     exited: Option<std::process::ExitStatus>,
     error: Option<String>,
+    probe: Option<zflow_runtime::preflight::Probe>,
 }
 
 impl Train {
     /// Launches every rank once and watches them until all finish, one fails or hangs, or the
     /// run is cancelled; a failed launch has all its ranks stopped before this returns.
-    fn attempt(&self, c: &TrainConfig, ctx: &StageContext, job_path: &Path, attempt: u32, metrics: &mut Metrics, events: &mut Events) -> Result<Outcome> {
-        let world = c.launch.data_parallel;
+    #[allow(clippy::too_many_arguments)]
+    fn attempt(&self, c: &TrainConfig, ctx: &StageContext, job_path: &Path, attempt: u32, world: usize, metrics: &mut Metrics, events: &mut Events) -> Result<Outcome> {
         let placements = zflow_runtime::collective::Placement::local(world)?;
         let exe = std::env::current_exe().context("locating the zflow binary to start a worker")?;
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
@@ -225,6 +254,9 @@ impl Train {
                 cmd.envs(p.to_env());
             }
             cmd.env(zflow_runtime::faults::ATTEMPT, attempt.to_string()).env(zflow_runtime::worker::HEARTBEAT_ENV, heartbeat.to_string());
+            if c.launch.preflight.enabled {
+                cmd.env(zflow_runtime::worker::PREFLIGHT_ENV, "1");
+            }
             cmd.current_dir(ctx.out_dir()).envs(ctx.child_env()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(ctx.log().stdio()?);
             let mut child = spawn_supervised(&mut cmd).with_context(|| format!("starting training worker rank {}", p.rank))?;
             let stdout = child.stdout.take().expect("piped stdout");
@@ -237,7 +269,7 @@ impl Train {
                 }
                 let _ = tx.send((rank, None));
             });
-            ranks.push(Rank { child, last_message: Instant::now(), step: 0, done: false, exited: None, error: None });
+            ranks.push(Rank { child, last_message: Instant::now(), step: 0, done: false, exited: None, error: None, probe: None });
         }
         drop(tx);
         tracing::info!("attempt {attempt}: {world} worker rank(s) started");
@@ -248,7 +280,28 @@ impl Train {
             }
         };
         let hang = Duration::from_secs(c.launch.hang_timeout_s);
+        let mut preflight_pending = c.launch.preflight.enabled;
         loop {
+            if preflight_pending && ranks.iter().all(|r| r.probe.is_some()) {
+                preflight_pending = false;
+                let probes: Vec<_> = ranks.iter().map(|r| r.probe.expect("all probed")).collect();
+                for (rank, p) in probes.iter().enumerate() {
+                    tracing::info!("preflight rank {rank}: GEMM {:.1} GFLOP/s, memory {:.1} GB/s", p.gemm_gflops, p.membw_gbps);
+                }
+                let slow = zflow_runtime::preflight::outliers(&probes, c.launch.preflight.min_ratio);
+                for (_, why) in &slow {
+                    tracing::warn!("preflight: {why}");
+                    events.push(Event { kind: "preflight".into(), ..Event::failure(attempt, why, 0, now_ms(), None) })?;
+                }
+                let rest = world - slow.len();
+                if c.launch.preflight.exclude && !slow.is_empty() {
+                    if rest > 0 && c.train.global_batch % (rest * c.train.micro_batch) == 0 {
+                        stop_all(&mut ranks);
+                        return Ok(Outcome::Exclude { slow: slow.len() });
+                    }
+                    tracing::warn!("preflight: cannot leave out {} rank(s): global_batch {} does not divide over {rest} x micro_batch {}", slow.len(), c.train.global_batch, c.train.micro_batch);
+                }
+            }
             match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok((rank, Some(line))) => {
                     let r = &mut ranks[rank];
@@ -319,6 +372,7 @@ impl Train {
                 }
             }
             WorkerMessage::Heartbeat { .. } => {}
+            WorkerMessage::Preflight { probe, .. } => r.probe = Some(probe),
             WorkerMessage::Step(s) => {
                 r.step = s.step;
                 if rank != 0 {
