@@ -256,6 +256,20 @@ fn two_ranks_reshaped_to_one_and_four_continue_the_same_run() {
         let state = trainer_state(&dir.join("checkpoints").join(std::fs::read_dir(dir.join("checkpoints")).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("step-")).max().unwrap()));
         assert_eq!(state["cursor"], reference_state["cursor"], "{ranks} rank(s) end at another data position");
         assert_eq!(state["step"], reference_state["step"]);
+        // And the weights: equal to the 2-rank run's up to the rounding of gradient sums over
+        // another number of ranks. Tolerance: 1e-3 of each tensor's largest magnitude.
+        let last = std::fs::read_dir(dir.join("checkpoints")).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("step-")).max().unwrap();
+        let (got, want) = (tensors(&last.join("model.safetensors")), tensors(&reference.output("train.p1").join("final/model.safetensors")));
+        let mut worst = (0.0f64, String::new());
+        for (name, w) in &want {
+            let scale = w.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-12) as f64;
+            let diff = got[name].iter().zip(w).fold(0.0f32, |m, (a, b)| m.max((a - b).abs())) as f64 / scale;
+            if diff > worst.0 {
+                worst = (diff, name.clone());
+            }
+        }
+        eprintln!("{ranks} rank(s) from the reshaped step-10 checkpoint vs 2 ranks throughout: worst relative weight difference {:.2e} ({})", worst.0, worst.1);
+        assert!(worst.0 < 1e-3, "{ranks} rank(s): {} differs by {:.2e}", worst.1, worst.0);
     }
 
     // Without a reshape the trainer redistributes in memory (and says so).
@@ -304,6 +318,24 @@ fn losses(lines: &str) -> Vec<(u64, f64)> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|m| m["type"] == "step")
         .map(|m| (m["step"].as_u64().unwrap(), m["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+/// The f32 tensors of a safetensors file, by name (read by hand: header length, JSON, data).
+fn tensors(path: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, v)| {
+            let (a, b) = (v["data_offsets"][0].as_u64().unwrap() as usize, v["data_offsets"][1].as_u64().unwrap() as usize);
+            (k.clone(), data[a..b].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+        })
         .collect()
 }
 
