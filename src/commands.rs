@@ -412,6 +412,26 @@ pub enum Bench {
         #[arg(long)]
         source: String,
     },
+    /// All-reduce, reduce-scatter, all-gather and broadcast of the trainer's collectives
+    /// between worker processes: time, algorithm and bus bandwidth per message size and rank
+    /// count (nccl-tests' definitions); `collectives.parquet` in `--out`.
+    Collectives {
+        /// Rank counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "2,4")]
+        ranks: Vec<usize>,
+        /// Largest message in bytes (sizes are powers of two from 1 KiB).
+        #[arg(long, default_value_t = 256 << 20)]
+        max_bytes: u64,
+        /// Where `collectives.parquet` goes.
+        #[arg(long, default_value = "zflow-bench")]
+        out: PathBuf,
+    },
+    /// One rank of `bench collectives` (started by it).
+    #[command(hide = true)]
+    CollectiveRank {
+        #[arg(long)]
+        max_bytes: u64,
+    },
     /// Checkpoint write throughput against `dd` on the same disk, and the step-time cost of
     /// checkpointing in the background and inline, in one run.
     Checkpoint {
@@ -455,6 +475,8 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
         Bench::Plan { stages, dir } => bench_plan(stages, dir).await,
         Bench::Tokenize { recipe, source } => crate::bench_tokenize::run(&recipe, &source),
         Bench::Train { recipe, batch, seq_len, steps } => crate::bench_train::run(&recipe, batch, seq_len, steps),
+        Bench::Collectives { ranks, max_bytes, out } => crate::bench_collectives::run(&ranks, max_bytes, &out),
+        Bench::CollectiveRank { max_bytes } => crate::bench_collectives::rank(max_bytes),
         Bench::Checkpoint { recipe, dir, steps, every, batch, seq_len } => crate::bench_checkpoint::run(&recipe, dir.as_deref(), steps, every, batch, seq_len),
     }
 }

@@ -7,6 +7,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench_checkpoint;
+mod bench_collectives;
 mod bench_tokenize;
 mod bench_train;
 mod commands;

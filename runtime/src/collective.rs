@@ -205,6 +205,25 @@ impl Group {
         Ok(())
     }
 
+    /// Copies `root`'s `buf` into every rank's `buf`: a chain from the root around the ring, in
+    /// pieces of 1 MiB so that all links carry data at once (pipelined).
+    pub fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<()> {
+        let (rank, world) = (self.rank, self.world);
+        let Some(ring) = self.ring.as_mut() else { return Ok(()) };
+        let last = (root + world - 1) % world;
+        const PIECE: usize = 1 << 18;
+        for piece in buf.chunks_mut(PIECE) {
+            if rank != root {
+                ring.prev.read_exact(bytemuck::cast_slice_mut(piece)).context("receiving a broadcast (did the previous rank die?)")?;
+            }
+            if rank != last {
+                ring.next.write_all(bytemuck::cast_slice(piece))?;
+                ring.next.flush()?;
+            }
+        }
+        Ok(())
+    }
+
     /// Waits until every rank gets here.
     pub fn barrier(&mut self) -> Result<()> {
         let mut token = vec![0.0f32; self.world];
@@ -296,6 +315,20 @@ mod tests {
             for (buf, again) in &results {
                 assert_eq!(buf, &(0..1001).map(|i| (i * factor) as f32).collect::<Vec<_>>(), "world {world}");
                 assert_eq!(again, &vec![world as f32; 7]);
+            }
+        }
+    }
+
+    #[test]
+    fn broadcast_from_any_root() {
+        for root in 0..3 {
+            let results = on_ranks(3, move |g| {
+                let mut buf: Vec<f32> = if g.rank == root { (0..700_000).map(|i| i as f32).collect() } else { vec![0.0; 700_000] };
+                g.broadcast(&mut buf, root).unwrap();
+                buf
+            });
+            for buf in results {
+                assert!(buf.iter().enumerate().all(|(i, &x)| x == i as f32), "root {root}");
             }
         }
     }

@@ -8,6 +8,7 @@ pub mod balance;
 pub mod bench;
 pub mod checkpoint;
 pub mod collective;
+pub mod collective_bench;
 pub mod data;
 pub mod data_parallel;
 pub mod faults;

@@ -15,7 +15,7 @@ pub mod sources;
 pub mod tokenize;
 pub mod tokenizer;
 pub mod train;
-mod util;
+pub mod util;
 
 use zflow_pipeline::Registry;
 
