@@ -426,6 +426,31 @@ pub enum Bench {
         #[arg(long, default_value = "zflow-bench")]
         out: PathBuf,
     },
+    /// GEMM throughput over the recipe model's matrix shapes, and the same shapes off
+    /// 64-alignment, on the worker backend; `gemm.parquet` in `--out`.
+    Gemm {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Backend: cpu, cuda or rocm.
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        /// Tokens per GEMM (the m dimension).
+        #[arg(long, default_value_t = 2048)]
+        tokens: usize,
+        /// Where `gemm.parquet` goes.
+        #[arg(long, default_value = "zflow-bench")]
+        out: PathBuf,
+    },
+    /// STREAM memory bandwidth (copy, scale, add, triad) on one thread and on all;
+    /// `membw.parquet` in `--out`.
+    Membw {
+        /// MiB per array.
+        #[arg(long, default_value_t = 256)]
+        mib: usize,
+        /// Where `membw.parquet` goes.
+        #[arg(long, default_value = "zflow-bench")]
+        out: PathBuf,
+    },
     /// One rank of `bench collectives` (started by it).
     #[command(hide = true)]
     CollectiveRank {
@@ -477,6 +502,8 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
         Bench::Train { recipe, batch, seq_len, steps } => crate::bench_train::run(&recipe, batch, seq_len, steps),
         Bench::Collectives { ranks, max_bytes, out } => crate::bench_collectives::run(&ranks, max_bytes, &out),
         Bench::CollectiveRank { max_bytes } => crate::bench_collectives::rank(max_bytes),
+        Bench::Gemm { recipe, backend, tokens, out } => crate::bench_hw::gemm(&recipe, &backend, tokens, &out),
+        Bench::Membw { mib, out } => crate::bench_hw::membw(mib, &out),
         Bench::Checkpoint { recipe, dir, steps, every, batch, seq_len } => crate::bench_checkpoint::run(&recipe, dir.as_deref(), steps, every, batch, seq_len),
     }
 }

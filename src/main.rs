@@ -8,6 +8,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench_checkpoint;
 mod bench_collectives;
+mod bench_hw;
 mod bench_tokenize;
 mod bench_train;
 mod commands;

@@ -18,3 +18,17 @@ fn collectives_benchmark_runs_every_op_on_real_processes() {
     let bad = sb.zflow(&["bench", "collectives", "--ranks", "1"]);
     assert!(bad.code != 0 && bad.stderr.contains("at least 2"), "{}", bad.stderr);
 }
+
+#[test]
+fn gemm_and_membw_benchmarks_measure_and_write_parquet() {
+    let sb = Sandbox::new();
+    sb.write("r.yaml", "name: hw\nmodel: {hidden_size: 64, num_blocks: 2, vocab_size: 512, num_query_heads: 2, num_kv_heads: 1, head_dim: 32, num_experts: 4, expert_ffn: 64, router_dim: 32}\n");
+    let out = sb.ok(&["bench", "gemm", "r.yaml", "--tokens", "64", "--out", "bench"]).stdout;
+    assert!(out.contains("expert fc1 (gate+up) -odd") && out.contains("lm head"), "{out}");
+    assert!(sb.path().join("bench/gemm.parquet").exists());
+    let out = sb.ok(&["bench", "membw", "--mib", "4", "--out", "bench"]).stdout;
+    assert!(["copy", "scale", "add", "triad"].iter().all(|k| out.contains(k)), "{out}");
+    assert!(sb.path().join("bench/membw.parquet").exists());
+    let bad = sb.zflow(&["bench", "gemm", "r.yaml", "--backend", "tpu"]);
+    assert!(bad.code != 0 && bad.stderr.contains("tpu"), "{}", bad.stderr);
+}

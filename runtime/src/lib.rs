@@ -13,6 +13,7 @@ pub mod data;
 pub mod data_parallel;
 pub mod faults;
 pub mod hf;
+pub mod microbench;
 pub mod model;
 pub mod preflight;
 pub mod protocol;

@@ -1,0 +1,81 @@
+//! `zflow bench gemm` and `zflow bench membw`: the hardware numbers a run's size and cost
+//! projection rest on, measured here, as tables and Parquet.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Result;
+use arrow::array::{ArrayRef, Float64Array, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field};
+use zflow_runtime::microbench::{self, Stream};
+
+use crate::RecipeArgs;
+
+/// GEMM throughput over the recipe model's shapes for `tokens` tokens, and the same shapes
+/// off alignment; writes `out/gemm.parquet`.
+pub fn gemm(args: &RecipeArgs, backend: &str, tokens: usize, out: &Path) -> Result<ExitCode> {
+    let engine = crate::commands::open(args)?;
+    let model = zflow_stages::model::ModelSection::config(&engine.recipe.document).map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+    let shapes = microbench::model_shapes(&model, tokens);
+    let (device, gflops) = microbench::gemm_sweep(backend, 0, &shapes, 3)?;
+    println!("GEMM on {device}, f32, {tokens} tokens, best of 3:");
+    println!("{:<34} {:>7} {:>7} {:>7} {:>10} {:>12}", "shape", "m", "n", "k", "GFLOP/s", "vs aligned");
+    for (i, (s, g)) in shapes.iter().zip(&gflops).enumerate() {
+        let versus = if i % 2 == 1 { format!("{:+.0}%", 100.0 * (g / gflops[i - 1] - 1.0)) } else { String::new() };
+        println!("{:<34} {:>7} {:>7} {:>7} {:>10.1} {:>12}", s.name, s.m, s.n, s.k, g, versus);
+    }
+    std::fs::create_dir_all(out)?;
+    let path = out.join("gemm.parquet");
+    zflow_stages::util::write_parquet(
+        &path,
+        vec![
+            Field::new("device", DataType::Utf8, false),
+            Field::new("shape", DataType::Utf8, false),
+            Field::new("m", DataType::UInt64, false),
+            Field::new("n", DataType::UInt64, false),
+            Field::new("k", DataType::UInt64, false),
+            Field::new("gflops", DataType::Float64, false),
+        ],
+        vec![
+            Arc::new(StringArray::from(vec![device.as_str(); shapes.len()])) as ArrayRef,
+            Arc::new(StringArray::from_iter_values(shapes.iter().map(|s| s.name.as_str()))),
+            Arc::new(UInt64Array::from_iter_values(shapes.iter().map(|s| s.m as u64))),
+            Arc::new(UInt64Array::from_iter_values(shapes.iter().map(|s| s.n as u64))),
+            Arc::new(UInt64Array::from_iter_values(shapes.iter().map(|s| s.k as u64))),
+            Arc::new(Float64Array::from(gflops)),
+        ],
+    )?;
+    println!("\n{}", path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// STREAM copy/scale/add/triad on one thread and on all, over `mib` MiB per array; writes
+/// `out/membw.parquet`.
+pub fn membw(mib: usize, out: &Path) -> Result<ExitCode> {
+    let len = mib * (1 << 20) / 8;
+    let all = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut rows = Vec::new();
+    println!("STREAM, f64 arrays of {mib} MiB, best of 5, GB/s:");
+    println!("{:<8} {:>10} {:>10}", "kernel", "1 thread", format!("{all} threads"));
+    for kernel in Stream::ALL {
+        let one = microbench::stream_gbps(kernel, len, 1, 5);
+        let many = microbench::stream_gbps(kernel, len, all, 5);
+        println!("{:<8} {:>10.1} {:>10.1}", format!("{kernel:?}").to_lowercase(), one, many);
+        rows.push((kernel, 1u64, one));
+        rows.push((kernel, all as u64, many));
+    }
+    std::fs::create_dir_all(out)?;
+    let path = out.join("membw.parquet");
+    zflow_stages::util::write_parquet(
+        &path,
+        vec![Field::new("kernel", DataType::Utf8, false), Field::new("threads", DataType::UInt64, false), Field::new("gbps", DataType::Float64, false)],
+        vec![
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| format!("{:?}", r.0).to_lowercase()))) as ArrayRef,
+            Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.2))),
+        ],
+    )?;
+    println!("\n{}", path.display());
+    Ok(ExitCode::SUCCESS)
+}
