@@ -137,6 +137,13 @@ enum Command {
         /// Sequences per rank per micro-step (for the activation estimate).
         #[arg(long, default_value_t = 1)]
         micro_batch: usize,
+        /// Also project step time, tokens/s, GPU-hours and days per phase on this hardware:
+        /// `mi300x`, `h200` (datasheet numbers) or `this` (measured on this machine now).
+        #[arg(long)]
+        hardware: Option<String>,
+        /// GPUs for the projection (default: each phase's `train.launch.data_parallel`).
+        #[arg(long)]
+        gpus: Option<usize>,
     },
     /// Checkpoint tools.
     Ckpt {
@@ -265,7 +272,7 @@ fn main() -> ExitCode {
             Command::Logs { recipe, stage, path } => commands::logs(&recipe, &stage, path),
             Command::Gc { store, recipes, dry_run } => commands::gc(&store, &recipes, dry_run),
             Command::Query { store, sql } => commands::query(&store, &sql).await,
-            Command::Size { recipe, dp, micro_batch } => commands::size(&recipe, dp, micro_batch),
+            Command::Size { recipe, dp, micro_batch, hardware, gpus } => commands::size(&recipe, dp, micro_batch, hardware.as_deref(), gpus),
             Command::Bench { what } => commands::bench(what).await,
             Command::Worker { .. } => unreachable!("handled before the runtime starts"),
             Command::Ckpt { what: CkptCommand::Inspect { path } } => {

@@ -32,3 +32,16 @@ fn gemm_and_membw_benchmarks_measure_and_write_parquet() {
     let bad = sb.zflow(&["bench", "gemm", "r.yaml", "--backend", "tpu"]);
     assert!(bad.code != 0 && bad.stderr.contains("tpu"), "{}", bad.stderr);
 }
+
+#[test]
+fn size_projects_zaya1_on_mi300x_next_to_the_report() {
+    let sb = Sandbox::new();
+    let recipe = concat!(env!("CARGO_MANIFEST_DIR"), "/recipes/zaya1.yaml");
+    let out = sb.ok(&["size", recipe, "--hardware", "mi300x"]).stdout;
+    assert!(out.contains("cost projection on MI300X") && out.contains("ZAYA1 report: ~2.5 s per step"), "{out}");
+    let ratio: f64 = out.split("ratio ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(ratio > 0.0 && ratio < 10.0, "{ratio}");
+    assert!(out.contains("phase3") && out.contains("512"), "{out}");
+    let bad = sb.zflow(&["size", recipe, "--hardware", "tpu"]);
+    assert!(bad.code != 0 && bad.stderr.contains("expected mi300x, h200 or this"), "{}", bad.stderr);
+}

@@ -16,6 +16,7 @@ pub mod hf;
 pub mod microbench;
 pub mod model;
 pub mod preflight;
+pub mod projection;
 pub mod protocol;
 pub mod rng;
 pub mod saver;
