@@ -7,6 +7,7 @@ pub mod docs;
 pub mod export;
 pub mod fetch;
 pub mod ingest;
+mod jsonl;
 pub mod megatron_source;
 pub mod mix;
 pub mod model;

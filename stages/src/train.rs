@@ -19,7 +19,7 @@
 //! them key by key. With a `model:` section, every phase gets a `train.<phase>` stage.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -36,6 +36,7 @@ use zflow_runtime::protocol::{StepMetrics, WorkerMessage};
 use zflow_runtime::size::ModelConfig;
 use zflow_runtime::trainer::{SourcePaths, TrainJob, TrainSettings};
 
+use crate::jsonl::JsonLines;
 use crate::util::write_parquet;
 
 /// The `train` stage kind.
@@ -461,18 +462,11 @@ impl Event {
 }
 
 /// The run's events so far, mirrored in `events.jsonl`.
-struct Events {
-    path: std::path::PathBuf,
-    events: Vec<Event>,
-}
+struct Events(JsonLines<Event>);
 
 impl Events {
     fn open(path: &Path) -> Result<Events> {
-        let events = match std::fs::read_to_string(path) {
-            Ok(text) => text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect(),
-            Err(_) => Vec::new(),
-        };
-        Ok(Events { path: path.to_path_buf(), events })
+        Ok(Events(JsonLines::open(path)))
     }
 
     /// Records a new launch and returns its number (numbers continue across `zflow run`s, so
@@ -484,40 +478,25 @@ impl Events {
     }
 
     fn current_attempt(&self) -> u32 {
-        self.events.iter().filter(|e| e.kind == "launch").map(|e| e.attempt).max().unwrap_or(0)
+        self.0.records.iter().filter(|e| e.kind == "launch").map(|e| e.attempt).max().unwrap_or(0)
     }
 
     /// Notes that training made progress: the newest open interruption ends here.
     fn training_again(&mut self, ms: u64) -> Result<()> {
-        if let Some(e) = self.events.iter_mut().rev().find(|e| e.kind != "launch" && e.training_again_ms.is_none() && e.backoff_s.is_some()) {
+        if let Some(e) = self.0.records.iter_mut().rev().find(|e| e.kind != "launch" && e.training_again_ms.is_none() && e.backoff_s.is_some()) {
             e.training_again_ms = Some(ms);
-            self.rewrite()?;
+            self.0.rewrite()?;
         }
         Ok(())
     }
 
     fn push(&mut self, e: Event) -> Result<()> {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
-        writeln!(f, "{}", serde_json::to_string(&e)?)?;
-        self.events.push(e);
-        Ok(())
-    }
-
-    fn rewrite(&self) -> Result<()> {
-        let mut text = String::new();
-        for e in &self.events {
-            text.push_str(&serde_json::to_string(e)?);
-            text.push('\n');
-        }
-        let tmp = self.path.with_extension("jsonl.tmp");
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, &self.path)?;
-        Ok(())
+        self.0.push(e)
     }
 
     /// `events.parquet`: the interruptions (not the launches), with their downtime.
     fn write_parquet(&self, phase: &str, out: &Path) -> Result<()> {
-        let rows: Vec<&Event> = self.events.iter().filter(|e| e.kind != "launch").collect();
+        let rows: Vec<&Event> = self.0.records.iter().filter(|e| e.kind != "launch").collect();
         write_parquet(
             &out.join("events.parquet"),
             vec![
@@ -584,42 +563,25 @@ impl Record {
 }
 
 /// The phase's metrics so far, mirrored in `metrics.jsonl` (which survives failed attempts).
-struct Metrics {
-    path: std::path::PathBuf,
-    records: Vec<Record>,
-}
+struct Metrics(JsonLines<Record>);
 
 impl Metrics {
     fn open(path: &Path) -> Result<Metrics> {
-        let records = match std::fs::read_to_string(path) {
-            // A torn last line (crash mid-write) is dropped; the step is recomputed anyway.
-            Ok(text) => text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect(),
-            Err(_) => Vec::new(),
-        };
-        Ok(Metrics { path: path.to_path_buf(), records })
+        Ok(Metrics(JsonLines::open(path)))
     }
 
     /// Drops what came after `step` (a resumed worker recomputes it) and rewrites the file.
     fn truncate_after(&mut self, step: u64) -> Result<()> {
-        self.records.retain(|r| r.step() <= step);
-        let mut text = String::new();
-        for r in &self.records {
-            text.push_str(&serde_json::to_string(r)?);
-            text.push('\n');
-        }
-        std::fs::write(&self.path, text)?;
-        Ok(())
+        self.0.records.retain(|r| r.step() <= step);
+        self.0.rewrite()
     }
 
     fn push(&mut self, r: Record) -> Result<()> {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
-        writeln!(f, "{}", serde_json::to_string(&r)?)?;
-        self.records.push(r);
-        Ok(())
+        self.0.push(r)
     }
 
     fn write_parquet(&self, phase: &str, out: &Path) -> Result<()> {
-        let steps: Vec<&StepMetrics> = self.records.iter().filter_map(|r| if let Record::Step(s) = r { Some(s) } else { None }).collect();
+        let steps: Vec<&StepMetrics> = self.0.records.iter().filter_map(|r| if let Record::Step(s) = r { Some(s) } else { None }).collect();
         let routes = steps.first().map(|s| s.expert_load.len()).unwrap_or(0);
         let mut fields = vec![
             Field::new("phase", DataType::Utf8, false),
@@ -649,7 +611,7 @@ impl Metrics {
         write_parquet(&out.join("metrics.parquet"), fields, cols)?;
 
         let mut evals: BTreeMap<(u64, String), f64> = BTreeMap::new();
-        for r in &self.records {
+        for r in &self.0.records {
             if let Record::Eval { step, losses } = r {
                 for (s, l) in losses {
                     evals.insert((*step, s.clone()), *l);
