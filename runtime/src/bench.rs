@@ -137,18 +137,7 @@ fn one_step_state(model: &ModelConfig) -> anyhow::Result<OneStep> {
     let biases: Vec<Vec<f32>> = (0..model.num_blocks).map(|_| vec![0.0; zaya.routes()]).collect();
     let (inputs, targets) = crate::trainer::batch_tensors::<B>(&rows, 2, 64, &device);
     let (zaya, _) = train_step(zaya, &mut optim, vec![(inputs, targets)], &biases, 1e-3, 1.0, &mut Group::single(), None)?;
-    let state = crate::checkpoint::TrainerState {
-        phase: "bench".into(),
-        step: 1,
-        total_steps: 1,
-        cursor: crate::data::mixture::DataCursor { phase: "bench".into(), sample: 0, fingerprint: String::new() },
-        balance: Vec::new(),
-        tokens: 0,
-        seed: 0,
-        rope_base: model.rope_base,
-        loss_history: Vec::new(),
-        skipped_batches: Vec::new(),
-        rollbacks: 0,
-    };
+    let cursor = crate::data::mixture::DataCursor { phase: "bench".into(), sample: 0, fingerprint: String::new() };
+    let state = crate::checkpoint::TrainerState { step: 1, ..crate::checkpoint::TrainerState::new("bench", 1, cursor, Vec::new(), 0, model.rope_base) };
     Ok((zaya, optim, state, layout))
 }

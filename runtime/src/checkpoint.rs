@@ -64,6 +64,29 @@ pub struct TrainerState {
     pub rollbacks: u32,
 }
 
+impl TrainerState {
+    /// The state at step 0 of `phase`: nothing trained yet, no loss history, no skipped batches.
+    pub fn new(phase: &str, total_steps: u64, cursor: DataCursor, balance: Vec<BalanceState>, seed: u64, rope_base: f64) -> TrainerState {
+        TrainerState {
+            phase: phase.to_string(),
+            step: 0,
+            total_steps,
+            cursor,
+            balance,
+            tokens: 0,
+            seed,
+            rope_base,
+            loss_history: Vec::new(),
+            skipped_batches: Vec::new(),
+            rollbacks: 0,
+        }
+    }
+}
+
+/// The `format` metadata entry of the weights zflow writes (the trainer and `hf` import both
+/// use it, so equal weights give equal `model.safetensors` bytes).
+pub const WEIGHTS_FORMAT: &str = "zflow-zaya1";
+
 /// The manifest: what a complete checkpoint holds.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Manifest {

@@ -49,10 +49,9 @@ use crate::data::mixture::DataCursor;
 use crate::model::reference_name;
 use crate::size::ModelConfig;
 
-/// The `format` metadata of the weights the trainer writes (`trainer.rs`, `save`). An imported
-/// checkpoint carries the same single entry, so its `model.safetensors` has the same bytes as
-/// one the trainer wrote for the same weights.
-const CHECKPOINT_FORMAT: &str = "zflow-zaya1";
+/// An imported checkpoint carries the trainer's single metadata entry, so its
+/// `model.safetensors` has the same bytes as one the trainer wrote for the same weights.
+const CHECKPOINT_FORMAT: &str = crate::checkpoint::WEIGHTS_FORMAT;
 
 /// Gemma3's vocabulary, ZAYA1's (ZAYA1.md): with it and no tokenizer, the special ids are
 /// ZAYA1's bos=2, eos=1, pad=0.
@@ -872,19 +871,8 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
         // A fresh controller around the imported biases (its gains' state is not exported).
         balance.push(BalanceState { biases, ..BalanceState::new(routes, model.mod_skip) });
     }
-    let state = TrainerState {
-        phase: IMPORTED_PHASE.into(),
-        step: 0,
-        total_steps: 0,
-        cursor: DataCursor { phase: IMPORTED_PHASE.into(), sample: 0, fingerprint: String::new() },
-        balance,
-        tokens: 0,
-        seed: 0,
-        rope_base: model.rope_base,
-        loss_history: Vec::new(),
-        skipped_batches: Vec::new(),
-        rollbacks: 0,
-    };
+    let cursor = DataCursor { phase: IMPORTED_PHASE.into(), sample: 0, fingerprint: String::new() };
+    let state = TrainerState::new(IMPORTED_PHASE, 0, cursor, balance, 0, model.rope_base);
 
     publish(out, |dir| {
         let meta = HashMap::from([("format".to_string(), CHECKPOINT_FORMAT.to_string())]);

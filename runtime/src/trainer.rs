@@ -357,19 +357,8 @@ fn start<B: AutodiffBackend>(
     let rope_base = t.rope_base.unwrap_or(job.model.rope_base);
     let routes = model.routes();
     let mut optim = Optimizers::new(t, &model);
-    let mut state = TrainerState {
-        phase: job.phase.clone(),
-        step: 0,
-        total_steps,
-        cursor: reader.start(&job.phase),
-        balance: (0..job.model.num_blocks).map(|_| BalanceState::new(routes, job.model.mod_skip)).collect(),
-        tokens: 0,
-        seed: t.seed,
-        rope_base,
-        loss_history: Vec::new(),
-        skipped_batches: Vec::new(),
-        rollbacks: 0,
-    };
+    let balance = (0..job.model.num_blocks).map(|_| BalanceState::new(routes, job.model.mod_skip)).collect();
+    let mut state = TrainerState::new(&job.phase, total_steps, reader.start(&job.phase), balance, t.seed, rope_base);
     if let Some((dir, files)) = checkpoint::latest(&job.checkpoints) {
         let (m, o, st) = restore(model, optim, &dir, &files, device, Some((layout, rank)))?;
         (model, optim) = (m, o);
@@ -637,7 +626,7 @@ pub(crate) fn snapshot<B: AutodiffBackend>(model_config: &ModelConfig, layout: &
         // One metadata entry: safetensors keeps metadata in a HashMap, so with two or more the
         // header's byte order would change from process to process.
         let mut meta = BTreeMap::new();
-        meta.insert("format".into(), "zflow-zaya1".into());
+        meta.insert("format".into(), checkpoint::WEIGHTS_FORMAT.into());
         files.push(("model.safetensors".to_string(), checkpoint::weights_to_safetensors(model, meta)?));
         files.push(("trainer.json".to_string(), serde_json::to_vec_pretty(state)?));
         files.push(("layout.json".to_string(), serde_json::to_vec_pretty(layout)?));
