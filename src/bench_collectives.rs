@@ -1,6 +1,7 @@
 //! `zflow bench collectives`: all-reduce, reduce-scatter, all-gather and broadcast of the
 //! trainer's ring between real worker processes (this binary, started once per rank), over
-//! message sizes and rank counts; a table, and `collectives.parquet` for `zflow query`.
+//! message sizes and rank counts; a table, `collectives.parquet` for `zflow query`, and a
+//! bus-bandwidth plot per operation (`busbw-<op>.png/.svg`, a line per rank count).
 
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
@@ -11,6 +12,7 @@ use arrow::array::{ArrayRef, Float64Array, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field};
 use zflow_runtime::collective::{Group, Placement};
 use zflow_runtime::collective_bench::{self, Op, Point};
+use zflow_stages::plot::{LineChart, Scale, Series};
 
 /// Measures every rank count in `ranks` up to `max_bytes` per message; writes
 /// `out/collectives.parquet`.
@@ -49,6 +51,21 @@ pub fn run(ranks: &[usize], max_bytes: u64, out: &Path) -> Result<ExitCode> {
     let path = out.join("collectives.parquet");
     write(&path, &points)?;
     println!("\n{} points in {}", points.len(), path.display());
+    for op in Op::ALL {
+        let chart = LineChart {
+            title: format!("{}: bus bandwidth (nccl-tests definition)", op.name()),
+            x_label: "message size (bytes)".into(),
+            y_label: "bus bandwidth (GB/s)".into(),
+            x_scale: Scale::Log2,
+            series: ranks
+                .iter()
+                .map(|&n| Series::line(format!("{n} ranks"), points.iter().filter(|p| p.op == op && p.ranks == n).map(|p| (p.bytes as f64, p.busbw_gbps())).collect()))
+                .collect(),
+            ..Default::default()
+        };
+        let [png, svg] = chart.write(&out.join(format!("busbw-{}", op.name())))?;
+        println!("{} {}", png.display(), svg.display());
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,5 +1,5 @@
 //! `zflow bench gemm` and `zflow bench membw`: the hardware numbers a run's size and cost
-//! projection rest on, measured here, as tables and Parquet.
+//! projection rest on, measured here, as tables, Parquet and plots (PNG + SVG).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -10,6 +10,8 @@ use arrow::array::{ArrayRef, Float64Array, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field};
 use zflow_runtime::microbench::{self, Stream};
 
+use zflow_stages::plot::{LineChart, Scale, Series};
+
 use crate::RecipeArgs;
 
 /// GEMM throughput over the recipe model's shapes for `tokens` tokens, and the same shapes
@@ -18,14 +20,35 @@ pub fn gemm(args: &RecipeArgs, backend: &str, tokens: usize, out: &Path) -> Resu
     let engine = crate::commands::open(args)?;
     let model = zflow_stages::model::ModelSection::config(&engine.recipe.document).map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
     let shapes = microbench::model_shapes(&model, tokens);
-    let (device, gflops) = microbench::gemm_sweep(backend, 0, &shapes, 3)?;
+    let sweep = microbench::dimension_sweep(tokens, model.hidden_size, 64, 8);
+    let all: Vec<_> = shapes.iter().chain(&sweep).cloned().collect();
+    let (device, mut gflops) = microbench::gemm_sweep(backend, 0, &all, 3)?;
+    let swept = gflops.split_off(shapes.len());
     println!("GEMM on {device}, f32, {tokens} tokens, best of 3:");
     println!("{:<34} {:>7} {:>7} {:>7} {:>10} {:>12}", "shape", "m", "n", "k", "GFLOP/s", "vs aligned");
     for (i, (s, g)) in shapes.iter().zip(&gflops).enumerate() {
         let versus = if i % 2 == 1 { format!("{:+.0}%", 100.0 * (g / gflops[i - 1] - 1.0)) } else { String::new() };
         println!("{:<34} {:>7} {:>7} {:>7} {:>10.1} {:>12}", s.name, s.m, s.n, s.k, g, versus);
     }
+    println!("\nSweep of d around hidden = {}: [{tokens}, d] x [d, d]", model.hidden_size);
+    for (s, g) in sweep.iter().zip(&swept) {
+        let mark = if s.n % 128 == 0 { "  (x128)" } else if s.n % 64 == 0 { "  (x64)" } else { "" };
+        println!("  d = {:>6} {:>10.1} GFLOP/s{mark}", s.n, g);
+    }
     std::fs::create_dir_all(out)?;
+    let points: Vec<(f64, f64)> = sweep.iter().zip(&swept).map(|(s, &g)| (s.n as f64, g)).collect();
+    let chart = LineChart {
+        title: format!("GEMM [{tokens}, d] x [d, d] on {device}, f32"),
+        x_label: "d".into(),
+        y_label: "GFLOP/s".into(),
+        series: vec![
+            Series::line("every 8", points.clone()),
+            Series { marks_only: true, ..Series::line("multiples of 64", points.into_iter().filter(|p| p.0 as usize % 64 == 0).collect()) },
+        ],
+        ..Default::default()
+    };
+    let [png, svg] = chart.write(&out.join("gemm-sweep"))?;
+    let (shapes, gflops) = (all, gflops.into_iter().chain(swept).collect::<Vec<_>>());
     let path = out.join("gemm.parquet");
     zflow_stages::util::write_parquet(
         &path,
@@ -46,7 +69,7 @@ pub fn gemm(args: &RecipeArgs, backend: &str, tokens: usize, out: &Path) -> Resu
             Arc::new(Float64Array::from(gflops)),
         ],
     )?;
-    println!("\n{}", path.display());
+    println!("\n{}\n{} {}", path.display(), png.display(), svg.display());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -65,7 +88,25 @@ pub fn membw(mib: usize, out: &Path) -> Result<ExitCode> {
         rows.push((kernel, 1u64, one));
         rows.push((kernel, all as u64, many));
     }
+    // Bandwidth over array size on all threads: the caches show as a plateau above DRAM's.
+    let sizes: Vec<usize> = (0..).map(|i| 1usize << (i + 2)).take_while(|&m| m <= mib.max(4)).collect();
+    let series = Stream::ALL
+        .iter()
+        .map(|&kernel| {
+            let points = sizes.iter().map(|&m| ((m << 20) as f64, microbench::stream_gbps(kernel, m * (1 << 20) / 8, all, 5))).collect();
+            Series::line(format!("{kernel:?}").to_lowercase(), points)
+        })
+        .collect();
     std::fs::create_dir_all(out)?;
+    let chart = LineChart {
+        title: format!("STREAM bandwidth, {all} threads"),
+        x_label: "array size (bytes)".into(),
+        y_label: "GB/s".into(),
+        x_scale: Scale::Log2,
+        series,
+        ..Default::default()
+    };
+    let [png, svg] = chart.write(&out.join("membw"))?;
     let path = out.join("membw.parquet");
     zflow_stages::util::write_parquet(
         &path,
@@ -76,6 +117,6 @@ pub fn membw(mib: usize, out: &Path) -> Result<ExitCode> {
             Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.2))),
         ],
     )?;
-    println!("\n{}", path.display());
+    println!("\n{}\n{} {}", path.display(), png.display(), svg.display());
     Ok(ExitCode::SUCCESS)
 }

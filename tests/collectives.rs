@@ -15,6 +15,9 @@ fn collectives_benchmark_runs_every_op_on_real_processes() {
     // 4 ops x 7 sizes (1 KiB..64 KiB) x 2 rank counts.
     assert!(out.contains("56 points in"), "{out}");
     assert!(sb.path().join("bench/collectives.parquet").exists());
+    for op in ["all_reduce", "broadcast"] {
+        assert_plot(&sb.path().join(format!("bench/busbw-{op}")), &["2 ranks", "3 ranks", "64K"]);
+    }
     let bad = sb.zflow(&["bench", "collectives", "--ranks", "1"]);
     assert!(bad.code != 0 && bad.stderr.contains("at least 2"), "{}", bad.stderr);
 }
@@ -26,9 +29,13 @@ fn gemm_and_membw_benchmarks_measure_and_write_parquet() {
     let out = sb.ok(&["bench", "gemm", "r.yaml", "--tokens", "64", "--out", "bench"]).stdout;
     assert!(out.contains("expert fc1 (gate+up) -odd") && out.contains("lm head"), "{out}");
     assert!(sb.path().join("bench/gemm.parquet").exists());
+    // hidden 64: the sweep runs d = 8..128 in steps of 8.
+    assert!(out.contains("d =    128") && out.contains("(x128)") && out.contains("(x64)"), "{out}");
+    assert_plot(&sb.path().join("bench/gemm-sweep"), &["multiples of 64"]);
     let out = sb.ok(&["bench", "membw", "--mib", "4", "--out", "bench"]).stdout;
     assert!(["copy", "scale", "add", "triad"].iter().all(|k| out.contains(k)), "{out}");
     assert!(sb.path().join("bench/membw.parquet").exists());
+    assert_plot(&sb.path().join("bench/membw"), &["triad", "4M"]);
     let bad = sb.zflow(&["bench", "gemm", "r.yaml", "--backend", "tpu"]);
     assert!(bad.code != 0 && bad.stderr.contains("tpu"), "{}", bad.stderr);
 }
@@ -44,4 +51,14 @@ fn size_projects_zaya1_on_mi300x_next_to_the_report() {
     assert!(out.contains("phase3") && out.contains("512"), "{out}");
     let bad = sb.zflow(&["size", recipe, "--hardware", "tpu"]);
     assert!(bad.code != 0 && bad.stderr.contains("expected mi300x, h200 or this"), "{}", bad.stderr);
+}
+
+/// `<stem>.png` is a PNG and `<stem>.svg` carries the given labels.
+fn assert_plot(stem: &std::path::Path, labels: &[&str]) {
+    let png = std::fs::read(stem.with_extension("png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG", "{}", stem.display());
+    let svg = std::fs::read_to_string(stem.with_extension("svg")).unwrap();
+    for label in labels {
+        assert!(svg.contains(label), "{} lacks {label}", stem.display());
+    }
 }

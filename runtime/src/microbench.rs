@@ -44,6 +44,14 @@ pub fn model_shapes(model: &ModelConfig, tokens: usize) -> Vec<GemmShape> {
     out
 }
 
+/// Square-ish GEMMs `[tokens, d] x [d, d]` for `d` from `center - span` to `center + span` in
+/// steps of 8: where throughput dips between multiples of 64/128, the dims the sizing lint asks
+/// for pay off.
+pub fn dimension_sweep(tokens: usize, center: usize, span: usize, step: usize) -> Vec<GemmShape> {
+    let lo = center.saturating_sub(span).max(step);
+    (lo..=center + span).step_by(step.max(1)).map(|d| GemmShape { name: format!("d={d}"), m: tokens, n: d, k: d }).collect()
+}
+
 /// `x` moved off every power-of-two multiple: the next number of the form 64j + 33.
 fn odd(x: usize) -> usize {
     x / 64 * 64 + 33
@@ -137,6 +145,9 @@ mod tests {
         assert!(gemm_gflops::<burn_flex::Flex>(&GemmShape { name: "t".into(), m: 64, n: 64, k: 64 }, 1, &burn_flex::FlexDevice) > 0.0);
         assert!(stream_gbps(Stream::Triad, 1 << 16, 2, 1) > 0.0);
         assert_eq!(Stream::Triad.bytes_per_element(), 24);
+        let sweep: Vec<usize> = dimension_sweep(16, 64, 16, 8).iter().map(|s| s.n).collect();
+        assert_eq!(sweep, [48, 56, 64, 72, 80]);
+        assert_eq!(dimension_sweep(16, 8, 64, 8)[0].k, 8, "never a zero dimension");
     }
 }
 

@@ -10,6 +10,7 @@ pub mod ingest;
 mod jsonl;
 pub mod megatron_source;
 pub mod mix;
+pub mod plot;
 pub mod model;
 pub mod shell;
 pub mod sources;
