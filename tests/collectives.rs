@@ -62,3 +62,33 @@ fn assert_plot(stem: &std::path::Path, labels: &[&str]) {
         assert!(svg.contains(label), "{} lacks {label}", stem.display());
     }
 }
+
+#[test]
+fn preflight_stage_probes_every_rank_and_fails_or_reports_an_outlier() {
+    let recipe = |on_outlier: &str| format!("name: pf\nstages:\n  - name: preflight\n    kind: preflight\n    ranks: 3\n    on_outlier: {on_outlier}\n");
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &recipe("fail"));
+    sb.ok(&["run", "r.yaml"]);
+    let verdict: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(sb.output("preflight").join("preflight.json")).unwrap()).unwrap();
+    assert_eq!(verdict["ranks"].as_array().unwrap().len(), 3, "{verdict}");
+    assert!(verdict["ranks"][2]["probe"]["gemm_gflops"].as_f64().unwrap() > 0.0, "{verdict}");
+    assert!(sb.output("preflight").join("preflight.parquet").exists());
+    assert_eq!(sb.ok(&["run", "r.yaml"]).ran(), Vec::<String>::new(), "a second run on the same machine is cached");
+
+    // Rank 2's device is slow (300 ms added to every timing): failing names it.
+    let sb = Sandbox::new();
+    let slow = || sb.cmd(&["run", "r.yaml"]).env("ZFLOW_FAULTS", "slow@0:ms=300:rank=2").output().unwrap();
+    sb.write("r.yaml", &recipe("fail"));
+    let out = slow();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("1 outlier rank(s)") && stderr.contains("rank 2: GEMM"), "{stderr}");
+    sb.write("r.yaml", &recipe("report"));
+    let out = slow();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let verdict: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(sb.output("preflight").join("preflight.json")).unwrap()).unwrap();
+    assert_eq!(verdict["exclude_hosts"].as_array().unwrap().len(), 1, "{verdict}");
+    let bad = Sandbox::new();
+    bad.write("r.yaml", "name: pf\nstages:\n  - {name: preflight, kind: preflight, min_ratio: 2}\n");
+    let err = bad.zflow(&["plan", "r.yaml"]);
+    assert!(err.code != 0 && err.stderr.contains("min_ratio") && err.stderr.contains("r.yaml:3"), "{}", err.stderr);
+}

@@ -49,6 +49,25 @@ fn best_of(reps: usize, slow_ms: u64, mut f: impl FnMut()) -> f64 {
     best
 }
 
+/// [`probe`] on `backend` (`cpu`, `cuda`, `rocm`) device `device`: the device description and
+/// its probe (`zflow bench probe-rank`, which the `preflight` stage starts once per rank).
+/// `slow_ms` as in [`probe`].
+pub fn probe_backend(backend: &str, device: usize, slow_ms: u64) -> anyhow::Result<(String, Probe)> {
+    use crate::backend::BackendKind;
+    let kind = BackendKind::parse(backend)?;
+    let description = crate::backend::probe(kind, device)?;
+    let probe = match kind {
+        BackendKind::Cpu => probe::<burn_flex::Flex>(&burn_flex::FlexDevice, slow_ms),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => probe::<burn::backend::Cuda>(&burn::backend::cuda::CudaDevice::new(device), slow_ms),
+        #[cfg(feature = "rocm")]
+        BackendKind::Rocm => probe::<burn::backend::Rocm>(&burn::backend::rocm::RocmDevice::new(device), slow_ms),
+        #[allow(unreachable_patterns)]
+        _ => unreachable!("probe rejects backends that are not compiled in"),
+    };
+    Ok((description, probe))
+}
+
 /// Ranks whose GEMM or bandwidth is below `min_ratio` x the median over all ranks, with why.
 pub fn outliers(probes: &[Probe], min_ratio: f64) -> Vec<(usize, String)> {
     let median = |f: fn(&Probe) -> f64| {

@@ -11,6 +11,7 @@ mod jsonl;
 pub mod megatron_source;
 pub mod mix;
 pub mod plot;
+pub mod preflight;
 pub mod model;
 pub mod shell;
 pub mod sources;
@@ -30,7 +31,8 @@ pub fn registry() -> Registry {
         .register(mix::Mix)
         .register(megatron_source::MegatronSource)
         .register(train::Train)
-        .register(export::Export);
+        .register(export::Export)
+        .register(preflight::Preflight);
     r.register_section(sources::Sources).register_section(tokenizer::TokenizerSection)
         .register_section(mix::Phases)
         .register_section(model::ModelSection)

@@ -1,0 +1,203 @@
+//! `preflight`: measure every worker's device before a multi-week run commits to it.
+//!
+//! ```yaml
+//! - name: preflight
+//!   kind: preflight
+//!   ranks: 8            # worker processes, one per device, all probed at once
+//!   backend: cpu        # cpu | cuda | rocm: what the train stages use
+//!   min_ratio: 0.5      # a rank below min_ratio x the median GEMM or bandwidth is an outlier
+//!   on_outlier: fail    # fail (name the ranks and hosts) | report (warn, record, go on)
+//! ```
+//! Each rank is a `zflow bench probe-rank` process running the same GEMM and memory-bandwidth
+//! probe, and the same median test, as the train stage's own health check at every launch
+//! (`train.launch.preflight`, `zflow_runtime::preflight`). The output holds `preflight.parquet`
+//! (rank, host, device, GFLOP/s, GB/s, outlier) and `preflight.json` (the verdict and the
+//! hosts to leave out), for `zflow query` and for a scheduler's exclude list.
+//!
+//! The stage is cached like any other, keyed on its config and on the machine it measured
+//! (host name, and the Slurm node list when there is one): moving the recipe to another
+//! machine or allocation measures again.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use arrow::array::{ArrayRef, BooleanArray, Float64Array, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field};
+use serde::{Deserialize, Serialize};
+use zflow_pipeline::stage::spawn_supervised;
+use zflow_pipeline::{ConfigError, Stage, StageContext};
+use zflow_runtime::preflight::{Probe, outliers};
+
+use crate::util::write_parquet;
+
+/// The `preflight` stage kind.
+pub struct Preflight;
+
+/// What to do when a rank is an outlier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnOutlier {
+    /// Fail the stage, naming the ranks, hosts and numbers.
+    #[default]
+    Fail,
+    /// Warn and record the hosts to leave out; the stage succeeds.
+    Report,
+}
+
+/// `preflight` settings.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreflightConfig {
+    /// Worker processes to probe at once (one per device).
+    #[serde(default = "one")]
+    pub ranks: usize,
+    /// The backend the probes run on: cpu, cuda or rocm.
+    #[serde(default = "cpu")]
+    pub backend: String,
+    /// A rank below this fraction of the median GEMM or bandwidth is an outlier.
+    #[serde(default = "half")]
+    pub min_ratio: f64,
+    /// What an outlier does to the stage.
+    #[serde(default)]
+    pub on_outlier: OnOutlier,
+}
+
+fn one() -> usize {
+    1
+}
+fn cpu() -> String {
+    "cpu".into()
+}
+fn half() -> f64 {
+    0.5
+}
+
+/// One rank's line from `zflow bench probe-rank`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RankProbe {
+    /// The machine it ran on.
+    pub host: String,
+    /// The device description.
+    pub device: String,
+    /// The measurements.
+    pub probe: Probe,
+}
+
+/// What `preflight.json` holds.
+#[derive(Debug, Serialize, Deserialize)]
+struct Verdict {
+    ranks: Vec<RankProbe>,
+    outliers: Vec<String>,
+    exclude_hosts: Vec<String>,
+}
+
+impl Stage for Preflight {
+    type Config = PreflightConfig;
+    const KIND: &'static str = "preflight";
+    const VERSION: u32 = 1;
+
+    fn validate(&self, c: &PreflightConfig, _needs: &[String]) -> Result<(), ConfigError> {
+        if c.ranks == 0 {
+            return Err(ConfigError::new("ranks", "ranks must be at least 1"));
+        }
+        if !(c.min_ratio > 0.0 && c.min_ratio < 1.0) {
+            return Err(ConfigError::new("min_ratio", format!("min_ratio {} is not a fraction of the median in (0, 1)", c.min_ratio)));
+        }
+        if !["cpu", "cuda", "rocm"].contains(&c.backend.as_str()) {
+            return Err(ConfigError::new("backend", format!("`{}` is not a backend; expected cpu, cuda or rocm", c.backend)));
+        }
+        Ok(())
+    }
+
+    fn resources(&self, c: &PreflightConfig) -> zflow_pipeline::Resources {
+        let gpus = if c.backend == "cpu" { 0 } else { c.ranks as u32 };
+        zflow_pipeline::Resources { cpus: c.ranks as u32, gpus, ..Default::default() }
+    }
+
+    fn external_fingerprint(&self, _c: &PreflightConfig, _cwd: &std::path::Path) -> Result<Option<String>> {
+        let nodes = std::env::var("SLURM_JOB_NODELIST").unwrap_or_default();
+        Ok(Some(format!("host {} nodes {nodes}", hostname())))
+    }
+
+    fn run(&self, c: &PreflightConfig, ctx: &StageContext) -> Result<()> {
+        let exe = std::env::current_exe().context("locating the zflow binary to start a probe")?;
+        // All ranks at once, as in training: a shared memory bus or power cap shows.
+        let mut children = Vec::new();
+        for rank in 0..c.ranks {
+            let mut cmd = Command::new(&exe);
+            let device = if c.backend == "cpu" { 0 } else { rank };
+            cmd.args(["bench", "probe-rank", "--backend", &c.backend, "--rank", &rank.to_string(), "--device", &device.to_string()]);
+            cmd.envs(ctx.child_env()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(ctx.log().stdio()?);
+            children.push(spawn_supervised(&mut cmd).with_context(|| format!("starting the probe of rank {rank}"))?);
+        }
+        let mut ranks = Vec::new();
+        for (rank, mut child) in children.into_iter().enumerate() {
+            let mut out = String::new();
+            child.stdout.take().expect("piped").read_to_string(&mut out)?;
+            let status = child.wait()?;
+            if !status.success() {
+                bail!("the probe of rank {rank} failed ({status}); see {}", ctx.log().path().display());
+            }
+            let line = out.lines().last().unwrap_or_default();
+            ranks.push(serde_json::from_str::<RankProbe>(line).with_context(|| format!("rank {rank}'s probe said {line:?}"))?);
+        }
+        let probes: Vec<Probe> = ranks.iter().map(|r| r.probe).collect();
+        let slow = outliers(&probes, c.min_ratio);
+        for (rank, r) in ranks.iter().enumerate() {
+            tracing::info!("rank {rank} on {}: GEMM {:.1} GFLOP/s, memory {:.1} GB/s ({})", r.host, r.probe.gemm_gflops, r.probe.membw_gbps, r.device);
+        }
+        let mut exclude_hosts: Vec<String> = slow.iter().map(|(rank, _)| ranks[*rank].host.clone()).collect();
+        exclude_hosts.sort();
+        exclude_hosts.dedup();
+        let out = ctx.out_dir();
+        write_parquet(
+            &out.join("preflight.parquet"),
+            vec![
+                Field::new("rank", DataType::UInt64, false),
+                Field::new("host", DataType::Utf8, false),
+                Field::new("device", DataType::Utf8, false),
+                Field::new("gemm_gflops", DataType::Float64, false),
+                Field::new("membw_gbps", DataType::Float64, false),
+                Field::new("outlier", DataType::Boolean, false),
+            ],
+            vec![
+                Arc::new(UInt64Array::from_iter_values(0..ranks.len() as u64)) as ArrayRef,
+                Arc::new(StringArray::from_iter_values(ranks.iter().map(|r| r.host.as_str()))),
+                Arc::new(StringArray::from_iter_values(ranks.iter().map(|r| r.device.as_str()))),
+                Arc::new(Float64Array::from_iter_values(probes.iter().map(|p| p.gemm_gflops))),
+                Arc::new(Float64Array::from_iter_values(probes.iter().map(|p| p.membw_gbps))),
+                Arc::new(BooleanArray::from_iter((0..ranks.len()).map(|i| Some(slow.iter().any(|(r, _)| *r == i))))),
+            ],
+        )?;
+        let reasons: Vec<String> = slow.iter().map(|(rank, why)| format!("{why} on {}", ranks[*rank].host)).collect();
+        let verdict = Verdict { ranks, outliers: reasons.clone(), exclude_hosts };
+        std::fs::write(out.join("preflight.json"), serde_json::to_vec_pretty(&verdict)?)?;
+        if reasons.is_empty() {
+            tracing::info!("preflight: all {} rank(s) within {:.0}% of the median", c.ranks, 100.0 * c.min_ratio);
+            return Ok(());
+        }
+        match c.on_outlier {
+            OnOutlier::Fail => bail!("preflight found {} outlier rank(s) below {} x the median:\n  {}", reasons.len(), c.min_ratio, reasons.join("\n  ")),
+            OnOutlier::Report => {
+                for why in &reasons {
+                    tracing::warn!("preflight outlier: {why}");
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// This machine's name (what a scheduler's exclude list takes).
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer outlives the call and its length is passed.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
