@@ -58,6 +58,12 @@ pub async fn run(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Resu
         progress: progress.clone(),
         cancel,
     };
+    if matches!(engine.recipe.executor, zflow_pipeline::recipe::ExecutorConfig::Slurm(_)) {
+        let states = engine.plan(&opts.force)?;
+        if opts.selected.iter().any(|&i| !matches!(states[i], StageState::Cached { .. })) {
+            zflow_pipeline::slurm::check_reachable()?;
+        }
+    }
     let started = Instant::now();
     progress.println(&format!(
         "zflow run {} ({} stages selected, store {})",
@@ -93,6 +99,15 @@ pub async fn run(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Resu
         return Ok(ExitCode::from(130));
     }
     Ok(ExitCode::from(1))
+}
+
+/// `zflow exec-stage SPEC`: one stage attempt inside a Slurm job (see `zflow_pipeline::slurm`).
+pub async fn exec_stage(spec: &Path) -> Result<ExitCode> {
+    let cancel = CancelToken::default();
+    watch_signals(cancel.clone());
+    let spec = spec.to_path_buf();
+    tokio::task::spawn_blocking(move || zflow_pipeline::slurm::exec_stage(&spec, &zflow_stages::registry(), cancel)).await??;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// First SIGINT/SIGTERM: cancel (stages stop, store stays consistent). Second: exit now.
@@ -244,6 +259,9 @@ pub fn status(args: &RecipeArgs) -> Result<ExitCode> {
             _ => None,
         };
         if let Some(identity) = identity {
+            if let Ok(job) = std::fs::read_to_string(zflow_pipeline::slurm::job_file(&engine.store.log_path(&node.name, &identity))) {
+                println!("  {:<8} {:<width$}    job: {job}", "", "");
+            }
             let dirs = [engine.store.output_dir(&node.name, &identity), engine.store.partial_dir(&node.name, &identity)];
             if let Some(text) = dirs.iter().find_map(|d| std::fs::read_to_string(d.join("events.jsonl")).ok()) {
                 for line in interruptions(&text) {

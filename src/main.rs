@@ -163,6 +163,12 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         device: usize,
     },
+    /// Run one stage attempt inside a Slurm job (the Slurm executor's batch scripts call it).
+    #[command(hide = true)]
+    ExecStage {
+        /// The attempt's spec (`<stage log>.spec.json`).
+        spec: PathBuf,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -274,6 +280,7 @@ fn main() -> ExitCode {
             Command::Query { store, sql } => commands::query(&store, &sql).await,
             Command::Size { recipe, dp, micro_batch, hardware, gpus } => commands::size(&recipe, dp, micro_batch, hardware.as_deref(), gpus),
             Command::Bench { what } => commands::bench(what).await,
+            Command::ExecStage { spec } => commands::exec_stage(&spec).await,
             Command::Worker { .. } => unreachable!("handled before the runtime starts"),
             Command::Ckpt { what: CkptCommand::Inspect { path } } => {
                 print!("{}", zflow_runtime::checkpoint::inspect(&path)?);

@@ -11,51 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::{Sandbox, stage_dir};
 
-/// One short phase of a tiny ZAYA1 on this repository's text: ~58 steps of 8 x 64 tokens,
-/// a checkpoint every 5 steps.
+/// One short phase of a tiny ZAYA1 (see [`common::tiny_train_recipe`]).
 fn recipe(ranks: usize, max_restarts: u32) -> String {
-    format!(
-        r#"
-name: faults-test
-model:
-  hidden_size: 64
-  num_blocks: 2
-  vocab_size: 512
-  num_query_heads: 2
-  num_kv_heads: 1
-  head_dim: 32
-  num_experts: 4
-  expert_ffn: 64
-  router_dim: 32
-sources:
-  prose:
-    url: "{repo}/*.md"
-    format: text
-    split_regex: "\n\n+"
-    min_chars: 20
-  code:
-    url: "{repo}/pipeline/src/*.rs"
-    files: ["*.rs"]
-    format: text
-tokenizer:
-  train: {{vocab_size: 512, sample_bytes_per_source: 200000}}
-train:
-  global_batch: 8
-  micro_batch: 2
-  schedule: {{peak_lr: 0.01, warmup: 0.1, decay: 0.3}}
-  checkpoint_every: 5
-  keep_checkpoints: 3
-  eval_every: 0
-  eval_tokens: 512
-  launch: {{data_parallel: {ranks}, max_restarts: {max_restarts}, backoff_s: 0.1, hang_timeout_s: 3}}
-phases:
-  p1:
-    tokens: 30000
-    seq_len: 64
-    mixture: {{prose: 0.5, code: 0.5}}
-"#,
-        repo = env!("CARGO_MANIFEST_DIR")
-    )
+    common::tiny_train_recipe(ranks, max_restarts)
 }
 
 fn final_weights(sb: &Sandbox) -> Vec<u8> {

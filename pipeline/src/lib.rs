@@ -19,6 +19,7 @@ pub mod recipe;
 pub mod records;
 pub mod registry;
 pub mod run;
+pub mod slurm;
 pub mod stage;
 pub mod store;
 

@@ -63,6 +63,8 @@ pub struct RunRecord {
     pub pid: u32,
     /// The stage's log file.
     pub log: String,
+    /// The batch job that ran the attempt (`slurm 12 COMPLETED`), on a cluster executor.
+    pub job: Option<String>,
 }
 
 /// The Arrow schema of the `runs` table.
@@ -83,6 +85,7 @@ pub fn schema() -> Arc<Schema> {
         Field::new("pid", DataType::Int64, false),
         Field::new("zflow_version", DataType::Utf8, false),
         Field::new("log", DataType::Utf8, false),
+        Field::new("job", DataType::Utf8, true),
     ]))
 }
 
@@ -106,6 +109,7 @@ pub fn append(records_dir: &Path, record: &RunRecord) -> Result<()> {
         Arc::new(Int64Array::from(vec![r.pid as i64])),
         str1(env!("CARGO_PKG_VERSION")),
         str1(&r.log),
+        Arc::new(StringArray::from(vec![r.job.as_deref()])),
     ];
     let batch = RecordBatch::try_new(schema(), columns)?;
     let name = format!("{}-{}-{}", r.start_ms, r.pid, sanitize(&r.stage));
@@ -157,6 +161,8 @@ pub fn read_all(records_dir: &Path) -> Result<Vec<RunRecord>> {
             let (Some(start), Some(end), Some(host), Some(log)) = (t("start"), t("end"), s("host"), s("log")) else {
                 continue;
             };
+            // Older records have no `job` column.
+            let job = s("job");
             let pid = batch.column_by_name("pid").and_then(|c| c.as_any().downcast_ref::<Int64Array>().cloned());
             for i in 0..batch.num_rows() {
                 out.push(RunRecord {
@@ -176,6 +182,7 @@ pub fn read_all(records_dir: &Path) -> Result<Vec<RunRecord>> {
                     host: host.value(i).into(),
                     pid: pid.as_ref().map(|p| p.value(i) as u32).unwrap_or(0),
                     log: log.value(i).into(),
+                    job: job.as_ref().filter(|j| !j.is_null(i)).map(|j| j.value(i).to_string()),
                 });
             }
         }
@@ -204,14 +211,16 @@ mod tests {
             host: "h".into(),
             pid: 42,
             log: "/tmp/l".into(),
+            job: None,
         };
         append(dir.path(), &rec).unwrap();
-        append(dir.path(), &RunRecord { status: Status::Ok, error: None, start_ms: 4000, ..rec.clone() }).unwrap();
+        append(dir.path(), &RunRecord { status: Status::Ok, error: None, start_ms: 4000, job: Some("slurm 7 COMPLETED".into()), ..rec.clone() }).unwrap();
         let all = read_all(dir.path()).unwrap();
         assert_eq!(all.len(), 2);
         assert_eq!(all[0].error.as_deref(), Some("boom"));
         assert_eq!(all[1].status, Status::Ok);
         assert_eq!(all[1].error, None);
         assert_eq!(all[0].pid, 42);
+        assert_eq!((all[0].job.as_deref(), all[1].job.as_deref()), (None, Some("slurm 7 COMPLETED")));
     }
 }

@@ -19,6 +19,8 @@ use crate::identity::IdentityDoc;
 use crate::lease::{self, Acquire, LeaseGuard};
 use crate::logging;
 use crate::plan::Engine;
+use crate::recipe::ExecutorConfig;
+use crate::slurm;
 use crate::progress::Progress;
 use crate::records::{self, RunRecord, Status};
 use crate::stage::{CancelToken, Resources, StageContext, StageLog};
@@ -143,7 +145,11 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
         }
     }
 
-    let capacity = Resources { cpus: opts.cpus.max(1), gpus: opts.gpus, memory_gb: opts.memory_gb };
+    // On Slurm the cluster's scheduler places jobs: submit whatever is ready.
+    let capacity = match engine.recipe.executor {
+        ExecutorConfig::Local => Resources { cpus: opts.cpus.max(1), gpus: opts.gpus, memory_gb: opts.memory_gb, ..Default::default() },
+        ExecutorConfig::Slurm(_) => Resources { cpus: u32::MAX / 2, gpus: u32::MAX / 2, memory_gb: f64::MAX / 4.0, ..Default::default() },
+    };
     let mut free = capacity.clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<Finished>();
     let mut running = 0usize;
@@ -219,6 +225,7 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                 cpus: node.resources.cpus.clamp(1, capacity.cpus),
                 gpus: node.resources.gpus,
                 memory_gb: node.resources.memory_gb.min(capacity.memory_gb),
+                ..Default::default()
             };
             if want.gpus > capacity.gpus {
                 let msg = format!(
@@ -345,6 +352,7 @@ fn spawn_attempt(
         let log_path = engine.store.log_path(&node.name, &identity);
         let start_ms = now_ms();
         let stage_progress = progress.stage(&node.name);
+        let job = std::sync::Mutex::new(None::<String>);
         progress.println(&format!("  start   {}", node.name));
         let result = (|| -> Result<Manifest> {
             let log = StageLog::open(&log_path)?;
@@ -377,9 +385,28 @@ fn spawn_attempt(
             let span = tracing::info_span!("stage", name = %node.name);
             let outcome = {
                 let _enter = span.enter();
-                // A panicking stage is a failed stage, not a crashed zflow.
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node.stage.run(&ctx)))
-                    .unwrap_or_else(|p| Err(anyhow!("stage panicked: {}", panic_text(&p))))
+                match &engine.recipe.executor {
+                    // A panicking stage is a failed stage, not a crashed zflow.
+                    ExecutorConfig::Local => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node.stage.run(&ctx)))
+                        .unwrap_or_else(|p| Err(anyhow!("stage panicked: {}", panic_text(&p)))),
+                    ExecutorConfig::Slurm(cfg) => {
+                        let spec = slurm::ExecSpec {
+                            stage: node.name.clone(),
+                            kind: doc.kind.clone(),
+                            config: node.config.clone(),
+                            needs: node.needs.clone(),
+                            inputs: ctx.inputs.clone(),
+                            out_dir: work.clone(),
+                            cwd: ctx.cwd.clone(),
+                            cache_dir: ctx.cache_dir.clone(),
+                            threads: node.resources.cpus.max(1) as usize,
+                            log: log_path.clone(),
+                        };
+                        let (report, result) = slurm::run_stage(cfg, &spec, &node.resources, &cancel, &stage_progress, &log);
+                        *job.lock().unwrap_or_else(|e| e.into_inner()) = report.map(|r| r.describe());
+                        result
+                    }
+                }
             };
             logging::detach_stage_log(&node.name);
             if let Err(e) = outcome {
@@ -427,6 +454,7 @@ fn spawn_attempt(
             host: lease::hostname(),
             pid: std::process::id(),
             log: log_path.display().to_string(),
+            job: job.into_inner().unwrap_or_else(|e| e.into_inner()),
         };
         if let Err(e) = records::append(&engine.store.records_dir(), &record) {
             tracing::warn!("could not write the run record of {}: {e:#}", node.name);

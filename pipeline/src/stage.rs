@@ -31,11 +31,18 @@ pub struct Resources {
     pub gpus: u32,
     /// Memory in GiB the stage may use at peak.
     pub memory_gb: f64,
+    /// Processes the stage starts, one per device (training ranks, probes). On Slurm these
+    /// are the job's tasks; locally they share the stage's `cpus`.
+    pub ranks: u32,
+    /// Machines the stage spans (Slurm `--nodes`; locally always this one).
+    pub nodes: u32,
+    /// Wall-clock limit in minutes (Slurm `--time`; 0 = the executor's default).
+    pub time_min: u32,
 }
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources { cpus: 1, gpus: 0, memory_gb: 0.0 }
+        Resources { cpus: 1, gpus: 0, memory_gb: 0.0, ranks: 1, nodes: 1, time_min: 0 }
     }
 }
 

@@ -8,6 +8,7 @@ pub mod export;
 pub mod fetch;
 pub mod ingest;
 mod jsonl;
+pub mod launch;
 pub mod megatron_source;
 pub mod mix;
 pub mod plot;

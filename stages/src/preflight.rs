@@ -8,7 +8,7 @@
 //!   min_ratio: 0.5      # a rank below min_ratio x the median GEMM or bandwidth is an outlier
 //!   on_outlier: fail    # fail (name the ranks and hosts) | report (warn, record, go on)
 //! ```
-//! Each rank is a `zflow bench probe-rank` process running the same GEMM and memory-bandwidth
+//! Each rank is a `zflow bench probe-rank` process (an `srun` step on its node under Slurm) running the same GEMM and memory-bandwidth
 //! probe, and the same median test, as the train stage's own health check at every launch
 //! (`train.launch.preflight`, `zflow_runtime::preflight`). The output holds `preflight.parquet`
 //! (rank, host, device, GFLOP/s, GB/s, outlier) and `preflight.json` (the verdict and the
@@ -19,7 +19,7 @@
 //! machine or allocation measures again.
 
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
@@ -113,7 +113,7 @@ impl Stage for Preflight {
 
     fn resources(&self, c: &PreflightConfig) -> zflow_pipeline::Resources {
         let gpus = if c.backend == "cpu" { 0 } else { c.ranks as u32 };
-        zflow_pipeline::Resources { cpus: c.ranks as u32, gpus, ..Default::default() }
+        zflow_pipeline::Resources { cpus: c.ranks as u32, gpus, ranks: c.ranks as u32, ..Default::default() }
     }
 
     fn external_fingerprint(&self, _c: &PreflightConfig, _cwd: &std::path::Path) -> Result<Option<String>> {
@@ -123,10 +123,11 @@ impl Stage for Preflight {
 
     fn run(&self, c: &PreflightConfig, ctx: &StageContext) -> Result<()> {
         let exe = std::env::current_exe().context("locating the zflow binary to start a probe")?;
+        let slurm = crate::launch::SlurmJob::from_env()?;
         // All ranks at once, as in training: a shared memory bus or power cap shows.
         let mut children = Vec::new();
         for rank in 0..c.ranks {
-            let mut cmd = Command::new(&exe);
+            let mut cmd = crate::launch::rank_command(slurm.as_ref(), &exe, rank, c.ranks, ctx.name());
             let device = if c.backend == "cpu" { 0 } else { rank };
             cmd.args(["bench", "probe-rank", "--backend", &c.backend, "--rank", &rank.to_string(), "--device", &device.to_string()]);
             cmd.envs(ctx.child_env()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(ctx.log().stdio()?);

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -137,7 +137,8 @@ impl Stage for Train {
     fn resources(&self, c: &TrainConfig) -> zflow_pipeline::Resources {
         // Training takes the whole machine: the worker's matrix kernels use every core.
         let cpus = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
-        zflow_pipeline::Resources { cpus, gpus: if c.train.backend == "cpu" { 0 } else { c.launch.data_parallel as u32 }, ..Default::default() }
+        let ranks = c.launch.data_parallel as u32;
+        zflow_pipeline::Resources { cpus, gpus: if c.train.backend == "cpu" { 0 } else { ranks }, ranks, ..Default::default() }
     }
 
     fn resumable(&self, _c: &TrainConfig) -> bool {
@@ -243,13 +244,14 @@ impl Train {
     /// run is cancelled; a failed launch has all its ranks stopped before this returns.
     #[allow(clippy::too_many_arguments)]
     fn attempt(&self, c: &TrainConfig, ctx: &StageContext, job_path: &Path, attempt: u32, world: usize, metrics: &mut Metrics, events: &mut Events) -> Result<Outcome> {
-        let placements = zflow_runtime::collective::Placement::local(world)?;
+        let slurm = crate::launch::SlurmJob::from_env()?;
+        let placements = crate::launch::placements(slurm.as_ref(), world, attempt)?;
         let exe = std::env::current_exe().context("locating the zflow binary to start a worker")?;
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
         let mut ranks = Vec::new();
         let heartbeat = (c.launch.hang_timeout_s / 4).max(1);
         for p in &placements {
-            let mut cmd = Command::new(&exe);
+            let mut cmd = crate::launch::rank_command(slurm.as_ref(), &exe, p.rank, world, ctx.name());
             cmd.arg("worker").arg("--job").arg(job_path).arg("--backend").arg(&c.train.backend);
             if world > 1 {
                 cmd.envs(p.to_env());

@@ -59,6 +59,8 @@ pub enum ExecutorConfig {
     /// Stages run on this machine, as threads and child processes of `zflow run`.
     #[default]
     Local,
+    /// Each stage attempt is a Slurm batch job (`crate::slurm`).
+    Slurm(crate::slurm::SlurmConfig),
 }
 
 /// One node of the stage graph, ready to plan and run.
@@ -74,6 +76,9 @@ pub struct StageNode {
     pub stage: Arc<dyn PreparedStage>,
     /// Where the stage is defined (for messages).
     pub loc: Loc,
+    /// The config as the recipe gave it, settings outside the identity (like a train stage's
+    /// `launch`) included: what a job on another machine parses again.
+    pub config: serde_json::Value,
 }
 
 impl fmt::Debug for StageNode {
@@ -213,7 +218,7 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
             RecipeError::at(locate_error(&locs, &path, &e.message, &root.loc), format!("stage `{}`: {}", spec.name, e.message))
         })?;
         let resources = spec.resources.clone().unwrap_or_else(|| stage.resources());
-        nodes.push(StageNode { name: spec.name, needs: spec.needs, resources, stage, loc });
+        nodes.push(StageNode { name: spec.name, needs: spec.needs, resources, stage, loc, config: spec.config });
     }
 
     // Every `needs` names a stage.

@@ -1,0 +1,439 @@
+//! The Slurm executor: each stage attempt is one `sbatch` job.
+//!
+//! ```yaml
+//! executor: {kind: slurm, partition: gpu, account: lm, qos: high, time: "2-00:00:00",
+//!            sbatch_args: ["--exclusive"], max_requeues: 3}
+//! ```
+//! The scheduler stays in `zflow run` and holds each stage until its inputs are complete (a
+//! stage's identity hashes its inputs' *contents*, so it is only known then), so ordering needs
+//! no Slurm dependencies. For a stage it writes `<log>.sbatch` (kept next to the stage's log)
+//! and `<log>.spec.json` (what to run: kind, config, input folders, attempt folder), submits,
+//! and polls `scontrol` until the job ends. The job runs `zflow exec-stage SPEC` on a node,
+//! which runs the stage into the attempt folder on the shared store; `zflow run` then verifies
+//! and commits it as it would a local attempt. The executor is not part of any identity, so a
+//! recipe completed locally submits nothing.
+//!
+//! Failures: a poll that fails is retried (a busy controller is not a failed job); Ctrl-C
+//! `scancel`s the job; a job lost to a node failure or preemption is requeued by Slurm
+//! (`--requeue`) up to `max_requeues` (the script checks `SLURM_RESTART_COUNT`), and a
+//! resumable stage (training) continues from its newest checkpoint in the same partial folder.
+//! A failed job is reported with its id, state, exit code and the log paths.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::progress::StageProgress;
+use crate::stage::{CancelToken, Resources, StageLog};
+
+/// `executor: {kind: slurm, ...}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmConfig {
+    /// `--partition`.
+    #[serde(default)]
+    pub partition: Option<String>,
+    /// `--account`.
+    #[serde(default)]
+    pub account: Option<String>,
+    /// `--qos`.
+    #[serde(default)]
+    pub qos: Option<String>,
+    /// Default `--time` for stages that set no `time_min` (Slurm's formats: `MM`, `HH:MM:SS`,
+    /// `D-HH:MM:SS`).
+    #[serde(default)]
+    pub time: Option<String>,
+    /// More `sbatch` options, verbatim.
+    #[serde(default)]
+    pub sbatch_args: Vec<String>,
+    /// How often Slurm may requeue a stage's job (node failure, preemption) before it fails.
+    #[serde(default = "default_requeues")]
+    pub max_requeues: u32,
+    /// Seconds between polls of a job's state.
+    #[serde(default = "default_poll")]
+    pub poll_s: f64,
+}
+
+fn default_requeues() -> u32 {
+    3
+}
+fn default_poll() -> f64 {
+    2.0
+}
+
+/// Everything a job needs to run one stage attempt (`<log>.spec.json`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// Stage name.
+    pub stage: String,
+    /// Stage kind.
+    pub kind: String,
+    /// The stage's canonical config.
+    pub config: serde_json::Value,
+    /// The stage's declared inputs.
+    pub needs: Vec<String>,
+    /// Input stage name -> its complete output folder.
+    pub inputs: BTreeMap<String, PathBuf>,
+    /// The attempt (or partial) folder to write.
+    pub out_dir: PathBuf,
+    /// The recipe's folder.
+    pub cwd: PathBuf,
+    /// The store's shared download cache.
+    pub cache_dir: PathBuf,
+    /// Threads the stage may use.
+    pub threads: usize,
+    /// The stage's log file.
+    pub log: PathBuf,
+}
+
+/// What Slurm said about a job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobState {
+    /// `JobState=`.
+    pub state: String,
+    /// `ExitCode=` (`code:signal`).
+    pub exit_code: String,
+    /// `Restarts=`: how often it was requeued.
+    pub restarts: u32,
+}
+
+/// Parses one line of `scontrol show job -o ID`.
+pub fn parse_scontrol(line: &str) -> Option<JobState> {
+    let field = |key: &str| line.split_whitespace().find_map(|kv| kv.strip_prefix(key)).map(str::to_string);
+    Some(JobState {
+        state: field("JobState=")?,
+        exit_code: field("ExitCode=").unwrap_or_else(|| "?".into()),
+        restarts: field("Restarts=").and_then(|r| r.parse().ok()).unwrap_or(0),
+    })
+}
+
+/// Whether a job in `state` is over (it will not run again without a new submission).
+pub fn is_final(state: &str) -> bool {
+    matches!(
+        state,
+        "COMPLETED" | "FAILED" | "CANCELLED" | "TIMEOUT" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE" | "NODE_FAIL" | "PREEMPTED" | "SPECIAL_EXIT"
+    )
+}
+
+/// The `#SBATCH` options for a stage's resources under `cfg`.
+pub fn sbatch_options(cfg: &SlurmConfig, stage: &str, r: &Resources, output: &Path, cwd: &Path) -> Vec<String> {
+    let ranks = r.ranks.max(1);
+    let nodes = r.nodes.clamp(1, ranks);
+    let mut o = vec![
+        format!("--job-name=zflow-{stage}"),
+        format!("--output={}", output.display()),
+        format!("--chdir={}", cwd.display()),
+        format!("--nodes={nodes}"),
+        format!("--ntasks={ranks}"),
+        format!("--cpus-per-task={}", r.cpus.max(1).div_ceil(ranks)),
+        "--requeue".to_string(),
+    ];
+    if r.gpus > 0 {
+        o.push(format!("--gpus-per-node={}", r.gpus.div_ceil(nodes)));
+    }
+    if r.memory_gb > 0.0 {
+        o.push(format!("--mem={}M", (r.memory_gb * 1024.0).ceil() as u64));
+    }
+    match (r.time_min, &cfg.time) {
+        (0, Some(t)) => o.push(format!("--time={t}")),
+        (0, None) => {}
+        (m, _) => o.push(format!("--time={m}")),
+    }
+    for (flag, v) in [("partition", &cfg.partition), ("account", &cfg.account), ("qos", &cfg.qos)] {
+        if let Some(v) = v {
+            o.push(format!("--{flag}={v}"));
+        }
+    }
+    o.extend(cfg.sbatch_args.iter().cloned());
+    o
+}
+
+/// The batch script: options, the requeue limit, `zflow exec-stage`, the exit status recorded
+/// in `<log>.exit-<job id>` (so the outcome survives the job leaving Slurm's memory).
+pub fn script(cfg: &SlurmConfig, options: &[String], exe: &Path, spec: &Path, exit_prefix: &Path) -> String {
+    let q = |p: &Path| shell_quote(&p.display().to_string());
+    let mut s = String::from("#!/bin/bash\n# Written by zflow run; submitted with sbatch.\n");
+    for o in options {
+        s.push_str(&format!("#SBATCH {o}\n"));
+    }
+    let exit = format!("{}\"$SLURM_JOB_ID\"", q(exit_prefix));
+    s.push_str(&format!(
+        r#"set -u
+if [ "${{SLURM_RESTART_COUNT:-0}}" -gt {max} ]; then
+  echo "zflow: job $SLURM_JOB_ID was requeued $SLURM_RESTART_COUNT times, more than max_requeues {max}" >&2
+  echo 75 > {exit}.tmp && mv {exit}.tmp {exit}
+  exit 75
+fi
+export ZFLOW_EXECUTOR=slurm
+{exe} exec-stage {spec}
+rc=$?
+echo $rc > {exit}.tmp && mv {exit}.tmp {exit}
+exit $rc
+"#,
+        max = cfg.max_requeues,
+        exe = q(exe),
+        spec = q(spec),
+    ));
+    s
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Runs `cmd` once, returning stdout, or an error that names the command and says what it
+/// printed (a missing binary says so).
+fn slurm_command(program: &str, args: &[&str]) -> Result<String> {
+    let shown = format!("{program} {}", args.join(" "));
+    let out = Command::new(program).args(args).output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            anyhow::anyhow!("executor slurm: `{program}` is not on PATH (tried `{shown}`); install Slurm's client commands or use `executor: {{kind: local}}`")
+        } else {
+            anyhow::anyhow!("executor slurm: `{shown}` could not start: {e}")
+        }
+    })?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        let conf = std::env::var("SLURM_CONF").map(|c| format!(" (SLURM_CONF={c})")).unwrap_or_default();
+        bail!("`{shown}` failed ({}){conf}: {err}", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Checks that the Slurm controller answers (`squeue`), naming what was tried if not.
+pub fn check_reachable() -> Result<()> {
+    slurm_command("squeue", &["-h", "-o", "%i", "-u", "nobody-zflow-probe"])
+        .or_else(|_| slurm_command("squeue", &["-h", "-o", "%i"]))
+        .context("executor slurm: the Slurm controller is not reachable")?;
+    Ok(())
+}
+
+/// A submitted job as it ended.
+#[derive(Clone, Debug)]
+pub struct JobReport {
+    /// Slurm's job id.
+    pub id: String,
+    /// Its final state.
+    pub state: String,
+    /// How often it was requeued.
+    pub restarts: u32,
+}
+
+impl JobReport {
+    /// How the run records show it: `slurm 12 COMPLETED` (`, requeued 1x`).
+    pub fn describe(&self) -> String {
+        let requeued = if self.restarts > 0 { format!(", requeued {}x", self.restarts) } else { String::new() };
+        format!("slurm {} {}{requeued}", self.id, self.state)
+    }
+}
+
+/// `<log>.job`: the stage's current or last job, as [`JobReport::describe`] says it (for
+/// `zflow status`).
+pub fn job_file(log: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.job", log.display()))
+}
+
+/// Submits `spec` as one job and waits for it. Returns the job (when one was submitted) and
+/// whether the stage succeeded.
+pub fn run_stage(
+    cfg: &SlurmConfig,
+    spec: &ExecSpec,
+    resources: &Resources,
+    cancel: &CancelToken,
+    progress: &StageProgress,
+    log: &StageLog,
+) -> (Option<JobReport>, Result<()>) {
+    let base = spec.log.clone();
+    let with = |ext: &str| PathBuf::from(format!("{}.{ext}", base.display()));
+    let (spec_path, script_path, exit_prefix) = (with("spec.json"), with("sbatch"), with("exit-"));
+    let output = PathBuf::from(format!("{}.slurm-%j.out", base.display()));
+    let submitted = (|| -> Result<String> {
+        std::fs::write(&spec_path, serde_json::to_vec_pretty(spec)?).with_context(|| format!("writing {}", spec_path.display()))?;
+        let exe = std::env::current_exe().context("locating the zflow binary for the job")?;
+        let options = sbatch_options(cfg, &spec.stage, resources, &output, &spec.cwd);
+        std::fs::write(&script_path, script(cfg, &options, &exe, &spec_path, &exit_prefix))?;
+        let out = slurm_command("sbatch", &["--parsable", &script_path.display().to_string()])?;
+        let id = out.trim().split(';').next().unwrap_or_default().to_string();
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
+            bail!("sbatch printed {out:?}, expected a job id");
+        }
+        Ok(id)
+    })();
+    let id = match submitted {
+        Ok(id) => id,
+        Err(e) => return (None, Err(e)),
+    };
+    let job_out = PathBuf::from(format!("{}.slurm-{id}.out", base.display()));
+    log.line(&format!("=== submitted slurm job {id}: {} (output {})", script_path.display(), job_out.display()));
+    tracing::info!("submitted slurm job {id} ({})", script_path.display());
+    progress.set_message(format!("slurm job {id} submitted"));
+    let mut report = JobReport { id: id.clone(), state: "PENDING".into(), restarts: 0 };
+    let job_file = job_file(&base);
+    let _ = std::fs::write(&job_file, report.describe());
+    let result = wait(cfg, &mut report, cancel, progress, log, &exit_prefix);
+    let _ = std::fs::write(&job_file, report.describe());
+    let result = result.map_err(|e| {
+        anyhow::anyhow!("{e:#}\n  sbatch script: {}\n  job output:    {}\n  stage log:     {}", script_path.display(), job_out.display(), base.display())
+    });
+    (Some(report), result)
+}
+
+/// Polls until the job is over; cancels it on `cancel`.
+fn wait(cfg: &SlurmConfig, report: &mut JobReport, cancel: &CancelToken, progress: &StageProgress, log: &StageLog, exit_prefix: &Path) -> Result<()> {
+    let id = report.id.clone();
+    let exit_file = PathBuf::from(format!("{}{id}", exit_prefix.display()));
+    let poll = Duration::from_secs_f64(cfg.poll_s.max(0.1));
+    let mut failed_polls = 0u32;
+    let mut last_state = String::new();
+    let mut lost_since: Option<Instant> = None;
+    let started = Instant::now();
+    loop {
+        if cancel.is_cancelled() {
+            tracing::warn!("cancelling slurm job {id}");
+            let _ = slurm_command("scancel", &[&id]);
+            report.state = "CANCELLED".into();
+            log.line(&format!("=== scancel {id} (zflow run was interrupted)"));
+            bail!("cancelled (scancel {id})");
+        }
+        std::thread::sleep(poll);
+        match slurm_command("scontrol", &["show", "job", "-o", &id]) {
+            Ok(out) => {
+                failed_polls = 0;
+                let Some(state) = parse_scontrol(out.trim()) else {
+                    bail!("scontrol show job {id} printed no JobState: {out:?}");
+                };
+                if state.restarts > report.restarts {
+                    log.line(&format!("=== slurm requeued job {id} (restart {})", state.restarts));
+                    tracing::warn!("slurm requeued job {id} (restart {} of at most {})", state.restarts, cfg.max_requeues);
+                }
+                report.restarts = state.restarts;
+                if state.state != last_state {
+                    let _ = std::fs::write(job_file(log.path()), format!("slurm {id} {}", state.state));
+                    progress.set_message(format!("slurm job {id} {}", state.state));
+                    tracing::info!("slurm job {id}: {}", state.state);
+                    last_state = state.state.clone();
+                }
+                report.state = state.state.clone();
+                // A node failure or preemption of a `--requeue` job is followed by its requeue:
+                // give Slurm a moment before calling the job lost.
+                let requeue_pending = matches!(state.state.as_str(), "NODE_FAIL" | "PREEMPTED") && state.restarts < cfg.max_requeues;
+                if requeue_pending && lost_since.get_or_insert_with(Instant::now).elapsed() < Duration::from_secs(30) {
+                    continue;
+                }
+                lost_since = None;
+                if is_final(&state.state) {
+                    return finished(report, &state.exit_code, &exit_file);
+                }
+            }
+            Err(e) if format!("{e:#}").contains("Invalid job id") => {
+                // Slurm forgot the job (MinJobAge): the script's exit file says how it ended.
+                report.state = "COMPLETED?".into();
+                return finished(report, "?", &exit_file);
+            }
+            Err(e) => {
+                failed_polls += 1;
+                tracing::warn!("polling slurm job {id} failed ({failed_polls} in a row), retrying: {e:#}");
+                if failed_polls >= 30 {
+                    bail!("lost contact with Slurm while job {id} ran ({failed_polls} failed polls over {:.0} s): {e:#}", started.elapsed().as_secs_f64());
+                }
+                std::thread::sleep(poll * failed_polls.min(10));
+            }
+        }
+    }
+}
+
+/// The job side: runs the stage attempt `spec` describes (`zflow exec-stage SPEC`), with its
+/// log lines going to the stage's log as in a local run. SIGTERM (scancel, preemption) sets
+/// `cancel`, so a stage stops at its next safe point.
+pub fn exec_stage(spec_path: &Path, registry: &crate::Registry, cancel: CancelToken) -> Result<()> {
+    let text = std::fs::read_to_string(spec_path).with_context(|| format!("reading {}", spec_path.display()))?;
+    let spec: ExecSpec = serde_json::from_str(&text).with_context(|| format!("parsing {}", spec_path.display()))?;
+    let kind = registry.kind(&spec.kind).with_context(|| format!("{}: this zflow has no stage kind `{}`", spec_path.display(), spec.kind))?;
+    let stage = kind.prepare(spec.config.clone(), &spec.needs).map_err(|e| anyhow::anyhow!("{}: config of `{}`: {}: {}", spec_path.display(), spec.stage, e.path, e.message))?;
+    let log = StageLog::open(&spec.log)?;
+    log.line(&format!(
+        "=== slurm job {} on {} (restart {}): running {}",
+        std::env::var("SLURM_JOB_ID").unwrap_or_default(),
+        crate::lease::hostname(),
+        std::env::var("SLURM_RESTART_COUNT").unwrap_or_else(|_| "0".into()),
+        spec.stage
+    ));
+    std::fs::create_dir_all(&spec.out_dir)?;
+    let ctx = crate::StageContext {
+        name: spec.stage.clone(),
+        out_dir: spec.out_dir.clone(),
+        inputs: spec.inputs.clone(),
+        cwd: spec.cwd.clone(),
+        cache_dir: spec.cache_dir.clone(),
+        threads: spec.threads,
+        cancel,
+        progress: StageProgress::hidden(&spec.stage),
+        log: log.clone(),
+    };
+    crate::logging::attach_stage_log(&spec.stage, log.clone());
+    let span = tracing::info_span!("stage", name = %spec.stage);
+    let result = {
+        let _enter = span.enter();
+        stage.run(&ctx)
+    };
+    crate::logging::detach_stage_log(&spec.stage);
+    if let Err(e) = &result {
+        log.line(&format!("=== failed in slurm job {}: {e:#}", std::env::var("SLURM_JOB_ID").unwrap_or_default()));
+    }
+    result
+}
+
+fn finished(report: &mut JobReport, exit_code: &str, exit_file: &Path) -> Result<()> {
+    let script_rc = std::fs::read_to_string(exit_file).ok().map(|s| s.trim().to_string());
+    if let Some(rc) = &script_rc {
+        if report.state == "COMPLETED?" {
+            report.state = if rc == "0" { "COMPLETED".into() } else { "FAILED".into() };
+        }
+    }
+    match (report.state.as_str(), script_rc.as_deref()) {
+        ("COMPLETED", Some("0")) => Ok(()),
+        ("COMPLETED", None) if exit_code == "0:0" => Ok(()),
+        (state, rc) => {
+            let rc = rc.map(|r| format!(", stage exit status {r}")).unwrap_or_default();
+            bail!("slurm job {} ended {state} with exit code {exit_code}{rc}", report.id)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_scontrol_one_liners() {
+        let line = "JobId=12 JobName=zflow-train.p1 UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=2 BatchFlag=1 ExitCode=0:0 RunTime=00:00:07";
+        assert_eq!(parse_scontrol(line), Some(JobState { state: "RUNNING".into(), exit_code: "0:0".into(), restarts: 2 }));
+        assert_eq!(parse_scontrol("garbage"), None);
+        assert!(is_final("CANCELLED") && is_final("NODE_FAIL") && !is_final("PENDING") && !is_final("REQUEUED"));
+    }
+
+    #[test]
+    fn maps_resources_to_sbatch_options() {
+        let cfg = SlurmConfig { partition: Some("gpu".into()), time: Some("1:00:00".into()), sbatch_args: vec!["--exclusive".into()], ..Default::default() };
+        let r = Resources { cpus: 16, gpus: 8, memory_gb: 1.5, ranks: 8, nodes: 2, time_min: 0 };
+        let o = sbatch_options(&cfg, "train.p1", &r, Path::new("/s/x.out"), Path::new("/r"));
+        for want in ["--job-name=zflow-train.p1", "--nodes=2", "--ntasks=8", "--cpus-per-task=2", "--gpus-per-node=4", "--mem=1536M", "--time=1:00:00", "--partition=gpu", "--exclusive", "--requeue"] {
+            assert!(o.contains(&want.to_string()), "{want} missing from {o:?}");
+        }
+        let r = Resources { time_min: 90, ..Default::default() };
+        let o = sbatch_options(&cfg, "s", &r, Path::new("o"), Path::new("."));
+        assert!(o.contains(&"--time=90".to_string()) && o.contains(&"--ntasks=1".to_string()) && !o.iter().any(|x| x.starts_with("--gpus")), "{o:?}");
+        let s = script(&cfg, &o, Path::new("/bin/zflow"), Path::new("/s/a b.spec.json"), Path::new("/s/x.exit-"));
+        assert!(s.contains("#SBATCH --time=90\n") && s.contains("'/bin/zflow' exec-stage '/s/a b.spec.json'") && s.contains("-gt 3 ]"), "{s}");
+    }
+
+    #[test]
+    fn a_missing_slurm_is_named() {
+        let err = slurm_command("zflow-no-such-sbatch", &["--parsable"]).unwrap_err().to_string();
+        assert!(err.contains("not on PATH") && err.contains("zflow-no-such-sbatch --parsable"), "{err}");
+    }
+}
