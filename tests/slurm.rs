@@ -1,7 +1,8 @@
 //! The Slurm executor against real Slurm daemons (`scripts/slurm-local.sh start`: munged,
 //! slurmctld and slurmd on this machine). A tiny ZAYA1 phase on 2 ranks runs as a batch job
 //! whose ranks are `srun` steps; it ends byte-identical to the same recipe run locally, also
-//! after the job is `scancel`led mid-phase and resumed, and after Slurm requeues it mid-phase.
+//! after the job is `scancel`led mid-phase and resumed, and after Slurm requeues it mid-phase;
+//! the per-source data stages that become ready together go out as one job array.
 //!
 //! Without a running Slurm these tests print why and pass, except under CI (`CI` set), where
 //! Slurm must be up.
@@ -82,6 +83,12 @@ fn a_recipe_runs_on_slurm_and_scancel_then_rerun_resumes_to_the_same_weights() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains(&format!("slurm job {job} ended CANCELLED")) && stderr.contains("sbatch script:") && stderr.contains("job output:"), "{stderr}");
+    // The two sources' fetch stages became ready together: one job array, a task each.
+    let array_task = stderr.lines().find(|l| l.contains("[fetch.") && l.contains("submitted slurm job") && l.contains("_1 ("));
+    assert!(array_task.is_some(), "fetch.prose and fetch.code were not one job array:\n{stderr}");
+    let logs = sb.path().join("zflow-store/.zflow/logs");
+    let array_outputs = std::fs::read_dir(&logs).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("fetch-array.slurm-")).count();
+    assert_eq!(array_outputs, 2, "one output file per array task in {}", logs.display());
 
     // The rerun submits the train stage again; it resumes from its newest checkpoint.
     let out = run(&sb, &conf);

@@ -31,7 +31,7 @@ use crate::progress::StageProgress;
 use crate::stage::{CancelToken, Resources, StageLog};
 
 /// `executor: {kind: slurm, ...}`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SlurmConfig {
     /// `--partition`.
@@ -56,6 +56,25 @@ pub struct SlurmConfig {
     /// Seconds between polls of a job's state.
     #[serde(default = "default_poll")]
     pub poll_s: f64,
+    /// Stages of one kind that become ready within this many seconds of each other are
+    /// submitted as one job array (0: every stage its own job).
+    #[serde(default = "default_window")]
+    pub array_window_s: f64,
+}
+
+impl Default for SlurmConfig {
+    fn default() -> Self {
+        SlurmConfig {
+            partition: None,
+            account: None,
+            qos: None,
+            time: None,
+            sbatch_args: Vec::new(),
+            max_requeues: default_requeues(),
+            poll_s: default_poll(),
+            array_window_s: default_window(),
+        }
+    }
 }
 
 fn default_requeues() -> u32 {
@@ -63,6 +82,9 @@ fn default_requeues() -> u32 {
 }
 fn default_poll() -> f64 {
     2.0
+}
+fn default_window() -> f64 {
+    0.5
 }
 
 /// Everything a job needs to run one stage attempt (`<log>.spec.json`).
@@ -153,30 +175,39 @@ pub fn sbatch_options(cfg: &SlurmConfig, stage: &str, r: &Resources, output: &Pa
 }
 
 /// The batch script: options, the requeue limit, `zflow exec-stage`, the exit status recorded
-/// in `<log>.exit-<job id>` (so the outcome survives the job leaving Slurm's memory).
-pub fn script(cfg: &SlurmConfig, options: &[String], exe: &Path, spec: &Path, exit_prefix: &Path) -> String {
+/// in `<exit prefix><job id>` (so the outcome survives the job leaving Slurm's memory). With
+/// more than one task it is a job array: task i runs `tasks[i]` (`--array` is in `options`),
+/// and its job id is `<array id>_<i>`, as `scontrol` and `scancel` take it.
+pub fn script(cfg: &SlurmConfig, options: &[String], exe: &Path, tasks: &[(PathBuf, PathBuf)]) -> String {
     let q = |p: &Path| shell_quote(&p.display().to_string());
     let mut s = String::from("#!/bin/bash\n# Written by zflow run; submitted with sbatch.\n");
     for o in options {
         s.push_str(&format!("#SBATCH {o}\n"));
     }
-    let exit = format!("{}\"$SLURM_JOB_ID\"", q(exit_prefix));
+    let specs: Vec<String> = tasks.iter().map(|(spec, _)| q(spec)).collect();
+    let exits: Vec<String> = tasks.iter().map(|(_, exit)| q(exit)).collect();
     s.push_str(&format!(
         r#"set -u
+specs=({specs})
+exits=({exits})
+i=${{SLURM_ARRAY_TASK_ID:-0}}
+if [ -n "${{SLURM_ARRAY_JOB_ID:-}}" ]; then id="${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"; else id="$SLURM_JOB_ID"; fi
+exit_file="${{exits[$i]}}$id"
 if [ "${{SLURM_RESTART_COUNT:-0}}" -gt {max} ]; then
-  echo "zflow: job $SLURM_JOB_ID was requeued $SLURM_RESTART_COUNT times, more than max_requeues {max}" >&2
-  echo 75 > {exit}.tmp && mv {exit}.tmp {exit}
+  echo "zflow: job $id was requeued $SLURM_RESTART_COUNT times, more than max_requeues {max}" >&2
+  echo 75 > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
   exit 75
 fi
 export ZFLOW_EXECUTOR=slurm
-{exe} exec-stage {spec}
+{exe} exec-stage "${{specs[$i]}}"
 rc=$?
-echo $rc > {exit}.tmp && mv {exit}.tmp {exit}
+echo $rc > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
 exit $rc
 "#,
+        specs = specs.join(" "),
+        exits = exits.join(" "),
         max = cfg.max_requeues,
         exe = q(exe),
-        spec = q(spec),
     ));
     s
 }
@@ -250,24 +281,13 @@ pub fn run_stage(
     let base = spec.log.clone();
     let with = |ext: &str| PathBuf::from(format!("{}.{ext}", base.display()));
     let (spec_path, script_path, exit_prefix) = (with("spec.json"), with("sbatch"), with("exit-"));
-    let output = PathBuf::from(format!("{}.slurm-%j.out", base.display()));
-    let submitted = (|| -> Result<String> {
-        std::fs::write(&spec_path, serde_json::to_vec_pretty(spec)?).with_context(|| format!("writing {}", spec_path.display()))?;
-        let exe = std::env::current_exe().context("locating the zflow binary for the job")?;
-        let options = sbatch_options(cfg, &spec.stage, resources, &output, &spec.cwd);
-        std::fs::write(&script_path, script(cfg, &options, &exe, &spec_path, &exit_prefix))?;
-        let out = slurm_command("sbatch", &["--parsable", &script_path.display().to_string()])?;
-        let id = out.trim().split(';').next().unwrap_or_default().to_string();
-        if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
-            bail!("sbatch printed {out:?}, expected a job id");
-        }
-        Ok(id)
-    })();
-    let id = match submitted {
-        Ok(id) => id,
+    let submitted = std::fs::write(&spec_path, serde_json::to_vec_pretty(spec).unwrap_or_default())
+        .with_context(|| format!("writing {}", spec_path.display()))
+        .and_then(|()| submit(cfg, Pending { spec: spec.clone(), resources: resources.clone(), spec_path, exit_prefix: exit_prefix.clone(), script_path: script_path.clone() }));
+    let (id, job_out) = match submitted {
+        Ok(job) => job,
         Err(e) => return (None, Err(e)),
     };
-    let job_out = PathBuf::from(format!("{}.slurm-{id}.out", base.display()));
     log.line(&format!("=== submitted slurm job {id}: {} (output {})", script_path.display(), job_out.display()));
     tracing::info!("submitted slurm job {id} ({})", script_path.display());
     progress.set_message(format!("slurm job {id} submitted"));
@@ -280,6 +300,85 @@ pub fn run_stage(
         anyhow::anyhow!("{e:#}\n  sbatch script: {}\n  job output:    {}\n  stage log:     {}", script_path.display(), job_out.display(), base.display())
     });
     (Some(report), result)
+}
+
+/// One stage waiting to be submitted.
+struct Pending {
+    spec: ExecSpec,
+    resources: Resources,
+    spec_path: PathBuf,
+    exit_prefix: PathBuf,
+    script_path: PathBuf,
+}
+
+type Reply = std::sync::mpsc::Sender<Result<(String, PathBuf)>>;
+
+/// Stages waiting for their group's submission, by (kind, resources).
+static WAITING: std::sync::Mutex<BTreeMap<String, Vec<(Pending, Reply)>>> = std::sync::Mutex::new(BTreeMap::new());
+
+/// Submits one stage; returns its job id and the job's output file. Stages of one kind with the
+/// same resources that become ready within `array_window_s` of each other (the per-source
+/// fetch, ingest and tokenize stages of a recipe) go out as one job array, one task each: one
+/// scheduler entry and one script instead of many.
+fn submit(cfg: &SlurmConfig, pending: Pending) -> Result<(String, PathBuf)> {
+    let key = format!("{} {:?}", pending.spec.kind, pending.resources);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let leader = {
+        let mut waiting = WAITING.lock().unwrap_or_else(|e| e.into_inner());
+        let group = waiting.entry(key.clone()).or_default();
+        group.push((pending, tx));
+        group.len() == 1
+    };
+    if leader {
+        std::thread::sleep(Duration::from_secs_f64(cfg.array_window_s.max(0.0)));
+        let group = WAITING.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
+        let (tasks, replies): (Vec<Pending>, Vec<Reply>) = group.into_iter().unzip();
+        match submit_group(cfg, &tasks) {
+            Ok(jobs) => jobs.into_iter().zip(&replies).for_each(|(job, r)| drop(r.send(Ok(job)))),
+            Err(e) => replies.iter().for_each(|r| drop(r.send(Err(anyhow::anyhow!("{e:#}"))))),
+        }
+    }
+    rx.recv().context("the submission of this stage's group was lost")?
+}
+
+/// `sbatch` for `tasks` (one stage, or a job array of several); each stage's `<log>.sbatch`
+/// holds the script.
+fn submit_group(cfg: &SlurmConfig, tasks: &[Pending]) -> Result<Vec<(String, PathBuf)>> {
+    let first = &tasks[0];
+    let exe = std::env::current_exe().context("locating the zflow binary for the job")?;
+    let array = tasks.len() > 1;
+    let output = if array {
+        first.script_path.with_file_name(format!("{}-array.slurm-%A_%a.out", first.spec.kind))
+    } else {
+        PathBuf::from(format!("{}.slurm-%j.out", first.spec.log.display()))
+    };
+    let name = if array { format!("{}-array", first.spec.kind) } else { first.spec.stage.clone() };
+    let mut options = sbatch_options(cfg, &name, &first.resources, &output, &first.spec.cwd);
+    if array {
+        options.push(format!("--array=0-{}", tasks.len() - 1));
+    }
+    let pairs: Vec<(PathBuf, PathBuf)> = tasks.iter().map(|t| (t.spec_path.clone(), t.exit_prefix.clone())).collect();
+    let text = script(cfg, &options, &exe, &pairs);
+    for t in tasks {
+        std::fs::write(&t.script_path, &text).with_context(|| format!("writing {}", t.script_path.display()))?;
+    }
+    let out = slurm_command("sbatch", &["--parsable", &first.script_path.display().to_string()])?;
+    let id = out.trim().split(';').next().unwrap_or_default().to_string();
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
+        bail!("sbatch printed {out:?}, expected a job id");
+    }
+    Ok(tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if array {
+                let job = format!("{id}_{i}");
+                (job.clone(), PathBuf::from(output.display().to_string().replace("%A_%a", &job)))
+            } else {
+                (id.clone(), PathBuf::from(format!("{}.slurm-{id}.out", t.spec.log.display())))
+            }
+        })
+        .collect())
 }
 
 /// Polls until the job is over; cancels it on `cancel`.
@@ -427,8 +526,9 @@ mod tests {
         let r = Resources { time_min: 90, ..Default::default() };
         let o = sbatch_options(&cfg, "s", &r, Path::new("o"), Path::new("."));
         assert!(o.contains(&"--time=90".to_string()) && o.contains(&"--ntasks=1".to_string()) && !o.iter().any(|x| x.starts_with("--gpus")), "{o:?}");
-        let s = script(&cfg, &o, Path::new("/bin/zflow"), Path::new("/s/a b.spec.json"), Path::new("/s/x.exit-"));
-        assert!(s.contains("#SBATCH --time=90\n") && s.contains("'/bin/zflow' exec-stage '/s/a b.spec.json'") && s.contains("-gt 3 ]"), "{s}");
+        let one = [(PathBuf::from("/s/a b.spec.json"), PathBuf::from("/s/x.exit-"))];
+        let s = script(&cfg, &o, Path::new("/bin/zflow"), &one);
+        assert!(s.contains("#SBATCH --time=90\n") && s.contains("specs=('/s/a b.spec.json')") && s.contains("'/bin/zflow' exec-stage \"${specs[$i]}\"") && s.contains("-gt 3 ]"), "{s}");
     }
 
     #[test]
