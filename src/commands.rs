@@ -618,7 +618,7 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
         Bench::ProbeRank { backend, rank, device } => {
             let slow_ms = zflow_runtime::faults::Faults::from_env(rank)?.delay_ms(0);
             let (device, probe) = zflow_runtime::preflight::probe_backend(&backend, device, slow_ms)?;
-            let line = zflow_stages::preflight::RankProbe { host: zflow_stages::preflight::hostname(), device, probe };
+            let line = zflow_stages::preflight::RankProbe { host: zflow_pipeline::lease::hostname(), device, probe };
             println!("{}", serde_json::to_string(&line)?);
             Ok(ExitCode::SUCCESS)
         }

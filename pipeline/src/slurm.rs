@@ -281,8 +281,9 @@ pub fn run_stage(
     let base = spec.log.clone();
     let with = |ext: &str| PathBuf::from(format!("{}.{ext}", base.display()));
     let (spec_path, script_path, exit_prefix) = (with("spec.json"), with("sbatch"), with("exit-"));
-    let submitted = std::fs::write(&spec_path, serde_json::to_vec_pretty(spec).unwrap_or_default())
-        .with_context(|| format!("writing {}", spec_path.display()))
+    let submitted = serde_json::to_vec_pretty(spec)
+        .map_err(anyhow::Error::from)
+        .and_then(|bytes| std::fs::write(&spec_path, bytes).with_context(|| format!("writing {}", spec_path.display())))
         .and_then(|()| submit(cfg, Pending { spec: spec.clone(), resources: resources.clone(), spec_path, exit_prefix: exit_prefix.clone(), script_path: script_path.clone() }));
     let (id, job_out) = match submitted {
         Ok(job) => job,

@@ -118,7 +118,7 @@ impl Stage for Preflight {
 
     fn external_fingerprint(&self, _c: &PreflightConfig, _cwd: &std::path::Path) -> Result<Option<String>> {
         let nodes = std::env::var("SLURM_JOB_NODELIST").unwrap_or_default();
-        Ok(Some(format!("host {} nodes {nodes}", hostname())))
+        Ok(Some(format!("host {} nodes {nodes}", zflow_pipeline::lease::hostname())))
     }
 
     fn run(&self, c: &PreflightConfig, ctx: &StageContext) -> Result<()> {
@@ -189,16 +189,4 @@ impl Stage for Preflight {
             }
         }
     }
-}
-
-/// This machine's name (what a scheduler's exclude list takes).
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer outlives the call and its length is passed.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
