@@ -53,8 +53,9 @@ fn eval_of_a_zflow_checkpoint_resumes_after_sigkill_without_rescoring() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let whole = sb.ok(&args);
     assert!(whole.stdout.contains("next_line") && whole.stdout.contains("acc_norm"), "{}", whole.stdout);
-    let requests: usize = whole.stderr.split(" requests scored").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(requests > 1000, "{}", whole.stderr);
+    // Identical requests (the same context and choice twice) are scored once and counted as cached.
+    let requests = counts(&whole.stderr).0 + counts(&whole.stderr).1;
+    assert!(requests > 500, "{}", whole.stderr);
 
     // The same evaluation, SIGKILLed once part of it is in the cache.
     let args_b = eval_args(&sb, "cache-b", "b.json");
@@ -62,15 +63,14 @@ fn eval_of_a_zflow_checkpoint_resumes_after_sigkill_without_rescoring() {
     let mut child = sb.cmd(&args_b).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let cache_bytes = || dir_bytes(&sb.path().join("cache-b"));
     let deadline = Instant::now() + Duration::from_secs(120);
-    while cache_bytes() < 20_000 {
+    while cache_bytes() < 5_000 {
         assert!(Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the evaluation ended or stalled before it could be killed");
         std::thread::sleep(Duration::from_millis(5));
     }
     child.kill().unwrap();
     child.wait().unwrap();
     let rerun = sb.ok(&args_b);
-    let cached: usize = rerun.stderr.split(" from the cache").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
-    let scored: usize = rerun.stderr.split(" requests scored").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    let (scored, cached) = counts(&rerun.stderr);
     assert!(cached > 0 && scored < requests && cached + scored == requests, "cached {cached} + scored {scored} != {requests}:\n{}", rerun.stderr);
     assert_eq!(sb.read("a.json"), sb.read("b.json"), "the resumed evaluation's results differ");
 
@@ -81,4 +81,11 @@ fn eval_of_a_zflow_checkpoint_resumes_after_sigkill_without_rescoring() {
 
 fn dir_bytes(dir: &PathBuf) -> u64 {
     std::fs::read_dir(dir).into_iter().flatten().flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()
+}
+
+/// (requests scored, requests from the cache) from `zflow eval`'s summary line of the task.
+fn counts(stderr: &str) -> (usize, usize) {
+    let line = stderr.lines().find(|l| l.starts_with("next_line: ")).unwrap_or_else(|| panic!("no summary line:\n{stderr}"));
+    let number = |before: &str| line.split(before).next().unwrap().rsplit(' ').next().unwrap().parse::<usize>().unwrap();
+    (number(" requests scored"), number(" from the cache"))
 }
