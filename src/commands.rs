@@ -101,6 +101,29 @@ pub async fn run(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Resu
     Ok(ExitCode::from(1))
 }
 
+/// `zflow report RECIPE`: runs the recipe's `report` stage and what it needs (nothing, when
+/// all of it is in the store), then prints `report.md` and where the tables and plots are.
+pub async fn report(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Result<ExitCode> {
+    let engine = open(args)?;
+    if engine.graph.position("report").is_none() {
+        bail!("{} has no `report` stage: add an `evals:` section (or a stage of kind `report`)", args.recipe.display());
+    }
+    let code = run(args, RunFlags { until: vec!["report".into()], ..flags }, progress).await?;
+    if code != ExitCode::SUCCESS {
+        return Ok(code);
+    }
+    let engine = open(args)?;
+    let i = engine.graph.position("report").expect("checked above");
+    let states = engine.plan(&BTreeSet::new())?;
+    let StageState::Cached { manifest } = &states[i] else { bail!("the report stage did not complete") };
+    let dir = engine.store.output_dir("report", &manifest.identity);
+    let md = dir.join("report.md");
+    print!("{}", std::fs::read_to_string(&md).with_context(|| format!("reading {}", md.display()))?);
+    println!("
+report: {} (also report.csv, report.tex, report.json, plots/)", md.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `zflow exec-stage SPEC`: one stage attempt inside a Slurm job (see `zflow_pipeline::slurm`).
 pub async fn exec_stage(spec: &Path) -> Result<ExitCode> {
     let cancel = CancelToken::default();

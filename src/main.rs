@@ -71,6 +71,18 @@ enum Command {
         #[arg(short, long)]
         quiet: bool,
     },
+    /// Run what the recipe's `report` needs and print the evaluation tables (Markdown; CSV,
+    /// LaTeX, JSON and plots beside it).
+    Report {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// CPU slots (default: all cores).
+        #[arg(short = 'j', long)]
+        jobs: Option<u32>,
+        /// No progress display.
+        #[arg(short, long)]
+        quiet: bool,
+    },
     /// Show what would run, what is cached, and why.
     Plan {
         #[command(flatten)]
@@ -293,7 +305,7 @@ fn main() -> ExitCode {
         tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).without_time().init();
         return ExitCode::from(zflow_runtime::worker::run(job, backend, *device) as u8);
     }
-    let quiet = matches!(cli.command, Command::Run { quiet: true, .. });
+    let quiet = matches!(cli.command, Command::Run { quiet: true, .. } | Command::Report { quiet: true, .. });
     let progress = zflow_pipeline::progress::Progress::auto(quiet);
     zflow_pipeline::logging::init(&progress, quiet);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -308,6 +320,10 @@ fn main() -> ExitCode {
             Command::Run { recipe, only, from, until, force, jobs, gpus, memory_gb, quiet: _ } => {
                 let flags = commands::RunFlags { only, from, until, force, jobs, gpus, memory_gb };
                 commands::run(&recipe, flags, progress).await
+            }
+            Command::Report { recipe, jobs, quiet: _ } => {
+                let flags = commands::RunFlags { only: vec![], from: vec![], until: vec![], force: vec![], jobs, gpus: 0, memory_gb: None };
+                commands::report(&recipe, flags, progress).await
             }
             Command::Plan { recipe, force } => commands::plan(&recipe, &force),
             Command::Why { recipe, stage } => commands::why(&recipe, &stage),

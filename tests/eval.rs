@@ -89,3 +89,62 @@ fn counts(stderr: &str) -> (usize, usize) {
     let number = |before: &str| line.split(before).next().unwrap().rsplit(' ').next().unwrap().parse::<usize>().unwrap();
     (number(" requests scored"), number(" from the cache"))
 }
+
+/// The `evals:` section on a two-phase recipe: an `eval.<phase>` per phase on a task written as
+/// data (its data fetched from a local folder), then `zflow report`: the phases' rows next to
+/// a published baseline's, in every format, with the training plots; a rerun runs nothing and
+/// prints the same report.
+#[test]
+fn zflow_report_scores_every_phase_next_to_the_baselines() {
+    let sb = Sandbox::new();
+    write_task(&sb);
+    let recipe = tiny_train_recipe(1, 3)
+        + "  p2:\n    tokens: 8000\n    seq_len: 64\n    mixture: {prose: 1.0}\n"
+        + "evals:\n  tasks: [next_line]\n  tasks_dir: tasks\n  limit: 120\n  data: {toy: {url: data/toy}}\n"
+        + "  report:\n    tasks: [next_line, piqa]\n    baselines: [Gemma-3-270M-PT]\n";
+    sb.write("r.yaml", &recipe);
+    let first = sb.ok(&["report", "r.yaml"]);
+    let md = &first.stdout;
+    for want in ["faults-test/p1", "faults-test/p2", "Gemma-3-270M-PT", "next_line (acc_norm, 0-shot)", "piqa (acc, 0-shot)", "67.7", "https://ai.google.dev/gemma/docs/core/model_card_3", "plots/loss.png", "plots/expert-load.png", "plots/scores.png"] {
+        assert!(md.contains(want), "report lacks {want:?}:\n{md}");
+    }
+    // Our rows have a value ± stderr on next_line and none on piqa; the baseline the reverse.
+    let row = |name: &str| md.lines().find(|l| l.starts_with(&format!("| {name}"))).unwrap_or_else(|| panic!("no row {name}:\n{md}")).to_string();
+    assert!(row("faults-test/p1").contains('±') && row("faults-test/p1").ends_with("| — |"), "{}", row("faults-test/p1"));
+    assert!(row("Gemma-3-270M-PT").contains("| — | 67.7 |"), "{}", row("Gemma-3-270M-PT"));
+
+    let store = sb.path().join("zflow-store");
+    let report = stage_dir(&store, "report");
+    for f in ["report.md", "report.csv", "report.tex", "report.json", "scores.parquet", "plots/loss.svg", "plots/lr.png", "plots/scores.svg"] {
+        assert!(report.join(f).is_file(), "no {f} in {}", report.display());
+    }
+    let png = std::fs::read(report.join("plots/loss.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(std::fs::read_to_string(report.join("report.tex")).unwrap().contains("\\begin{tabular}"));
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report.join("report.json")).unwrap()).unwrap();
+    assert!(json.to_string().contains("faults-test/p2"), "{json}");
+    // Each eval stage's results: lm-eval-like JSON with version, n-shot, stderr and config hash.
+    let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(stage_dir(&store, "eval.p2").join("results.json")).unwrap()).unwrap();
+    let task = &results["tasks"][0];
+    assert_eq!((task["task"].as_str(), task["n_samples"].as_u64(), task["n_shot"].as_u64()), (Some("next_line"), Some(120), Some(0)), "{results}");
+    assert!(task["config_hash"].as_str().is_some_and(|h| h.len() >= 16) && task["metrics"][0]["stderr"].is_number(), "{results}");
+    // Each phase's row scores its own checkpoint.
+    let p1: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(stage_dir(&store, "eval.p1").join("results.json")).unwrap()).unwrap();
+    assert_ne!(p1["model"]["hash"], results["model"]["hash"]);
+    // The scores are queryable.
+    let q = sb.ok(&["query", "zflow-store", "select model, value from \"eval.p1/scores\" where metric = 'acc'"]);
+    assert!(q.stdout.contains("faults-test/p1"), "{}", q.stdout);
+
+    // Nothing runs again, and the report is the same.
+    let again = sb.ok(&["report", "r.yaml"]);
+    assert!(again.stderr.contains("0 ran") || again.stdout.contains("0 ran"), "{}{}", again.stdout, again.stderr);
+    assert_eq!(first.stdout, again.stdout);
+
+    // Bad input is named: an unknown task, an unknown key in the section.
+    sb.write("bad.yaml", &recipe.replace("tasks: [next_line]\n  tasks_dir: tasks", "tasks: [no_such_task]"));
+    let bad = sb.zflow(&["plan", "bad.yaml"]);
+    assert!(bad.code != 0 && bad.stderr.contains("no_such_task"), "{}", bad.stderr);
+    sb.write("bad2.yaml", &recipe.replace("limit: 120", "limt: 120"));
+    let bad = sb.zflow(&["plan", "bad2.yaml"]);
+    assert!(bad.code != 0 && bad.stderr.contains("bad2.yaml:") && bad.stderr.contains("unknown field `limt`"), "{}", bad.stderr);
+}

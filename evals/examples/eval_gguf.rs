@@ -81,7 +81,7 @@ fn main() -> Result<()> {
         limit: args.limit,
         num_fewshot: args.num_fewshot,
         log_samples: args.log_samples,
-        engine: EngineOptions { max_batch_tokens: args.batch_tokens, progress: true },
+        engine: EngineOptions { max_batch_tokens: args.batch_tokens, progress: true, sink: None },
     };
     let t0 = Instant::now();
     let report = zflow_evals::evaluate(&mut model, &registry, &args.tasks, &opts)?;

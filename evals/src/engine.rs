@@ -11,6 +11,7 @@
 //! Batch composition depends only on the requests still to score, so the same inputs and the
 //! same cache give the same batches, and the same results.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -19,18 +20,33 @@ use crate::cache::{Cache, Cached};
 use crate::model::{LanguageModel, Score, TokenRequest};
 use crate::request::{Instance, Request};
 
+/// Told `(task, requests done, requests in all)` after every batch, for a progress bar.
+pub type ProgressSink = Arc<dyn Fn(&str, usize, usize) + Send + Sync>;
+
 /// Knobs of the scoring loop.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct EngineOptions {
     /// The most model inputs (tokens, a shared prefix counted once) per `loglikelihood` call.
     pub max_batch_tokens: usize,
     /// Print progress lines to stderr (at most every 10 s).
     pub progress: bool,
+    /// Also report progress here after every batch (a pipeline stage's progress bar).
+    pub sink: Option<ProgressSink>,
+}
+
+impl std::fmt::Debug for EngineOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineOptions")
+            .field("max_batch_tokens", &self.max_batch_tokens)
+            .field("progress", &self.progress)
+            .field("sink", &self.sink.is_some())
+            .finish()
+    }
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { max_batch_tokens: 2048, progress: true }
+        EngineOptions { max_batch_tokens: 2048, progress: true, sink: None }
     }
 }
 
@@ -119,12 +135,16 @@ pub fn truncate(mut r: TokenRequest, max_len: usize) -> TokenRequest {
 struct Progress {
     label: String,
     enabled: bool,
+    sink: Option<ProgressSink>,
     start: Instant,
     last: Instant,
 }
 
 impl Progress {
     fn tick(&mut self, done: usize, total: usize, tokens: usize, force: bool) {
+        if let Some(sink) = &self.sink {
+            sink(&self.label, done, total);
+        }
         if !self.enabled || (!force && self.last.elapsed() < Duration::from_secs(10)) {
             return;
         }
@@ -165,7 +185,7 @@ impl<'a> Engine<'a> {
     pub fn run(&mut self, instances: &[Instance], label: &str) -> Result<Vec<Vec<Cached>>> {
         let keys: Vec<Vec<_>> =
             instances.iter().map(|inst| inst.requests.iter().map(|r| self.cache.key(r)).collect()).collect();
-        let mut progress = Progress { label: label.to_string(), enabled: self.opts.progress, start: Instant::now(), last: Instant::now() };
+        let mut progress = Progress { label: label.to_string(), enabled: self.opts.progress, sink: self.opts.sink.clone(), start: Instant::now(), last: Instant::now() };
         self.score_loglikelihoods(instances, &keys, &mut progress)?;
         self.generate(instances, &keys, &mut progress)?;
         self.cache.sync()?;

@@ -101,7 +101,7 @@ fn opts(dir: &Path, cache: &str) -> EvalOptions {
         limit: None,
         num_fewshot: None,
         log_samples: true,
-        engine: EngineOptions { max_batch_tokens: 40, progress: false },
+        engine: EngineOptions { max_batch_tokens: 40, progress: false, sink: None },
     }
 }
 

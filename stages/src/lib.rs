@@ -4,6 +4,7 @@
 //! [`zflow_pipeline::Stage`], then add one `.register(...)` line below.
 
 pub mod docs;
+pub mod eval;
 pub mod export;
 pub mod fetch;
 pub mod ingest;
@@ -13,6 +14,7 @@ pub mod megatron_source;
 pub mod mix;
 pub mod plot;
 pub mod preflight;
+pub mod report;
 pub mod model;
 pub mod shell;
 pub mod sources;
@@ -33,11 +35,14 @@ pub fn registry() -> Registry {
         .register(megatron_source::MegatronSource)
         .register(train::Train)
         .register(export::Export)
-        .register(preflight::Preflight);
+        .register(preflight::Preflight)
+        .register(eval::Eval)
+        .register(report::Report);
     r.register_section(sources::Sources).register_section(tokenizer::TokenizerSection)
         .register_section(mix::Phases)
         .register_section(model::ModelSection)
         .register_section(train::TrainSection)
-        .register_section(export::ExportSection);
+        .register_section(export::ExportSection)
+        .register_section(eval::EvalsSection);
     r
 }

