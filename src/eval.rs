@@ -71,7 +71,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         limit: a.limit,
         num_fewshot: a.num_fewshot,
         log_samples: false,
-        engine: EngineOptions { max_batch_tokens: 2048, progress: true },
+        engine: EngineOptions { max_batch_tokens: 2048, progress: true, sink: None },
     };
     let t0 = Instant::now();
     let report = zflow_evals::evaluate(model.as_mut(), &registry, &a.tasks, &opts)?;
