@@ -20,8 +20,9 @@ use crate::cache::{Cache, Cached};
 use crate::model::{LanguageModel, Score, TokenRequest};
 use crate::request::{Instance, Request};
 
-/// Told `(task, requests done, requests in all)` after every batch, for a progress bar.
-pub type ProgressSink = Arc<dyn Fn(&str, usize, usize) + Send + Sync>;
+/// Told `(task, requests done, requests in all)` after every batch, for a progress bar; returns
+/// false to stop scoring (the caller was cancelled). What was scored is in the cache.
+pub type ProgressSink = Arc<dyn Fn(&str, usize, usize) -> bool + Send + Sync>;
 
 /// Knobs of the scoring loop.
 #[derive(Clone)]
@@ -141,12 +142,14 @@ struct Progress {
 }
 
 impl Progress {
-    fn tick(&mut self, done: usize, total: usize, tokens: usize, force: bool) {
+    fn tick(&mut self, done: usize, total: usize, tokens: usize, force: bool) -> Result<()> {
         if let Some(sink) = &self.sink {
-            sink(&self.label, done, total);
+            if !sink(&self.label, done, total) {
+                bail!("cancelled while scoring {} ({done} of {total} requests done and cached)", self.label);
+            }
         }
         if !self.enabled || (!force && self.last.elapsed() < Duration::from_secs(10)) {
-            return;
+            return Ok(());
         }
         self.last = Instant::now();
         let secs = self.start.elapsed().as_secs_f64().max(1e-9);
@@ -156,6 +159,7 @@ impl Progress {
             tokens as f64 / secs,
             secs
         );
+        Ok(())
     }
 }
 
@@ -292,9 +296,9 @@ impl<'a> Engine<'a> {
                     }
                 }
             }
-            progress.tick(done, total, self.stats.input_tokens, false);
+            progress.tick(done, total, self.stats.input_tokens, false)?;
         }
-        progress.tick(done, total, self.stats.input_tokens, true);
+        progress.tick(done, total, self.stats.input_tokens, true)?;
         Ok(())
     }
 
@@ -337,10 +341,10 @@ impl<'a> Engine<'a> {
                 self.stats.model_time += t0.elapsed();
                 self.cache.put(keys[i][j], Cached::Text { text })?;
                 self.stats.scored += 1;
-                progress.tick(done, total, self.stats.input_tokens, false);
+                progress.tick(done, total, self.stats.input_tokens, false)?;
             }
         }
-        progress.tick(done, total, self.stats.input_tokens, true);
+        progress.tick(done, total, self.stats.input_tokens, true)?;
         Ok(())
     }
 }

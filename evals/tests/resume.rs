@@ -144,6 +144,29 @@ fn interrupted_evaluation_resumes_and_matches() {
 }
 
 #[test]
+fn a_cancelled_evaluation_stops_and_keeps_what_it_scored() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = setup(dir.path());
+    let names = vec!["colors".to_string()];
+    let toy = || ToyModel { tokenizer: toy_tokenizer(), budget: Cell::new(usize::MAX), scored: Cell::new(0) };
+    let mut reference = toy();
+    let reference_json = evaluate(&mut reference, &reg, &names, &opts(dir.path(), "cache-a")).unwrap().results.to_json();
+
+    // The sink says stop once a few batches are done (as a pipeline stage does on Ctrl-C).
+    let mut o = opts(dir.path(), "cache-b");
+    o.engine.sink = Some(std::sync::Arc::new(|_: &str, done: usize, _: usize| done < 20));
+    let mut m = toy();
+    let err = evaluate(&mut m, &reg, &names, &o).err().unwrap();
+    assert!(format!("{err:#}").contains("cancelled while scoring colors"), "{err:#}");
+    let before = m.scored.get();
+    assert!(before > 0 && before < reference.scored.get(), "{before}");
+    let mut m = toy();
+    let resumed = evaluate(&mut m, &reg, &names, &opts(dir.path(), "cache-b")).unwrap();
+    assert_eq!(m.scored.get(), reference.scored.get() - before, "nothing scored twice");
+    assert_eq!(resumed.results.to_json(), reference_json);
+}
+
+#[test]
 fn groups_pool_their_members() {
     let dir = tempfile::tempdir().unwrap();
     let reg = setup(dir.path());

@@ -200,10 +200,12 @@ impl Stage for Eval {
                 .with_context(|| format!("linking data prefix `{prefix}` to `{stage}`"))?;
         }
         let progress = ctx.progress().clone();
+        let cancel = ctx.cancel_token().clone();
         let sink: zflow_evals::engine::ProgressSink = Arc::new(move |task: &str, done: usize, total: usize| {
             progress.set_length(total as u64);
             progress.set_position(done as u64);
             progress.set_message(task.to_string());
+            !cancel.is_cancelled()
         });
         let opts = EvalOptions {
             data_root: data_root.path().to_path_buf(),
@@ -395,9 +397,8 @@ impl Section for EvalsSection {
             if let Some(dir) = &s.tasks_dir {
                 config["tasks_dir"] = json!(dir);
             }
-            if let Some(b) = s.max_batch_tokens {
-                config["max_batch_tokens"] = json!(b.max(max_length));
-            }
+            // A batch holds at least one input of the phase's full context.
+            config["max_batch_tokens"] = json!(s.max_batch_tokens.unwrap_or_else(default_batch_tokens).max(max_length));
             nodes.push(NodeSpec { name: stage.clone(), kind: "eval".into(), config, needs, resources: None, path: "evals".into() });
             evals.push((stage, train));
         }
