@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use zflow_evals::checkpoint::CheckpointModel;
 use zflow_evals::engine::EngineOptions;
 use zflow_evals::gguf::GgufModel;
 use zflow_evals::{EvalOptions, LanguageModel, TaskRegistry};
@@ -34,6 +33,10 @@ pub struct EvalArgs {
     pub eos: String,
     /// Longest model input.
     pub max_length: usize,
+    /// Where a zflow model runs (cpu, cuda, rocm).
+    pub backend: String,
+    /// The GPU index.
+    pub device: usize,
     /// Where the results JSON goes.
     pub out: Option<PathBuf>,
     /// Task files (default: the built-in ones).
@@ -41,10 +44,13 @@ pub struct EvalArgs {
 }
 
 /// Opens the model at `path`.
-pub fn open_model(path: &Path, tokenizer: Option<&Path>, eos: &str, max_length: usize) -> Result<Box<dyn LanguageModel>> {
+pub fn open_model(path: &Path, tokenizer: Option<&Path>, eos: &str, max_length: usize, backend: &str, device: usize) -> Result<Box<dyn LanguageModel>> {
     if path.is_dir() {
         let tokenizer = tokenizer.context("a zflow checkpoint is scored with its recipe's tokenizer: give --tokenizer (the tokenizer stage's tokenizer.json)")?;
-        return Ok(Box::new(CheckpointModel::open(path, tokenizer, eos, max_length)?));
+        return Ok(zflow_evals::checkpoint::open_checkpoint(path, tokenizer, eos, max_length, backend, device)?);
+    }
+    if backend != "cpu" {
+        anyhow::bail!("{}: GGUF files are scored on the CPU (candle); --backend applies to zflow and Hugging Face ZAYA1 folders", path.display());
     }
     match GgufModel::load(path, None, Some(max_length)) {
         Ok(m) => Ok(Box::new(m)),
@@ -62,7 +68,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         let fetched = a.data.join("tokenizer-gemma3/tokenizer.json");
         [beside, fetched].into_iter().find(|p| p.exists() && !a.model.is_dir())
     });
-    let mut model = open_model(&a.model, tokenizer.as_deref().or(a.tokenizer.as_deref()), &a.eos, a.max_length)?;
+    let mut model = open_model(&a.model, tokenizer.as_deref().or(a.tokenizer.as_deref()), &a.eos, a.max_length, &a.backend, a.device)?;
     eprintln!("loaded {} in {:.1} s ({})", a.model.display(), t0.elapsed().as_secs_f64(), model.identity());
     let registry = TaskRegistry::load_dir(&a.tasks_dir.clone().unwrap_or_else(zflow_evals::task::builtin_tasks_dir))?;
     let opts = EvalOptions {

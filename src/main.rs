@@ -169,6 +169,13 @@ enum Command {
         /// Longest model input in tokens.
         #[arg(long, default_value_t = 2048)]
         max_length: usize,
+        /// Where a zflow / Hugging Face ZAYA1 model runs: cpu, cuda or rocm (a build with that
+        /// feature), on device --device.
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        /// The GPU index for --backend cuda|rocm.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
         /// Write the results JSON here.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -332,8 +339,8 @@ fn main() -> ExitCode {
             Command::Logs { recipe, stage, path } => commands::logs(&recipe, &stage, path),
             Command::Gc { store, recipes, dry_run } => commands::gc(&store, &recipes, dry_run),
             Command::Query { store, sql } => commands::query(&store, &sql).await,
-            Command::Eval { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, out, tasks_dir } => {
-                let args = eval::EvalArgs { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, out, tasks_dir };
+            Command::Eval { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, backend, device, out, tasks_dir } => {
+                let args = eval::EvalArgs { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, backend, device, out, tasks_dir };
                 tokio::task::spawn_blocking(move || eval::run(&args)).await.map_err(anyhow::Error::from).and_then(|r| r)
             }
             Command::Size { recipe, dp, micro_batch, hardware, gpus } => commands::size(&recipe, dp, micro_batch, hardware.as_deref(), gpus),

