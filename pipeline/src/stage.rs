@@ -425,3 +425,16 @@ mod tests {
         assert_eq!(input_env_var("fetch.web-2"), "ZFLOW_IN_FETCH_WEB_2");
     }
 }
+
+/// The running zflow binary, for the processes a stage starts (workers, probes).
+///
+/// When the file was replaced while zflow runs (a rebuild during a long run), Linux reports
+/// `<path> (deleted)`; the binary this process runs is still there as `/proc/self/exe`, and
+/// starting that keeps the supervisor and its workers on one version.
+pub fn zflow_exe() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the zflow binary")?;
+    if !exe.exists() && Path::new("/proc/self/exe").exists() {
+        return Ok(PathBuf::from("/proc/self/exe"));
+    }
+    Ok(exe)
+}

@@ -122,7 +122,7 @@ impl Stage for Preflight {
     }
 
     fn run(&self, c: &PreflightConfig, ctx: &StageContext) -> Result<()> {
-        let exe = std::env::current_exe().context("locating the zflow binary to start a probe")?;
+        let exe = zflow_pipeline::stage::zflow_exe()?;
         let slurm = crate::launch::SlurmJob::from_env()?;
         // All ranks at once, as in training: a shared memory bus or power cap shows.
         let mut children = Vec::new();

@@ -246,7 +246,7 @@ impl Train {
     fn attempt(&self, c: &TrainConfig, ctx: &StageContext, job_path: &Path, attempt: u32, world: usize, metrics: &mut Metrics, events: &mut Events) -> Result<Outcome> {
         let slurm = crate::launch::SlurmJob::from_env()?;
         let placements = crate::launch::placements(slurm.as_ref(), world, attempt)?;
-        let exe = std::env::current_exe().context("locating the zflow binary to start a worker")?;
+        let exe = zflow_pipeline::stage::zflow_exe()?;
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
         let mut ranks = Vec::new();
         let heartbeat = (c.launch.hang_timeout_s / 4).max(1);
