@@ -80,6 +80,8 @@ impl LineChart {
         let (x_lo, x_hi) = fold(|p| p.0);
         let (y_lo, y_hi) = fold(|p| p.1);
         let x = match self.x_scale {
+            // Named positions get half a step of room, so the end labels are not cut off.
+            Scale::Linear if !self.x_names.is_empty() => (x_lo - 0.5, x_hi + 0.5),
             Scale::Linear => widen(x_lo, x_hi, 0.0),
             Scale::Log2 => (x_lo.max(f64::MIN_POSITIVE).log2(), x_hi.max(f64::MIN_POSITIVE).log2()),
         };

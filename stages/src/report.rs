@@ -277,7 +277,8 @@ fn scores_plot(table: &Table, rows: &[String], stem: &Path) -> Result<(String, S
         title: "Scores after each phase".into(),
         x_label: "checkpoint".into(),
         y_label: "score (%)".into(),
-        x_names: rows.to_vec(),
+        // `nano/phase1` -> `phase1`: the recipe name is the title's business.
+        x_names: rows.iter().map(|r| r.rsplit('/').next().unwrap_or(r).to_string()).collect(),
         series,
         ..Default::default()
     }
