@@ -150,3 +150,23 @@ fn export_section_errors_point_at_the_key() {
     check("export:\n  format: onnx\n", "r.yaml:2:11", "`onnx` is not an export format");
     check("model: {}\nexport: {format: hf}\n", "r.yaml:2:", "no `phases:`");
 }
+
+/// Every shipped recipe loads, validates and plans (stage configs included), so a recipe and
+/// the stage kinds it uses cannot drift apart unnoticed.
+#[test]
+fn shipped_recipes_plan() {
+    let sb = Sandbox::new();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/recipes");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let out = sb.zflow(&["plan", path.to_str().unwrap(), "--store", "store"]);
+            // zaya1.yaml's corpora are local paths on the cluster: those may be missing here.
+            let errors = out.stdout.lines().filter(|l| l.trim_start().starts_with("error") && !l.contains("matches no files"));
+            assert!(out.code == 0 && errors.count() == 0, "{}:\n{}{}", path.display(), out.stdout, out.stderr);
+            n += 1;
+        }
+    }
+    assert!(n >= 4, "{n} recipes");
+}
