@@ -4,35 +4,13 @@
 //! document's examples do not depend on `--limit`, on which documents were already scored, or
 //! on evaluation order. (lm-eval advances one Python `random.Random(1234)` across documents, so
 //! its exact draws cannot be reproduced outside Python; the guarantees that matter, a fixed seed
-//! and the document never being its own example, are kept.) The generator is a hand-written
-//! SplitMix64 so no crate upgrade can change which examples a task uses.
+//! and the document never being its own example, are kept.) The generator is the runtime's
+//! hand-written SplitMix64 (the one that orders training data), so no crate upgrade can change
+//! which examples a task uses.
+
+use zflow_runtime::rng::SplitMix64;
 
 use crate::task::FewshotSampler;
-
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast and well mixed.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    /// A generator from a seed.
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (Lemire's multiply-shift; the bias is below 2^-40 for any pool here).
-    pub fn below(&mut self, n: usize) -> usize {
-        ((self.next_u64() as u128 * n as u128) >> 64) as usize
-    }
-}
 
 /// Indices of `n` examples from a pool of `pool` documents for document `doc`, never `exclude`
 /// (the document itself when the pool is its own split). Fewer when the pool is too small.
@@ -44,12 +22,12 @@ pub fn choose(sampler: FewshotSampler, n: usize, pool: usize, seed: u64, doc: us
         FewshotSampler::Random => {
             // Partial Fisher-Yates over a virtual identity permutation: O(n) memory via a map of
             // the swapped slots, so huge pools cost nothing.
-            let mut rng = SplitMix64::new(seed ^ (doc as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
+            let mut rng = SplitMix64(seed ^ (doc as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
             let mut swapped = std::collections::HashMap::new();
             let mut out = Vec::with_capacity(n);
             let mut i = 0;
             while out.len() < n {
-                let j = i + rng.below(pool - i);
+                let j = i + rng.below((pool - i) as u64) as usize;
                 let vj = *swapped.get(&j).unwrap_or(&j);
                 let vi = *swapped.get(&i).unwrap_or(&i);
                 swapped.insert(j, vi);
@@ -70,7 +48,7 @@ mod tests {
     #[test]
     fn splitmix_reference_values() {
         // First outputs for seed 1234567 from the reference C implementation.
-        let mut r = SplitMix64::new(1234567);
+        let mut r = SplitMix64(1234567);
         assert_eq!(r.next_u64(), 6457827717110365317);
         assert_eq!(r.next_u64(), 3203168211198807973);
     }
