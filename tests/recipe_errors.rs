@@ -34,7 +34,7 @@ fn unknown_stage_field_points_at_the_key() {
 
 #[test]
 fn unknown_kind_lists_the_kinds() {
-    check("stages:\n  - name: a\n    kind: shel\n    run: x\n", "r.yaml:3:11", "unknown stage kind `shel`, expected one of: export, fetch, ingest, megatron, mix, preflight, shell, tokenize, tokenizer, train");
+    check("stages:\n  - name: a\n    kind: shel\n    run: x\n", "r.yaml:3:11", "unknown stage kind `shel`, expected one of: eval, export, fetch, ingest, megatron, mix, preflight, report, shell, tokenize, tokenizer, train");
 }
 
 #[test]
