@@ -17,41 +17,88 @@ use candle_core::{Device, Module, Tensor};
 
 use super::config::{Arch, Config};
 use super::pack::Packed;
+use super::qgemm::{QActs, QMatrix};
 
-/// A weight matrix `[out, in]`, kept quantized for single-row steps (generation, where reading
-/// few bytes is what counts) and, unless disabled, also dequantized to f32 for multi-row passes.
+/// A weight matrix `[out, in]`, kept quantized for single-row steps (generation: candle's
+/// quantized kernels, one row at a time) and, unless disabled, also in the block form of
+/// [`QMatrix`] for multi-row passes (scoring).
 ///
-/// Why both: on x86 without AVX-512, candle 0.11's quantized matrix products for the formats a
-/// Q4_K_M file of a 640-wide model holds run at 0.6 (Q5_0, no SIMD kernel) to 3.5 (Q8_0)
-/// GMAC/s per core, while its f32 GEMM runs at ~17; the dense copy costs 4 bytes per weight
-/// (1.1 GB for Gemma 3 270M). The f32 product of dequantized weights is the same function of
-/// the same weights, computed without quantizing the activations (llama.cpp rounds them to
-/// 8 bits), so scores differ from llama.cpp's in the third decimal, not in which choice wins.
+/// Why both: candle 0.11's quantized matrix products read every weight block once per
+/// activation row and have no AVX2 kernel for Q5_0; the int8 kernel of [`super::qgemm`] tiles
+/// rows and columns (as llama.cpp does) and runs several times faster on a batch. Like
+/// llama.cpp, it rounds the activations to 8 bits (per 32 values), so scores differ from an
+/// exact f32 product of the same weights in the second or third decimal. Formats the kernel
+/// does not know are dequantized to f32 for candle's GEMM instead.
 pub(crate) struct Linear {
     q: QMatMul,
-    dense: Option<Tensor>,
+    fast: Option<Fast>,
+}
+
+enum Fast {
+    Int8(QMatrix),
+    F32(Tensor),
+}
+
+/// A layer input, quantized once for all the matrices that read it.
+pub(crate) enum Input<'a> {
+    /// Generation steps (candle's kernels).
+    Plain(&'a Tensor),
+    /// Multi-row passes: the tensor and, for the int8 kernel, its 8-bit form.
+    Batch(&'a Tensor, QActs),
+}
+
+impl<'a> Input<'a> {
+    fn new(x: &'a Tensor, batch: bool) -> Result<Self> {
+        if !batch {
+            return Ok(Input::Plain(x));
+        }
+        let (m, k) = x.dims2()?;
+        let flat: Vec<f32> = x.flatten_all()?.to_vec1()?;
+        Ok(Input::Batch(x, QActs::quantize(&flat, m, k)))
+    }
 }
 
 impl Linear {
-    fn new(t: QTensor, dense: bool) -> Result<Self> {
-        let dense = dense.then(|| t.dequantize(&Device::Cpu)).transpose()?;
+    fn new(t: QTensor, fast: bool) -> Result<Self> {
+        let f = if fast { Some(Fast::of(&t)?) } else { None };
         // Q5_0 has no SIMD dot product in candle; its blocks convert exactly to Q8_0's (same
         // 32-value blocks and f16 scale, 5-bit integers widened to 8), which has one.
         let t = if t.dtype() == GgmlDType::Q5_0 { q5_0_to_q8_0(&t)? } else { t };
-        Ok(Linear { q: QMatMul::from_qtensor(t)?, dense })
+        Ok(Linear { q: QMatMul::from_qtensor(t)?, fast: f })
     }
 
-    fn from_arc(t: Arc<QTensor>, dense: bool) -> Result<Self> {
-        let dense = dense.then(|| t.dequantize(&Device::Cpu)).transpose()?;
-        Ok(Linear { q: QMatMul::from_arc(t)?, dense })
+    fn from_arc(t: Arc<QTensor>, fast: bool) -> Result<Self> {
+        let f = if fast { Some(Fast::of(&t)?) } else { None };
+        Ok(Linear { q: QMatMul::from_arc(t)?, fast: f })
     }
 
-    /// `x @ W^T`, through the dense copy when `dense` and there is one. The choice is the
-    /// caller's, not the row count's, so a request scores the same in any batch.
-    fn forward(&self, x: &Tensor, dense: bool) -> Result<Tensor> {
-        Ok(match &self.dense {
-            Some(w) if dense => x.matmul(&w.t()?)?,
-            _ => self.q.forward(x)?,
+    /// `x @ W^T`: through the int8 kernel for a [`Input::Batch`] (and when kept), candle's
+    /// quantized kernels otherwise. The choice is the caller's, not the row count's, so a
+    /// request scores the same in any batch.
+    fn forward(&self, x: &Input) -> Result<Tensor> {
+        Ok(match (x, &self.fast) {
+            (Input::Batch(_, a), Some(Fast::Int8(w))) => Tensor::from_vec(w.matmul(a)?, (a.rows(), w.n), &Device::Cpu)?,
+            (Input::Batch(t, _), Some(Fast::F32(w))) => t.matmul(&w.t()?)?,
+            (Input::Batch(t, _) | Input::Plain(t), _) => self.q.forward(t)?,
+        })
+    }
+}
+
+impl Linear {
+    /// The int8 kernel's copy, if kept.
+    fn int8(&self) -> Option<&QMatrix> {
+        match &self.fast {
+            Some(Fast::Int8(w)) => Some(w),
+            _ => None,
+        }
+    }
+}
+
+impl Fast {
+    fn of(t: &QTensor) -> Result<Fast> {
+        Ok(match QMatrix::from_qtensor(t)? {
+            Some(w) => Fast::Int8(w),
+            None => Fast::F32(t.dequantize(&Device::Cpu)?),
         })
     }
 }
@@ -125,8 +172,8 @@ fn norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 }
 
 impl Model {
-    /// Reads the weights of a GGUF file; `dense` keeps f32 copies for multi-row passes (see
-    /// [`Linear`]).
+    /// Reads the weights of a GGUF file; `dense` keeps the int8 kernel's copies for multi-row
+    /// passes (see [`Linear`]).
     pub fn load(path: &Path, content: &gguf_file::Content, cfg: Config, dense: bool) -> Result<Self> {
         let device = Device::Cpu;
         let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -201,9 +248,10 @@ impl Model {
     fn qkv(&self, layer: &Layer, h: &Tensor, rope: &(Tensor, Tensor), dense: bool) -> Result<(Tensor, Tensor, Tensor)> {
         let c = &self.cfg;
         let m = h.dim(0)?;
-        let mut q = layer.wq.forward(h, dense)?.reshape((m, c.n_head, c.head_dim))?;
-        let mut k = layer.wk.forward(h, dense)?.reshape((m, c.n_kv_head, c.head_dim))?;
-        let v = layer.wv.forward(h, dense)?.reshape((m, c.n_kv_head, c.head_dim))?;
+        let h = Input::new(h, dense)?;
+        let mut q = layer.wq.forward(&h)?.reshape((m, c.n_head, c.head_dim))?;
+        let mut k = layer.wk.forward(&h)?.reshape((m, c.n_kv_head, c.head_dim))?;
+        let v = layer.wv.forward(&h)?.reshape((m, c.n_kv_head, c.head_dim))?;
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
             q = norm(&q, qn, c.eps)?;
             k = norm(&k, kn, c.eps)?;
@@ -245,18 +293,19 @@ impl Model {
     /// The rest of a block after attention: output projection, residuals, MLP.
     fn finish(&self, layer: &Layer, x: &Tensor, attn: &Tensor, dense: bool) -> Result<Tensor> {
         let eps = self.cfg.eps;
-        let mut o = layer.wo.forward(attn, dense)?;
+        let mut o = layer.wo.forward(&Input::new(attn, dense)?)?;
         if let Some(n) = &layer.post_attn_norm {
             o = norm(&o, n, eps)?;
         }
         let x = (x + o)?;
         let h = norm(&x, &layer.ffn_norm, eps)?;
-        let gate = layer.gate.forward(&h, dense)?;
+        let h = Input::new(&h, dense)?;
+        let gate = layer.gate.forward(&h)?;
         let act = match self.cfg.arch {
             Arch::Gemma3 => gate.gelu()?, // tanh approximation, as llama.cpp and HF's gelu_pytorch_tanh
             Arch::Llama => candle_nn::ops::silu(&gate)?,
         };
-        let mut f = layer.down.forward(&(act * layer.up.forward(&h, dense)?)?, dense)?;
+        let mut f = layer.down.forward(&Input::new(&(act * layer.up.forward(&h)?)?, dense)?)?;
         if let Some(n) = &layer.post_ffn_norm {
             f = norm(&f, n, eps)?;
         }
@@ -306,7 +355,69 @@ impl Model {
     /// Logits `[R, vocab]` of hidden states `[R, d]` (dense: see [`Linear::forward`]).
     pub fn logits(&self, hidden: &Tensor, dense: bool) -> Result<Tensor> {
         let h = norm(hidden, &self.norm, self.cfg.eps)?;
-        self.output.forward(&h, dense)
+        self.output.forward(&Input::new(&h, dense)?)
+    }
+
+    /// For each row of hidden states `[R, d]`, `log softmax(logits)[t]` and whether `t` is the
+    /// argmax (first of equal maxima), for each `t` of `targets[row]` (dense: see
+    /// [`Linear::forward`]). With the int8 kernel the output layer is reduced a chunk of the
+    /// vocabulary at a time, never writing the `R x vocab` logits; the chunks and the order
+    /// they are combined in are fixed, so the result does not depend on threads or batch.
+    pub fn token_logprobs(&self, hidden: &Tensor, targets: &[Vec<u32>], dense: bool) -> Result<Vec<Vec<(f64, bool)>>> {
+        let h = norm(hidden, &self.norm, self.cfg.eps)?;
+        let Some(w) = self.output.int8().filter(|_| dense) else {
+            let logits = self.output.forward(&Input::new(&h, dense)?)?;
+            let vocab = logits.dim(1)?;
+            let flat: Vec<f32> = logits.flatten_all()?.to_vec1()?;
+            use rayon::prelude::*;
+            return Ok(flat.par_chunks(vocab).zip(targets).map(|(l, ts)| ts.iter().map(|&t| token_logprob(l, t)).collect()).collect());
+        };
+        let Input::Batch(_, x) = Input::new(&h, true)? else { unreachable!() };
+        // Per chunk and row: max, its first index, sum of exp(logit - max); and the logits of
+        // the targets in the chunk.
+        let chunks = w.map_column_chunks(&x, |c_lo, vals| {
+            let width = vals.len() / targets.len();
+            let mut stats = Vec::with_capacity(targets.len());
+            let mut hits = Vec::new();
+            for (r, row) in vals.chunks_exact(width).enumerate() {
+                let (mut max, mut arg) = (f32::NEG_INFINITY, 0usize);
+                for (i, &v) in row.iter().enumerate() {
+                    if v > max {
+                        max = v;
+                        arg = i;
+                    }
+                }
+                let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
+                stats.push((max, (c_lo + arg) as u32, sum));
+                for &t in &targets[r] {
+                    if (c_lo..c_lo + width).contains(&(t as usize)) {
+                        hits.push((r, t, row[t as usize - c_lo]));
+                    }
+                }
+            }
+            (stats, hits)
+        })?;
+        let logits: std::collections::HashMap<(usize, u32), f32> = chunks.iter().flat_map(|(_, hits)| hits).map(|&(r, t, v)| ((r, t), v)).collect();
+        let mut out = Vec::with_capacity(targets.len());
+        for (r, ts) in targets.iter().enumerate() {
+            let (mut max, mut arg) = (f32::NEG_INFINITY, 0u32);
+            for (stats, _) in &chunks {
+                if stats[r].0 > max {
+                    (max, arg) = (stats[r].0, stats[r].1);
+                }
+            }
+            let sum: f64 = chunks.iter().map(|(stats, _)| stats[r].2 as f64 * ((stats[r].0 - max) as f64).exp()).sum();
+            let lse = sum.ln();
+            out.push(
+                ts.iter()
+                    .map(|&t| {
+                        let logit = logits.get(&(r, t)).copied().unwrap_or(f32::NAN);
+                        ((logit - max) as f64 - lse, arg == t)
+                    })
+                    .collect(),
+            );
+        }
+        Ok(out)
     }
 
     /// Runs `tokens` as one sequence, keeping the KV cache; returns the last position's logits.
@@ -321,8 +432,8 @@ impl Model {
     }
 
     /// One generation step: appends `token` at the cache's end; returns the next logits.
-    /// Generation runs it on the quantized weights (`dense: false`: one row, so reading 4x
-    /// fewer bytes wins).
+    /// Generation runs it on candle's quantized kernels (`dense: false`; `true` computes what
+    /// the packed path computes).
     pub fn step(&self, cache: &mut KvCache, token: u32, dense: bool) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let pos = [cache.len as u32];
