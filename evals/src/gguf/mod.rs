@@ -1,4 +1,5 @@
-//! The GGUF adapter: quantized Gemma 3 and Llama models on candle's CPU kernels.
+//! The GGUF adapter: quantized Gemma 3 and Llama models on the CPU (candle for the graph, and
+//! for scoring, the integer matrix kernels of `qgemm`).
 //!
 //! Scoring packs each batch of request groups into one sequence ([`pack`]): every question's
 //! context is computed once and shared by its choices, and all rows of a batch go through each
@@ -23,8 +24,8 @@ use crate::tokenizer::Tokenizer;
 /// Bumped whenever a change here can change a score, so cached results are not reused.
 pub const ADAPTER_VERSION: u32 = 2;
 
-/// Rows of logits computed at once (bounds memory: with the int8 kernel, 12 bytes a row per
-/// 48 words of the vocabulary, 17 MiB for 262144 words; otherwise the logits, 256 MiB).
+/// Rows of logits computed at once (bounds memory: with the integer kernel, 16 bytes a row per
+/// 256 words of the vocabulary, 4 MiB for 262144 words; otherwise the logits, 256 MiB).
 const LOGIT_ROWS: usize = 256;
 
 /// A GGUF model with its tokenizer.
@@ -53,7 +54,7 @@ impl GgufModel {
         let tokenizer = tokenizer::load(&content, tokenizer_json)?;
         let model = model::Model::load(path, &content, cfg, dense)?;
         let file_hash = hash_file(path)?;
-        let kernels = if dense { "int8" } else { "quantized" };
+        let kernels = if dense { "int16" } else { "quantized" };
         let identity = format!("gguf-adapter-v{ADAPTER_VERSION}:{kernels}:{file_hash}:{}", tokenizer.identity());
         let max_length = max_length.unwrap_or(model.cfg.context_length).min(model.cfg.context_length);
         Ok(GgufModel { model, tokenizer, identity, max_length, path: path.to_path_buf() })

@@ -246,21 +246,24 @@ impl QMatrix {
         Ok(out)
     }
 
-    /// `x @ W^T` a chunk of columns at a time, without keeping the whole product: `f` gets the
+    /// `x @ W^T` `width` columns at a time, without keeping the whole product: `f` gets the
     /// chunk's first column and its values (`x.rows()` rows of the chunk's width, row-major);
     /// returns `f`'s results in column order. Chunks are the same whatever the thread count.
-    pub fn map_column_chunks<R: Send>(&self, x: &QActs, f: impl Fn(usize, &[f32]) -> R + Sync) -> Result<Vec<R>> {
+    pub fn map_column_chunks<R: Send>(&self, x: &QActs, width: usize, f: impl Fn(usize, &[f32]) -> R + Sync) -> Result<Vec<R>> {
         if x.k != self.k {
             bail!("matmul: activations of width {} against a weight of width {}", x.k, self.k);
         }
         let (m, n) = (x.m, self.n);
-        Ok((0..n.div_ceil(TASK_COLS))
+        Ok((0..n.div_ceil(width))
             .into_par_iter()
             .map(|t| {
-                let (c_lo, c_hi) = (t * TASK_COLS, ((t + 1) * TASK_COLS).min(n));
+                let (c_lo, c_hi) = (t * width, ((t + 1) * width).min(n));
                 let mut buf = vec![0f32; m * (c_hi - c_lo)];
-                // SAFETY: `buf` holds `m` rows of the chunk's width.
-                unsafe { self.columns(x, c_lo, c_hi, buf.as_mut_ptr().wrapping_sub(c_lo), c_hi - c_lo) };
+                let out = buf.as_mut_ptr().wrapping_sub(c_lo);
+                for s in (c_lo..c_hi).step_by(TASK_COLS) {
+                    // SAFETY: `buf` holds `m` rows of the chunk's width.
+                    unsafe { self.columns(x, s, (s + TASK_COLS).min(c_hi), out, c_hi - c_lo) };
+                }
                 f(c_lo, &buf)
             })
             .collect())
@@ -289,16 +292,10 @@ impl QMatrix {
     unsafe fn tile(&self, x: &QActs, r0: usize, rm: usize, c0: usize, rn: usize, out: *mut f32, ldo: usize, avx2: bool) {
         #[cfg(target_arch = "x86_64")]
         if avx2 {
-            let mut acc = [[[0f32; 8]; RN]; RM];
             unsafe {
                 match (rm, rn) {
-                    (4, 2) => avx2::tile_4x2(self, x, r0, c0, &mut acc),
-                    (rm, rn) => avx2::tile_any(self, x, r0, rm, c0, rn, &mut acc),
-                }
-            }
-            for r in 0..rm {
-                for c in 0..rn {
-                    unsafe { *out.wrapping_add((r0 + r) * ldo + c0 + c) = hsum(&acc[r][c]) * x.d[r0 + r] };
+                    (4, 2) => avx2::tile_4x2(self, x, r0, c0, out, ldo),
+                    (rm, rn) => avx2::tile_any(self, x, r0, rm, c0, rn, out, ldo),
                 }
             }
             return;
@@ -363,7 +360,7 @@ fn has_avx2() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Half, QActs, QMatrix, RM, RN};
+    use super::{Half, QActs, QMatrix, hsum};
     use std::arch::x86_64::*;
 
     /// One block for one row and column: `acc += cvt(sum of 32 products) * s`, with the
@@ -397,7 +394,7 @@ mod avx2 {
     /// The 4 x 2 register tile, written out so the 8 accumulators stay in registers: each
     /// weight block is loaded once per 4 rows.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile_4x2(w: &QMatrix, x: &QActs, r0: usize, c0: usize, acc: &mut [[[f32; 8]; RN]; RM]) {
+    pub(super) unsafe fn tile_4x2(w: &QMatrix, x: &QActs, r0: usize, c0: usize, out: *mut f32, ldo: usize) {
         unsafe {
             let z = _mm256_setzero_ps();
             let (mut a00, mut a01, mut a10, mut a11, mut a20, mut a21, mut a30, mut a31) = (z, z, z, z, z, z, z, z);
@@ -428,9 +425,21 @@ mod avx2 {
             }
             let mut tile = [[a00, a01], [a10, a11], [a20, a21], [a30, a31]];
             add_mins(w, x, r0, c0, &mut tile);
-            for (r, row) in tile.into_iter().enumerate() {
-                for (c, v) in row.into_iter().enumerate() {
-                    _mm256_storeu_ps(acc[r][c].as_mut_ptr(), v);
+            store(x, r0, c0, &tile, out, ldo);
+        }
+    }
+
+    /// Horizontal sums times the rows' scales, into `out` (row stride `ldo`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn store<const M: usize, const N: usize>(x: &QActs, r0: usize, c0: usize, acc: &[[__m256; N]; M], out: *mut f32, ldo: usize) {
+        for (r, row) in acc.iter().enumerate() {
+            let d = x.d[r0 + r];
+            for (c, v) in row.iter().enumerate() {
+                let mut lanes = [0f32; 8];
+                unsafe {
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), *v);
+                    *out.wrapping_add((r0 + r) * ldo + c0 + c) = hsum(&lanes) * d;
                 }
             }
         }
@@ -459,7 +468,8 @@ mod avx2 {
 
     /// Any smaller tile (edges): the same operations per element, in loops.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile_any(w: &QMatrix, x: &QActs, r0: usize, rm: usize, c0: usize, rn: usize, acc: &mut [[[f32; 8]; RN]; RM]) {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile_any(w: &QMatrix, x: &QActs, r0: usize, rm: usize, c0: usize, rn: usize, out: *mut f32, ldo: usize) {
         unsafe {
             let halves = x.k / 16;
             for c in 0..rn {
@@ -473,7 +483,7 @@ mod avx2 {
                     }
                     let mut one = [[v]];
                     add_mins(w, x, r0 + r, c0 + c, &mut one);
-                    _mm256_storeu_ps(acc[r][c].as_mut_ptr(), one[0][0]);
+                    store(x, r0 + r, c0 + c, &one, out, ldo);
                 }
             }
         }
