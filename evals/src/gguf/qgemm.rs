@@ -81,22 +81,26 @@ impl QActs {
         let mut q = QActs { m, k, nbp, a: vec![Half::default(); m * k / 16], d: vec![0.0; m], sums: vec![0.0; m * nbp] };
         let rows = q.a.par_chunks_mut(k / 16).zip(q.d.par_iter_mut()).zip(q.sums.par_chunks_mut(nbp));
         rows.zip(x.par_chunks(k)).for_each(|(((a, d), sums), x)| {
-            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            // The largest magnitude, 8 lanes at a time (so that it vectorises).
+            let mut lanes = [0f32; 8];
+            for c in x.as_chunks::<8>().0 {
+                for l in 0..8 {
+                    lanes[l] = lanes[l].max(c[l].abs());
+                }
+            }
+            let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
             *d = amax / 32767.0;
             let id = if *d > 0.0 { 1.0 / *d } else { 0.0 };
-            for (b, sum) in sums[..nb].iter_mut().enumerate() {
-                let mut s = 0i32;
-                for h in 0..2 {
-                    for (j, o) in a[2 * b + h].0.iter_mut().enumerate() {
-                        // Round to nearest, ties to even (|v| <= 32767 + rounding): adding and
-                        // subtracting 1.5 * 2^23 leaves the nearest integer, without a libm call.
-                        const MAGIC: f32 = 12_582_912.0;
-                        let v = x[b * QK + h * 16 + j] * id;
-                        *o = ((v + MAGIC) - MAGIC).clamp(-32767.0, 32767.0) as i16;
-                        s += *o as i32;
-                    }
-                }
-                *sum = s as f32;
+            // SAFETY: `Half` is 16 i16s, `repr(C)`.
+            let a: &mut [i16] = unsafe { std::slice::from_raw_parts_mut(a.as_mut_ptr() as *mut i16, a.len() * 16) };
+            for (o, &v) in a.iter_mut().zip(x) {
+                // Round to nearest, ties to even (|v * id| <= 32767 + rounding): adding and
+                // subtracting 1.5 * 2^23 leaves the nearest integer, without a libm call.
+                const MAGIC: f32 = 12_582_912.0;
+                *o = ((v * id + MAGIC) - MAGIC).clamp(-32767.0, 32767.0) as i16;
+            }
+            for (sum, blk) in sums.iter_mut().zip(a.as_chunks::<QK>().0) {
+                *sum = blk.iter().map(|&v| v as i32).sum::<i32>() as f32;
             }
         });
         q
