@@ -45,7 +45,7 @@ impl GgufModel {
         Self::load_with(path, tokenizer_json, max_length, true)
     }
 
-    /// As [`GgufModel::load`]; `dense: false` keeps only candle's quantized weights (half the
+    /// As [`GgufModel::load`]; `dense: false` keeps only candle's quantized weights (a quarter of the
     /// memory, much slower scoring; see `model::Linear`).
     pub fn load_with(path: &Path, tokenizer_json: Option<&Path>, max_length: Option<usize>, dense: bool) -> Result<Self> {
         let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
