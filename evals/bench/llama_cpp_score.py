@@ -12,7 +12,9 @@ Rust side does, instead of `logits_all`):
            on top of it (KV cache rows dropped in between): the work the Rust side does.
   naive    every request decoded from scratch (what a harness without prefix reuse does).
 tokens/s counts, as the Rust side does, every request's input tokens (context + continuation - 1),
-whatever the mode actually ran.
+whatever the mode actually ran; tokens per CPU second (all threads) is printed too (llama.cpp's
+threads spin while they wait, so on a loaded machine its wall time suffers more than its CPU time
+shows).
 
   python evals/bench/llama_cpp_score.py --model M.gguf --requests reqs.jsonl [--mode prefix]
       [--threads 2] [--out scores.jsonl] [--compare rust_scores.jsonl]
@@ -132,13 +134,13 @@ def main():
     # Warm up (first decode allocates buffers), then time.
     s.group(groups[0]["requests"], args.mode)
     s.decoded_tokens = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     scores = [s.group(g["requests"], args.mode) for g in groups]
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     n_req = sum(len(g["requests"]) for g in groups)
     print(f"llama.cpp ({L.__version__}, mode {args.mode}, {args.threads} threads): {n_req} requests, "
           f"{input_tokens} input tokens ({s.decoded_tokens} decoded) in {dt:.2f} s: "
-          f"{input_tokens / dt:.1f} input tokens/s")
+          f"{input_tokens / dt:.1f} input tokens/s; {cpu:.1f} CPU s: {input_tokens / cpu:.1f} input tokens per CPU s")
     if args.out:
         with open(args.out, "w") as f:
             for g, sc in zip(groups, scores):

@@ -109,6 +109,7 @@ fn main() -> Result<()> {
             let smallest = groups.iter().min_by_key(|g| packed_len(g)).cloned().into_iter().collect::<Vec<_>>();
             m.loglikelihood(&smallest)?;
             let mut scores = vec![Vec::new(); groups.len()];
+            let cpu0 = cpu_seconds();
             let t0 = Instant::now();
             for batch in plan_batches(&groups, batch_tokens) {
                 let b: Vec<Vec<TokenRequest>> = batch.iter().map(|&g| groups[g].clone()).collect();
@@ -117,11 +118,13 @@ fn main() -> Result<()> {
                 }
             }
             let dt = t0.elapsed().as_secs_f64();
+            let cpu = cpu_seconds() - cpu0;
             let n: usize = groups.iter().map(Vec::len).sum();
             println!(
-                "zflow-evals GGUF adapter ({} threads): {n} requests, {input} input tokens ({packed} packed) in {dt:.2} s: {:.1} input tokens/s",
+                "zflow-evals GGUF adapter ({} threads): {n} requests, {input} input tokens ({packed} packed) in {dt:.2} s: {:.1} input tokens/s; {cpu:.1} CPU s: {:.1} input tokens per CPU s",
                 candle_core::utils::get_num_threads(),
-                input as f64 / dt
+                input as f64 / dt,
+                input as f64 / cpu
             );
             if let Some(out) = out {
                 let mut f = std::io::BufWriter::new(std::fs::File::create(&out)?);
@@ -134,4 +137,15 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// CPU seconds (user + system, all threads) this process has used, from /proc (0 elsewhere): a
+/// measure of work that the other load on a shared machine does not inflate the way it
+/// inflates wall time.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime, in clock ticks (100 a second on Linux).
+    (ticks(11) + ticks(12)) / 100.0
 }

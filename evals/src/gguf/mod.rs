@@ -1,4 +1,5 @@
-//! The GGUF adapter: quantized Gemma 3 and Llama models on candle's CPU kernels.
+//! The GGUF adapter: quantized Gemma 3 and Llama models on the CPU (candle for the graph, and
+//! for scoring, the integer matrix kernels of `qgemm`).
 //!
 //! Scoring packs each batch of request groups into one sequence ([`pack`]): every question's
 //! context is computed once and shared by its choices, and all rows of a batch go through each
@@ -8,6 +9,7 @@
 pub mod config;
 pub mod model;
 pub mod pack;
+mod qgemm;
 pub mod tokenizer;
 
 use std::collections::BTreeMap;
@@ -20,9 +22,10 @@ use crate::model::{LanguageModel, Score, TokenRequest};
 use crate::tokenizer::Tokenizer;
 
 /// Bumped whenever a change here can change a score, so cached results are not reused.
-pub const ADAPTER_VERSION: u32 = 1;
+pub const ADAPTER_VERSION: u32 = 2;
 
-/// Rows of logits computed at once (bounds memory: 256 x 262144 x 4 bytes = 256 MiB).
+/// Rows of logits computed at once (bounds memory: with the integer kernel, 16 bytes a row per
+/// 256 words of the vocabulary, 4 MiB for 262144 words; otherwise the logits, 256 MiB).
 const LOGIT_ROWS: usize = 256;
 
 /// A GGUF model with its tokenizer.
@@ -42,7 +45,7 @@ impl GgufModel {
         Self::load_with(path, tokenizer_json, max_length, true)
     }
 
-    /// As [`GgufModel::load`]; `dense: false` keeps only the quantized weights (4x less
+    /// As [`GgufModel::load`]; `dense: false` keeps only candle's quantized weights (a quarter of the
     /// memory, much slower scoring; see `model::Linear`).
     pub fn load_with(path: &Path, tokenizer_json: Option<&Path>, max_length: Option<usize>, dense: bool) -> Result<Self> {
         let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -51,7 +54,7 @@ impl GgufModel {
         let tokenizer = tokenizer::load(&content, tokenizer_json)?;
         let model = model::Model::load(path, &content, cfg, dense)?;
         let file_hash = hash_file(path)?;
-        let kernels = if dense { "f32" } else { "quantized" };
+        let kernels = if dense { "int16" } else { "quantized" };
         let identity = format!("gguf-adapter-v{ADAPTER_VERSION}:{kernels}:{file_hash}:{}", tokenizer.identity());
         let max_length = max_length.unwrap_or(model.cfg.context_length).min(model.cfg.context_length);
         Ok(GgufModel { model, tokenizer, identity, max_length, path: path.to_path_buf() })
@@ -101,24 +104,11 @@ impl LanguageModel for GgufModel {
         let mut answers: BTreeMap<(usize, u32), (f64, bool)> = BTreeMap::new();
         for chunk in rows.chunks(LOGIT_ROWS) {
             let idx = candle_core::Tensor::from_vec(chunk.iter().map(|&r| r as u32).collect::<Vec<_>>(), chunk.len(), hidden.device())?;
-            let logits = self.model.logits(&hidden.index_select(&idx, 0)?, true)?;
-            let vocab = logits.dim(1)?;
-            // Read the logits in place (no copy of up to 256 MiB) and reduce rows in parallel.
-            let (storage, layout) = logits.storage_and_layout();
-            let candle_core::Storage::Cpu(candle_core::CpuStorage::F32(all)) = &*storage else {
-                bail!("expected f32 CPU logits");
-            };
-            let flat = &all[layout.start_offset()..layout.start_offset() + chunk.len() * vocab];
-            use rayon::prelude::*;
-            let rows_out: Vec<Vec<((usize, u32), (f64, bool))>> = chunk
-                .par_iter()
-                .enumerate()
-                .map(|(k, &row)| {
-                    let l = &flat[k * vocab..(k + 1) * vocab];
-                    wanted[&row].iter().map(|&t| ((row, t), model::token_logprob(l, t))).collect()
-                })
-                .collect();
-            answers.extend(rows_out.into_iter().flatten());
+            let targets: Vec<Vec<u32>> = chunk.iter().map(|r| wanted[r].clone()).collect();
+            let lps = self.model.token_logprobs(&hidden.index_select(&idx, 0)?, &targets, true)?;
+            for ((&row, ts), lp) in chunk.iter().zip(&targets).zip(lps) {
+                answers.extend(ts.iter().zip(lp).map(|(&t, a)| ((row, t), a)));
+            }
         }
         if std::env::var_os("ZFLOW_EVAL_PROFILE").is_some() {
             eprintln!("batch: {} rows in {:.2} s, {} logit rows in {:.2} s", packed.tokens.len(), t_hidden.as_secs_f64(), rows.len(), (t0.elapsed() - t_hidden).as_secs_f64());

@@ -17,41 +17,88 @@ use candle_core::{Device, Module, Tensor};
 
 use super::config::{Arch, Config};
 use super::pack::Packed;
+use super::qgemm::{QActs, QMatrix};
 
-/// A weight matrix `[out, in]`, kept quantized for single-row steps (generation, where reading
-/// few bytes is what counts) and, unless disabled, also dequantized to f32 for multi-row passes.
+/// A weight matrix `[out, in]`, kept quantized for single-row steps (generation: candle's
+/// quantized kernels, one row at a time) and, unless disabled, also in the block form of
+/// [`QMatrix`] for multi-row passes (scoring).
 ///
-/// Why both: on x86 without AVX-512, candle 0.11's quantized matrix products for the formats a
-/// Q4_K_M file of a 640-wide model holds run at 0.6 (Q5_0, no SIMD kernel) to 3.5 (Q8_0)
-/// GMAC/s per core, while its f32 GEMM runs at ~17; the dense copy costs 4 bytes per weight
-/// (1.1 GB for Gemma 3 270M). The f32 product of dequantized weights is the same function of
-/// the same weights, computed without quantizing the activations (llama.cpp rounds them to
-/// 8 bits), so scores differ from llama.cpp's in the third decimal, not in which choice wins.
+/// Why both: candle 0.11's quantized matrix products read every weight block once per
+/// activation row and have no AVX2 kernel for Q5_0; the integer kernel of [`super::qgemm`]
+/// tiles rows and columns and runs ~2x faster than candle's f32 GEMM on dequantized weights
+/// (which this adapter used before), at 2 bytes a weight. It rounds the activations to 16
+/// bits (one scale a row), so scores stay within ~0.01 of the f32 product of the same weights.
+/// Formats the kernel does not know are dequantized to f32 for candle's GEMM instead.
 pub(crate) struct Linear {
     q: QMatMul,
-    dense: Option<Tensor>,
+    fast: Option<Fast>,
+}
+
+enum Fast {
+    Int(QMatrix),
+    F32(Tensor),
+}
+
+/// A layer input, quantized once for all the matrices that read it.
+pub(crate) enum Input<'a> {
+    /// Generation steps (candle's kernels).
+    Plain(&'a Tensor),
+    /// Multi-row passes: the tensor and, for the integer kernel, its 16-bit form.
+    Batch(&'a Tensor, QActs),
+}
+
+impl<'a> Input<'a> {
+    fn new(x: &'a Tensor, batch: bool) -> Result<Self> {
+        if !batch {
+            return Ok(Input::Plain(x));
+        }
+        let (m, k) = x.dims2()?;
+        let flat: Vec<f32> = x.flatten_all()?.to_vec1()?;
+        Ok(Input::Batch(x, QActs::quantize(&flat, m, k)))
+    }
 }
 
 impl Linear {
-    fn new(t: QTensor, dense: bool) -> Result<Self> {
-        let dense = dense.then(|| t.dequantize(&Device::Cpu)).transpose()?;
+    fn new(t: QTensor, fast: bool) -> Result<Self> {
+        let f = if fast { Some(Fast::of(&t)?) } else { None };
         // Q5_0 has no SIMD dot product in candle; its blocks convert exactly to Q8_0's (same
         // 32-value blocks and f16 scale, 5-bit integers widened to 8), which has one.
         let t = if t.dtype() == GgmlDType::Q5_0 { q5_0_to_q8_0(&t)? } else { t };
-        Ok(Linear { q: QMatMul::from_qtensor(t)?, dense })
+        Ok(Linear { q: QMatMul::from_qtensor(t)?, fast: f })
     }
 
-    fn from_arc(t: Arc<QTensor>, dense: bool) -> Result<Self> {
-        let dense = dense.then(|| t.dequantize(&Device::Cpu)).transpose()?;
-        Ok(Linear { q: QMatMul::from_arc(t)?, dense })
+    fn from_arc(t: Arc<QTensor>, fast: bool) -> Result<Self> {
+        let f = if fast { Some(Fast::of(&t)?) } else { None };
+        Ok(Linear { q: QMatMul::from_arc(t)?, fast: f })
     }
 
-    /// `x @ W^T`, through the dense copy when `dense` and there is one. The choice is the
-    /// caller's, not the row count's, so a request scores the same in any batch.
-    fn forward(&self, x: &Tensor, dense: bool) -> Result<Tensor> {
-        Ok(match &self.dense {
-            Some(w) if dense => x.matmul(&w.t()?)?,
-            _ => self.q.forward(x)?,
+    /// `x @ W^T`: through the integer kernel for a [`Input::Batch`] (and when kept), candle's
+    /// quantized kernels otherwise. The choice is the caller's, not the row count's, so a
+    /// request scores the same in any batch.
+    fn forward(&self, x: &Input) -> Result<Tensor> {
+        Ok(match (x, &self.fast) {
+            (Input::Batch(_, a), Some(Fast::Int(w))) => Tensor::from_vec(w.matmul(a)?, (a.rows(), w.n), &Device::Cpu)?,
+            (Input::Batch(t, _), Some(Fast::F32(w))) => t.matmul(&w.t()?)?,
+            (Input::Batch(t, _) | Input::Plain(t), _) => self.q.forward(t)?,
+        })
+    }
+}
+
+impl Linear {
+    /// The integer kernel's copy, if kept.
+    fn int(&self) -> Option<&QMatrix> {
+        match &self.fast {
+            Some(Fast::Int(w)) => Some(w),
+            _ => None,
+        }
+    }
+}
+
+impl Fast {
+    fn of(t: &QTensor) -> Result<Fast> {
+        Ok(match QMatrix::from_qtensor(t)? {
+            Some(w) => Fast::Int(w),
+            None => Fast::F32(t.dequantize(&Device::Cpu)?),
         })
     }
 }
@@ -125,8 +172,8 @@ fn norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 }
 
 impl Model {
-    /// Reads the weights of a GGUF file; `dense` keeps f32 copies for multi-row passes (see
-    /// [`Linear`]).
+    /// Reads the weights of a GGUF file; `dense` keeps the integer kernel's copies for multi-row
+    /// passes (see [`Linear`]).
     pub fn load(path: &Path, content: &gguf_file::Content, cfg: Config, dense: bool) -> Result<Self> {
         let device = Device::Cpu;
         let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -201,9 +248,10 @@ impl Model {
     fn qkv(&self, layer: &Layer, h: &Tensor, rope: &(Tensor, Tensor), dense: bool) -> Result<(Tensor, Tensor, Tensor)> {
         let c = &self.cfg;
         let m = h.dim(0)?;
-        let mut q = layer.wq.forward(h, dense)?.reshape((m, c.n_head, c.head_dim))?;
-        let mut k = layer.wk.forward(h, dense)?.reshape((m, c.n_kv_head, c.head_dim))?;
-        let v = layer.wv.forward(h, dense)?.reshape((m, c.n_kv_head, c.head_dim))?;
+        let h = Input::new(h, dense)?;
+        let mut q = layer.wq.forward(&h)?.reshape((m, c.n_head, c.head_dim))?;
+        let mut k = layer.wk.forward(&h)?.reshape((m, c.n_kv_head, c.head_dim))?;
+        let v = layer.wv.forward(&h)?.reshape((m, c.n_kv_head, c.head_dim))?;
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
             q = norm(&q, qn, c.eps)?;
             k = norm(&k, kn, c.eps)?;
@@ -245,18 +293,37 @@ impl Model {
     /// The rest of a block after attention: output projection, residuals, MLP.
     fn finish(&self, layer: &Layer, x: &Tensor, attn: &Tensor, dense: bool) -> Result<Tensor> {
         let eps = self.cfg.eps;
-        let mut o = layer.wo.forward(attn, dense)?;
+        let mut o = layer.wo.forward(&Input::new(attn, dense)?)?;
         if let Some(n) = &layer.post_attn_norm {
             o = norm(&o, n, eps)?;
         }
         let x = (x + o)?;
         let h = norm(&x, &layer.ffn_norm, eps)?;
-        let gate = layer.gate.forward(&h, dense)?;
-        let act = match self.cfg.arch {
-            Arch::Gemma3 => gate.gelu()?, // tanh approximation, as llama.cpp and HF's gelu_pytorch_tanh
-            Arch::Llama => candle_nn::ops::silu(&gate)?,
+        let h = Input::new(&h, dense)?;
+        let gemma = self.cfg.arch == Arch::Gemma3;
+        let mut f = match (&h, layer.gate.int(), layer.up.int(), layer.down.int()) {
+            // The integer kernels end to end: activation and product on plain vectors, rounded
+            // once for `down`.
+            (Input::Batch(_, a), Some(g), Some(u), Some(d)) => {
+                let (mut act, up) = (g.matmul(a)?, u.matmul(a)?);
+                use rayon::prelude::*;
+                act.par_chunks_mut(4096).zip(up.par_chunks(4096)).for_each(|(g, u)| {
+                    for (g, &u) in g.iter_mut().zip(u) {
+                        *g = if gemma { gelu_tanh(*g) } else { silu(*g) } * u;
+                    }
+                });
+                let m = a.rows();
+                Tensor::from_vec(d.matmul(&QActs::quantize(&act, m, g.n))?, (m, d.n), &Device::Cpu)?
+            }
+            _ => {
+                let gate = layer.gate.forward(&h)?;
+                let act = match gemma {
+                    true => gate.gelu()?, // tanh approximation, as llama.cpp and HF's gelu_pytorch_tanh
+                    false => candle_nn::ops::silu(&gate)?,
+                };
+                layer.down.forward(&Input::new(&(act * layer.up.forward(&h)?)?, dense)?)?
+            }
         };
-        let mut f = layer.down.forward(&(act * layer.up.forward(&h, dense)?)?, dense)?;
         if let Some(n) = &layer.post_ffn_norm {
             f = norm(&f, n, eps)?;
         }
@@ -306,7 +373,62 @@ impl Model {
     /// Logits `[R, vocab]` of hidden states `[R, d]` (dense: see [`Linear::forward`]).
     pub fn logits(&self, hidden: &Tensor, dense: bool) -> Result<Tensor> {
         let h = norm(hidden, &self.norm, self.cfg.eps)?;
-        self.output.forward(&h, dense)
+        self.output.forward(&Input::new(&h, dense)?)
+    }
+
+    /// For each row of hidden states `[R, d]`, `log softmax(logits)[t]` and whether `t` is the
+    /// argmax (first of equal maxima), for each `t` of `targets[row]` (dense: see
+    /// [`Linear::forward`]). With the integer kernel the output layer is reduced a chunk of the
+    /// vocabulary at a time, never writing the `R x vocab` logits; the chunks and the order
+    /// they are combined in are fixed, so the result does not depend on threads or batch.
+    pub fn token_logprobs(&self, hidden: &Tensor, targets: &[Vec<u32>], dense: bool) -> Result<Vec<Vec<(f64, bool)>>> {
+        let h = norm(hidden, &self.norm, self.cfg.eps)?;
+        let Some(w) = self.output.int().filter(|_| dense) else {
+            let logits = self.output.forward(&Input::new(&h, dense)?)?;
+            let vocab = logits.dim(1)?;
+            let flat: Vec<f32> = logits.flatten_all()?.to_vec1()?;
+            use rayon::prelude::*;
+            return Ok(flat.par_chunks(vocab).zip(targets).map(|(l, ts)| ts.iter().map(|&t| token_logprob(l, t)).collect()).collect());
+        };
+        let Input::Batch(_, x) = Input::new(&h, true)? else { unreachable!() };
+        // Per chunk and row: max, its first index, sum of exp(logit - max); and the logits of
+        // the targets in the chunk.
+        let chunks = w.map_column_chunks(&x, LOGIT_CHUNK, |c_lo, vals| {
+            let width = vals.len() / targets.len();
+            let mut stats = Vec::with_capacity(targets.len());
+            let mut hits = Vec::new();
+            for (r, row) in vals.chunks_exact(width).enumerate() {
+                let (max, arg, sum) = softmax_stats(row);
+                stats.push((max, (c_lo + arg) as u32, sum));
+                for &t in &targets[r] {
+                    if (c_lo..c_lo + width).contains(&(t as usize)) {
+                        hits.push((r, t, row[t as usize - c_lo]));
+                    }
+                }
+            }
+            (stats, hits)
+        })?;
+        let logits: std::collections::HashMap<(usize, u32), f32> = chunks.iter().flat_map(|(_, hits)| hits).map(|&(r, t, v)| ((r, t), v)).collect();
+        let mut out = Vec::with_capacity(targets.len());
+        for (r, ts) in targets.iter().enumerate() {
+            let (mut max, mut arg) = (f32::NEG_INFINITY, 0u32);
+            for (stats, _) in &chunks {
+                if stats[r].0 > max {
+                    (max, arg) = (stats[r].0, stats[r].1);
+                }
+            }
+            let sum: f64 = chunks.iter().map(|(stats, _)| stats[r].2 * ((stats[r].0 - max) as f64).exp()).sum();
+            let lse = sum.ln();
+            out.push(
+                ts.iter()
+                    .map(|&t| {
+                        let logit = logits.get(&(r, t)).copied().unwrap_or(f32::NAN);
+                        ((logit - max) as f64 - lse, arg == t)
+                    })
+                    .collect(),
+            );
+        }
+        Ok(out)
     }
 
     /// Runs `tokens` as one sequence, keeping the KV cache; returns the last position's logits.
@@ -321,8 +443,8 @@ impl Model {
     }
 
     /// One generation step: appends `token` at the cache's end; returns the next logits.
-    /// Generation runs it on the quantized weights (`dense: false`: one row, so reading 4x
-    /// fewer bytes wins).
+    /// Generation runs it on candle's quantized kernels (`dense: false`; `true` computes what
+    /// the packed path computes).
     pub fn step(&self, cache: &mut KvCache, token: u32, dense: bool) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let pos = [cache.len as u32];
@@ -347,6 +469,62 @@ impl Model {
     }
 }
 
+/// Vocabulary words per chunk of the output layer's reduction (see [`Model::token_logprobs`]).
+const LOGIT_CHUNK: usize = 256;
+
+/// The max of `row`, its first index, and the sum of `e^(v - max)` (8 lanes of f32, added in a
+/// fixed order; written so that the compiler vectorises it).
+fn softmax_stats(row: &[f32]) -> (f32, usize, f64) {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let (body, tail) = row.as_chunks::<8>();
+    for c in body {
+        for l in 0..8 {
+            lanes[l] = lanes[l].max(c[l]);
+        }
+    }
+    let max = tail.iter().fold(lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)), |m, &v| m.max(v));
+    let arg = row.iter().position(|&v| v == max).unwrap_or(0);
+    let mut sums = [0f32; 8];
+    for c in body {
+        for l in 0..8 {
+            sums[l] += exp(c[l] - max);
+        }
+    }
+    let tail: f32 = tail.iter().map(|&v| exp(v - max)).sum();
+    (max, arg, sums.iter().map(|&v| v as f64).sum::<f64>() + tail as f64)
+}
+
+/// `e^x` to ~2 ulp for `x` in `[-87.3, 88.3]` (0 below, `e^88.3` above), in plain arithmetic the
+/// compiler vectorises: Cephes' `expf` (Cody-Waite reduction by ln 2, degree-7 polynomial).
+/// Used where libm's scalar `expf`/`tanhf` calls were a tenth of the scoring time (the
+/// log-softmax over the vocabulary, GELU); the same on every CPU.
+pub fn exp(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let xc = x.clamp(-87.3, 88.3);
+    let n = (xc * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
+    let r = (xc - n * 0.693_359_4) - n * -2.121_944_4e-4;
+    let mut p = 1.987_569_1e-4f32;
+    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+        p = p * r + c;
+    }
+    let y = p * (r * r) + r + 1.0;
+    // 2^n from n's bits in MAGIC + n.
+    let two_n = f32::from_bits(((n + MAGIC).to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127)) << 23);
+    if x < -87.3 { 0.0 } else { y * two_n }
+}
+
+/// GELU, tanh approximation (llama.cpp's, HF's `gelu_pytorch_tanh`), as `x * sigmoid(2z)`
+/// (`0.5 * (1 + tanh z) = sigmoid(2z)`).
+fn gelu_tanh(x: f32) -> f32 {
+    let z = 0.797_884_6 * (x + 0.044_715 * x * x * x);
+    x / (1.0 + exp(-2.0 * z))
+}
+
+/// SiLU, `x * sigmoid(x)`.
+fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
 /// `log softmax(logits)[target]` and whether `target` is the argmax (first of equal maxima).
 pub fn token_logprob(logits: &[f32], target: u32) -> (f64, bool) {
     let (mut max, mut arg) = (f32::NEG_INFINITY, 0usize);
@@ -363,4 +541,28 @@ pub fn token_logprob(logits: &[f32], target: u32) -> (f64, bool) {
     }
     let lp = (logits[target as usize] - max) as f64 - sum.ln();
     (lp, arg == target as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_and_gelu_are_accurate() {
+        let mut worst = 0f64;
+        for i in -87_000..88_000 {
+            let x = i as f32 / 1000.0;
+            let (got, want) = (exp(x) as f64, (x as f64).exp());
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst < 5e-7, "exp: relative error {worst}");
+        assert_eq!(exp(-100.0), 0.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        for i in -20_000..20_000 {
+            let x = i as f32 / 1000.0;
+            let xd = x as f64;
+            let want = 0.5 * xd * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd * xd * xd)).tanh());
+            assert!((gelu_tanh(x) as f64 - want).abs() < 1e-6 * want.abs().max(1e-3), "gelu({x}) = {} vs {want}", gelu_tanh(x));
+        }
+    }
 }
