@@ -141,6 +141,11 @@ impl EvalConfig {
     fn label<'a>(&'a self, stage: &'a str) -> &'a str {
         self.label.as_deref().unwrap_or(stage)
     }
+
+    /// The task files: `tasks_dir` (relative to where zflow runs), else the built-in ones.
+    fn tasks_dir(&self, cwd: &Path) -> PathBuf {
+        self.tasks_dir.as_ref().map(|d| cwd.join(d)).unwrap_or_else(zflow_evals::task::builtin_tasks_dir)
+    }
 }
 
 impl Stage for Eval {
@@ -152,11 +157,10 @@ impl Stage for Eval {
         if c.tasks.is_empty() {
             return Err(ConfigError::new("tasks", "no tasks: expected a list of task or group names (evals/tasks)"));
         }
-        let dir = c.tasks_dir.as_ref().map(PathBuf::from).unwrap_or_else(zflow_evals::task::builtin_tasks_dir);
         // The built-in tasks are checked here, so a typo fails before anything runs; a
         // recipe's own task folder may not exist yet, and is checked when the stage runs.
         if c.tasks_dir.is_none() {
-            let registry = TaskRegistry::load_dir(&dir).map_err(|e| ConfigError::new("tasks", format!("{e:#}")))?;
+            let registry = TaskRegistry::load_dir(&zflow_evals::task::builtin_tasks_dir()).map_err(|e| ConfigError::new("tasks", format!("{e:#}")))?;
             for t in &c.tasks {
                 if let Err(e) = registry.tasks_of(t) {
                     return Err(ConfigError::new("tasks", format!("{e:#}")));
@@ -192,8 +196,7 @@ impl Stage for Eval {
 
     fn external_fingerprint(&self, c: &EvalConfig, cwd: &Path) -> Result<Option<String>> {
         // The task files are part of what is measured: an edited template re-runs the stage.
-        let dir = c.tasks_dir.as_ref().map(|d| cwd.join(d)).unwrap_or_else(zflow_evals::task::builtin_tasks_dir);
-        Ok(Some(crate::util::hash_tree(&dir, "yaml")?))
+        Ok(Some(crate::util::definitions_fingerprint(&c.tasks_dir(cwd), "yaml")?))
     }
 
     fn run(&self, c: &EvalConfig, ctx: &StageContext) -> Result<()> {
@@ -206,8 +209,7 @@ impl Stage for Eval {
         let mut model = open_model(c.model.format, &model_path, tokenizer_dir.as_deref(), c.max_length, &c.backend)?;
         tracing::info!("scoring {} ({})", model_path.display(), model.identity());
 
-        let tasks_dir = c.tasks_dir.as_ref().map(|d| ctx.cwd().join(d)).unwrap_or_else(zflow_evals::task::builtin_tasks_dir);
-        let registry = TaskRegistry::load_dir(&tasks_dir)?;
+        let registry = TaskRegistry::load_dir(&c.tasks_dir(ctx.cwd()))?;
         // The harness resolves dataset paths under one root: a folder of links, one per prefix
         // (outside the output, so an interrupted attempt leaves none there).
         let data_root = tempfile::Builder::new().prefix("zflow-eval-data").tempdir()?;

@@ -126,7 +126,7 @@ impl Stage for Report {
 
     fn external_fingerprint(&self, _c: &ReportConfig, _cwd: &Path) -> Result<Option<String>> {
         // The published numbers are data: a corrected baseline file re-renders the report.
-        Ok(Some(crate::util::hash_tree(&shipped_baselines_dir(), "yaml")?))
+        Ok(Some(crate::util::definitions_fingerprint(&shipped_baselines_dir(), "yaml")?))
     }
 
     fn run(&self, c: &ReportConfig, ctx: &StageContext) -> Result<()> {
@@ -152,16 +152,16 @@ impl Stage for Report {
         crate::eval::write_scores(&out.join("scores.parquet"), &scores)?;
 
         let mut plots = Vec::new();
-        if !c.train.is_empty() || c.evals.len() > 1 {
+        let measured_rows = table.rows.iter().filter(|r| !r.published).count();
+        if !c.train.is_empty() || measured_rows > 1 {
             std::fs::create_dir_all(out.join("plots"))?;
         }
         if !c.train.is_empty() {
             let phases = c.train.iter().map(|t| Ok((t.strip_prefix("train.").unwrap_or(t).to_string(), read_metrics(&ctx.input(t)?.join("metrics.parquet"))?))).collect::<Result<Vec<_>>>()?;
             plots.extend(training_plots(&phases, &out.join("plots"))?);
         }
-        let measured_rows: Vec<String> = table.rows.iter().filter(|r| !r.published).map(|r| r.model.clone()).collect();
-        if measured_rows.len() > 1 {
-            plots.push(scores_plot(&table, &measured_rows, &out.join("plots/scores"))?);
+        if measured_rows > 1 {
+            plots.push(scores_plot(&table, &out.join("plots/scores"))?);
         }
 
         let mut md = format!("# {}\n\n", c.title);
@@ -256,13 +256,12 @@ fn training_plots(phases: &[(String, PhaseMetrics)], dir: &Path) -> Result<Vec<(
 }
 
 /// Each task's score (the table's metric) after each measured row (phase).
-fn scores_plot(table: &Table, rows: &[String], stem: &Path) -> Result<(String, String)> {
+fn scores_plot(table: &Table, stem: &Path) -> Result<(String, String)> {
+    let rows: Vec<_> = table.rows.iter().filter(|r| !r.published).collect();
     let mut series = Vec::new();
     for (j, col) in table.columns.iter().enumerate() {
-        let points: Vec<(f64, f64)> = table
-            .rows
+        let points: Vec<(f64, f64)> = rows
             .iter()
-            .filter(|r| !r.published)
             .enumerate()
             .filter_map(|(i, r)| r.cells[j].as_ref().map(|c| (i as f64, 100.0 * c.value)))
             .collect();
@@ -278,7 +277,7 @@ fn scores_plot(table: &Table, rows: &[String], stem: &Path) -> Result<(String, S
         x_label: "checkpoint".into(),
         y_label: "score (%)".into(),
         // `nano/phase1` -> `phase1`: the recipe name is the title's business.
-        x_names: rows.iter().map(|r| r.rsplit('/').next().unwrap_or(r).to_string()).collect(),
+        x_names: rows.iter().map(|r| r.model.rsplit('/').next().unwrap_or(&r.model).to_string()).collect(),
         series,
         ..Default::default()
     }

@@ -25,28 +25,12 @@ pub fn write_parquet(path: &Path, fields: Vec<Field>, cols: Vec<ArrayRef>) -> an
     Ok(())
 }
 
-/// blake3 over the names and contents of the files under `dir` ending in `.ext`, in sorted
-/// order: the identity of a folder of definitions (task files, baselines) a stage reads.
-pub fn hash_tree(dir: &Path, ext: &str) -> anyhow::Result<String> {
-    use anyhow::Context;
-    let mut files = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
-            let path = entry?.path();
-            if path.is_dir() {
-                todo.push(path);
-            } else if path.extension().is_some_and(|e| e == ext) {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
-    let mut h = blake3::Hasher::new();
-    for f in &files {
-        let rel = f.strip_prefix(dir).unwrap_or(f).to_string_lossy().into_owned();
-        let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
-        h.update(rel.as_bytes()).update(&(bytes.len() as u64).to_le_bytes()).update(&bytes);
-    }
-    Ok(format!("{} {} files {}", dir.file_name().unwrap_or_default().to_string_lossy(), files.len(), &h.finalize().to_hex()[..16]))
+/// The identity of a folder of definitions a stage reads (task files, baselines): the store's
+/// content hash over the files under `dir` whose names end in `.ext`.
+pub fn definitions_fingerprint(dir: &Path, ext: &str) -> anyhow::Result<String> {
+    let suffix = format!(".{ext}");
+    let files: Vec<_> = zflow_pipeline::store::hash_tree(dir)?.into_iter().filter(|f| f.path.ends_with(&suffix)).collect();
+    // The folder's name, not its path: a moved checkout keeps its identities.
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    Ok(format!("{name} {} files {}", files.len(), zflow_pipeline::store::content_hash(&files)))
 }
