@@ -37,6 +37,10 @@ pub struct EvalArgs {
     pub backend: String,
     /// The GPU index.
     pub device: usize,
+    /// Packed model inputs per forward pass.
+    pub batch_tokens: usize,
+    /// Per-document scores in the results.
+    pub log_samples: bool,
     /// Where the results JSON goes.
     pub out: Option<PathBuf>,
     /// Task files (default: the built-in ones).
@@ -68,7 +72,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         let fetched = a.data.join("tokenizer-gemma3/tokenizer.json");
         [beside, fetched].into_iter().find(|p| p.exists() && !a.model.is_dir())
     });
-    let mut model = open_model(&a.model, tokenizer.as_deref().or(a.tokenizer.as_deref()), &a.eos, a.max_length, &a.backend, a.device)?;
+    let mut model = open_model(&a.model, tokenizer.as_deref(), &a.eos, a.max_length, &a.backend, a.device)?;
     eprintln!("loaded {} in {:.1} s ({})", a.model.display(), t0.elapsed().as_secs_f64(), model.identity());
     let registry = TaskRegistry::load_dir(&a.tasks_dir.clone().unwrap_or_else(zflow_evals::task::builtin_tasks_dir))?;
     let opts = EvalOptions {
@@ -76,8 +80,8 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         cache_dir: a.cache.clone(),
         limit: a.limit,
         num_fewshot: a.num_fewshot,
-        log_samples: false,
-        engine: EngineOptions { max_batch_tokens: 2048, progress: true, sink: None },
+        log_samples: a.log_samples,
+        engine: EngineOptions { max_batch_tokens: a.batch_tokens, progress: true, sink: None },
     };
     let t0 = Instant::now();
     let report = zflow_evals::evaluate(model.as_mut(), &registry, &a.tasks, &opts)?;
@@ -85,11 +89,14 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
     for (task, s, t) in &report.timings {
         let model_s = s.model_time.as_secs_f64();
         eprintln!(
-            "{task}: {:.1} s, {} requests scored, {} from the cache, {:.0} input tokens/s in the model",
+            "{task}: {:.1} s, {} requests scored, {} from the cache, {:.0} input tokens/s in the model ({} input tokens, {} packed{})",
             t.as_secs_f64(),
             s.scored,
             s.cached,
-            s.input_tokens as f64 / model_s.max(1e-9)
+            s.input_tokens as f64 / model_s.max(1e-9),
+            s.input_tokens,
+            s.packed_tokens,
+            if s.generated_tokens > 0 { format!(", {} generated", s.generated_tokens) } else { String::new() }
         );
     }
     eprintln!("total {:.1} s", t0.elapsed().as_secs_f64());

@@ -176,6 +176,12 @@ enum Command {
         /// The GPU index for --backend cuda|rocm.
         #[arg(long, default_value_t = 0)]
         device: usize,
+        /// Packed model inputs per forward pass (changes speed and memory, not scores).
+        #[arg(long, default_value_t = 2048)]
+        batch_tokens: usize,
+        /// Include per-document scores in the results JSON.
+        #[arg(long)]
+        log_samples: bool,
         /// Write the results JSON here.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -339,8 +345,8 @@ fn main() -> ExitCode {
             Command::Logs { recipe, stage, path } => commands::logs(&recipe, &stage, path),
             Command::Gc { store, recipes, dry_run } => commands::gc(&store, &recipes, dry_run),
             Command::Query { store, sql } => commands::query(&store, &sql).await,
-            Command::Eval { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, backend, device, out, tasks_dir } => {
-                let args = eval::EvalArgs { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, backend, device, out, tasks_dir };
+            Command::Eval { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, backend, device, batch_tokens, log_samples, out, tasks_dir } => {
+                let args = eval::EvalArgs { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, backend, device, batch_tokens, log_samples, out, tasks_dir };
                 tokio::task::spawn_blocking(move || eval::run(&args)).await.map_err(anyhow::Error::from).and_then(|r| r)
             }
             Command::Size { recipe, dp, micro_batch, hardware, gpus } => commands::size(&recipe, dp, micro_batch, hardware.as_deref(), gpus),
