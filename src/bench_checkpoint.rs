@@ -11,29 +11,83 @@ use anyhow::{Context, Result, ensure};
 use crate::RecipeArgs;
 
 /// Runs the benchmark in `dir` (default: a temp folder next to the store); prints a table.
-pub fn run(args: &RecipeArgs, dir: Option<&Path>, steps: u64, every: u64, batch: usize, seq_len: usize) -> Result<ExitCode> {
+pub fn run(
+    args: &RecipeArgs,
+    dir: Option<&Path>,
+    steps: u64,
+    every: u64,
+    batch: usize,
+    seq_len: usize,
+) -> Result<ExitCode> {
     let engine = crate::commands::open(args)?;
-    let model = zflow_stages::model::ModelSection::config(&engine.recipe.document).map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
-    let parent = dir.map(Path::to_path_buf).unwrap_or_else(|| engine.store.root().to_path_buf());
+    let model = zflow_stages::model::ModelSection::config(&engine.recipe.document)
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+    let parent = dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| engine.store.root().to_path_buf());
     std::fs::create_dir_all(&parent)?;
-    let tmp = tempfile::tempdir_in(&parent).with_context(|| format!("a scratch folder in {}", parent.display()))?;
-    println!("model: {} ({} parameters), scratch folder {}", engine.recipe.name, model.params().total, tmp.path().display());
+    let tmp = tempfile::tempdir_in(&parent)
+        .with_context(|| format!("a scratch folder in {}", parent.display()))?;
+    println!(
+        "model: {} ({} parameters), scratch folder {}",
+        engine.recipe.name,
+        model.params().total,
+        tmp.path().display()
+    );
 
     let io = zflow_runtime::bench::checkpoint_io(&model, &tmp.path().join("io"), 3)?;
     let dd_s = dd(&tmp.path().join("dd.bin"), io.bytes, 3)?;
     let mb = io.bytes as f64 / 1e6;
     println!();
-    println!("{:<48} {:>10} {:>10} {:>10}", "write + fsync, best of 3", "MB", "s", "MB/s");
-    println!("{:<48} {:>10.1} {:>10.3} {:>10.0}", "zflow checkpoint (files, blake3, manifest, rename)", mb, io.write_s, mb / io.write_s);
-    println!("{:<48} {:>10.1} {:>10.3} {:>10.0}", "dd bs=1M conv=fsync", mb, dd_s, mb / dd_s);
-    println!("zflow / dd: {:.0}%   (snapshot into host memory: {:.3} s)", 100.0 * dd_s / io.write_s, io.snapshot_s);
+    println!(
+        "{:<48} {:>10} {:>10} {:>10}",
+        "write + fsync, best of 3", "MB", "s", "MB/s"
+    );
+    println!(
+        "{:<48} {:>10.1} {:>10.3} {:>10.0}",
+        "zflow checkpoint (files, blake3, manifest, rename)",
+        mb,
+        io.write_s,
+        mb / io.write_s
+    );
+    println!(
+        "{:<48} {:>10.1} {:>10.3} {:>10.0}",
+        "dd bs=1M conv=fsync",
+        mb,
+        dd_s,
+        mb / dd_s
+    );
+    println!(
+        "zflow / dd: {:.0}%   (snapshot into host memory: {:.3} s)",
+        100.0 * dd_s / io.write_s,
+        io.snapshot_s
+    );
 
-    let [plain, background, inline] = zflow_runtime::bench::checkpoint_overhead(&model, batch, seq_len, steps, every, tmp.path())?;
+    let [plain, background, inline] = zflow_runtime::bench::checkpoint_overhead(
+        &model,
+        batch,
+        seq_len,
+        steps,
+        every,
+        tmp.path(),
+    )?;
     println!();
-    println!("step time over {steps} steps of {batch} x {seq_len} tokens, a checkpoint every {every} steps:");
+    println!(
+        "step time over {steps} steps of {batch} x {seq_len} tokens, a checkpoint every {every} steps:"
+    );
     println!("{:<48} {:>10.3} s", "no checkpoints", plain);
-    println!("{:<48} {:>10.3} s  ({:+.1}%)", "asynchronous (background writer, as training)", background, 100.0 * (background / plain - 1.0));
-    println!("{:<48} {:>10.3} s  ({:+.1}%)", "synchronous (inline)", inline, 100.0 * (inline / plain - 1.0));
+    println!(
+        "{:<48} {:>10.3} s  ({:+.1}%)",
+        "asynchronous (background writer, as training)",
+        background,
+        100.0 * (background / plain - 1.0)
+    );
+    println!(
+        "{:<48} {:>10.3} s  ({:+.1}%)",
+        "synchronous (inline)",
+        inline,
+        100.0 * (inline / plain - 1.0)
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -49,7 +103,11 @@ fn dd(path: &Path, bytes: u64, repeats: usize) -> Result<f64> {
             .args(["bs=1M", &format!("count={count}"), "conv=fsync"])
             .output()
             .context("running dd")?;
-        ensure!(out.status.success(), "dd failed: {}", String::from_utf8_lossy(&out.stderr));
+        ensure!(
+            out.status.success(),
+            "dd failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         best = best.min(t.elapsed().as_secs_f64() * bytes as f64 / (count << 20) as f64);
         std::fs::remove_file(path)?;
     }

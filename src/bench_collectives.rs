@@ -17,7 +17,10 @@ use zflow_stages::plot::{LineChart, Scale, Series};
 /// Measures every rank count in `ranks` up to `max_bytes` per message; writes
 /// `out/collectives.parquet`.
 pub fn run(ranks: &[usize], max_bytes: u64, out: &Path) -> Result<ExitCode> {
-    ensure!(!ranks.is_empty() && ranks.iter().all(|&n| n >= 2), "--ranks: give rank counts of at least 2, e.g. 2,4");
+    ensure!(
+        !ranks.is_empty() && ranks.iter().all(|&n| n >= 2),
+        "--ranks: give rank counts of at least 2, e.g. 2,4"
+    );
     let exe = std::env::current_exe()?;
     let mut points: Vec<Point> = Vec::new();
     for &n in ranks {
@@ -26,7 +29,12 @@ pub fn run(ranks: &[usize], max_bytes: u64, out: &Path) -> Result<ExitCode> {
             .into_iter()
             .map(|p| {
                 Command::new(&exe)
-                    .args(["bench", "collective-rank", "--max-bytes", &max_bytes.to_string()])
+                    .args([
+                        "bench",
+                        "collective-rank",
+                        "--max-bytes",
+                        &max_bytes.to_string(),
+                    ])
                     .envs(p.to_env())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::inherit())
@@ -41,7 +49,10 @@ pub fn run(ranks: &[usize], max_bytes: u64, out: &Path) -> Result<ExitCode> {
             }
             if rank == 0 {
                 for line in String::from_utf8_lossy(&o.stdout).lines() {
-                    points.push(serde_json::from_str(line).with_context(|| format!("a rank's output: {line}"))?);
+                    points.push(
+                        serde_json::from_str(line)
+                            .with_context(|| format!("a rank's output: {line}"))?,
+                    );
                 }
             }
         }
@@ -59,7 +70,16 @@ pub fn run(ranks: &[usize], max_bytes: u64, out: &Path) -> Result<ExitCode> {
             x_scale: Scale::Log2,
             series: ranks
                 .iter()
-                .map(|&n| Series::line(format!("{n} ranks"), points.iter().filter(|p| p.op == op && p.ranks == n).map(|p| (p.bytes as f64, p.busbw_gbps())).collect()))
+                .map(|&n| {
+                    Series::line(
+                        format!("{n} ranks"),
+                        points
+                            .iter()
+                            .filter(|p| p.op == op && p.ranks == n)
+                            .map(|p| (p.bytes as f64, p.busbw_gbps()))
+                            .collect(),
+                    )
+                })
                 .collect(),
             ..Default::default()
         };
@@ -71,7 +91,8 @@ pub fn run(ranks: &[usize], max_bytes: u64, out: &Path) -> Result<ExitCode> {
 
 /// One rank of the benchmark (started by [`run`], placed by the environment).
 pub fn rank(max_bytes: u64) -> Result<ExitCode> {
-    let placement = Placement::from_env()?.context("collective-rank is started by `zflow bench collectives`")?;
+    let placement = Placement::from_env()?
+        .context("collective-rank is started by `zflow bench collectives`")?;
     let mut group = Group::join(&placement)?;
     let points = collective_bench::measure(&mut group, max_bytes)?;
     if group.rank == 0 {
@@ -87,14 +108,27 @@ fn print_table(points: &[Point], ranks: &[usize]) {
         println!("\n{}: time (us), algbw and busbw (GB/s)", op.name());
         let mut head = format!("{:>12}", "bytes");
         for n in ranks {
-            head.push_str(&format!(" | {:>10} {:>7} {:>7}", format!("{n} ranks"), "algbw", "busbw"));
+            head.push_str(&format!(
+                " | {:>10} {:>7} {:>7}",
+                format!("{n} ranks"),
+                "algbw",
+                "busbw"
+            ));
         }
         println!("{head}");
         for bytes in collective_bench::sizes(points.iter().map(|p| p.bytes).max().unwrap_or(1024)) {
             let mut line = format!("{bytes:>12}");
             for &n in ranks {
-                match points.iter().find(|p| p.op == op && p.ranks == n && p.bytes == bytes) {
-                    Some(p) => line.push_str(&format!(" | {:>10.1} {:>7.2} {:>7.2}", p.time_s * 1e6, p.algbw_gbps(), p.busbw_gbps())),
+                match points
+                    .iter()
+                    .find(|p| p.op == op && p.ranks == n && p.bytes == bytes)
+                {
+                    Some(p) => line.push_str(&format!(
+                        " | {:>10.1} {:>7.2} {:>7.2}",
+                        p.time_s * 1e6,
+                        p.algbw_gbps(),
+                        p.busbw_gbps()
+                    )),
                     None => line.push_str(&format!(" | {:>26}", "")),
                 }
             }
@@ -105,12 +139,24 @@ fn print_table(points: &[Point], ranks: &[usize]) {
 
 fn write(path: &Path, points: &[Point]) -> Result<()> {
     let cols: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from_iter_values(points.iter().map(|p| p.op.name()))),
-        Arc::new(UInt64Array::from_iter_values(points.iter().map(|p| p.ranks as u64))),
-        Arc::new(UInt64Array::from_iter_values(points.iter().map(|p| p.bytes))),
-        Arc::new(Float64Array::from_iter_values(points.iter().map(|p| p.time_s))),
-        Arc::new(Float64Array::from_iter_values(points.iter().map(|p| p.algbw_gbps()))),
-        Arc::new(Float64Array::from_iter_values(points.iter().map(|p| p.busbw_gbps()))),
+        Arc::new(StringArray::from_iter_values(
+            points.iter().map(|p| p.op.name()),
+        )),
+        Arc::new(UInt64Array::from_iter_values(
+            points.iter().map(|p| p.ranks as u64),
+        )),
+        Arc::new(UInt64Array::from_iter_values(
+            points.iter().map(|p| p.bytes),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            points.iter().map(|p| p.time_s),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            points.iter().map(|p| p.algbw_gbps()),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            points.iter().map(|p| p.busbw_gbps()),
+        )),
     ];
     let fields = vec![
         Field::new("op", DataType::Utf8, false),

@@ -39,16 +39,24 @@ pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
     let engine = crate::commands::open(args)?;
     let states = engine.plan(&BTreeSet::new())?;
     let done = |name: &str| -> Result<std::path::PathBuf> {
-        let i = engine.graph.position(name).with_context(|| format!("the recipe has no stage `{name}`"))?;
+        let i = engine
+            .graph
+            .position(name)
+            .with_context(|| format!("the recipe has no stage `{name}`"))?;
         match &states[i] {
             StageState::Cached { manifest } => Ok(engine.output_dir(name, &manifest.identity)),
-            _ => bail!("`{name}` is not complete; run `zflow run {} --until {name}` first", args.recipe.display()),
+            _ => bail!(
+                "`{name}` is not complete; run `zflow run {} --until {name}` first",
+                args.recipe.display()
+            ),
         }
     };
     let documents = done(&format!("ingest.{source}"))?.join("documents.parquet");
     let tok_dir = done("tokenizer")?;
     let scratch = tempfile_dir()?;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
 
     // Export the texts for Python (not timed on either side).
     let jsonl = scratch.join("docs.jsonl");
@@ -63,13 +71,25 @@ pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
     f.flush()?;
     drop(f);
 
-    let config = TokenizeConfig { prepend_bos: false, batch_docs: 2048, holdout_every: 0 };
+    let config = TokenizeConfig {
+        prepend_bos: false,
+        batch_docs: 2048,
+        holdout_every: 0,
+    };
     // Best of `REPEAT` on both sides: this machine's timings wander by 20-30% run to run.
     let mut zflow_s = f64::INFINITY;
     let mut stats = None;
     for _ in 0..REPEAT {
         let t = Instant::now();
-        stats = Some(tokenize_documents(&documents, &tok_dir, &scratch.join("tokens"), &config, cores, &|| Ok(()), &|_| {})?);
+        stats = Some(tokenize_documents(
+            &documents,
+            &tok_dir,
+            &scratch.join("tokens"),
+            &config,
+            cores,
+            &|| Ok(()),
+            &|_| {},
+        )?);
         zflow_s = zflow_s.min(t.elapsed().as_secs_f64());
     }
     let stats = stats.expect("REPEAT > 0");
@@ -85,14 +105,21 @@ pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
         .output()
         .context("running python3")?;
     if !out.status.success() {
-        bail!("the Python side failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "the Python side failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    let py: serde_json::Value = serde_json::from_slice(&out.stdout).context("reading the Python side's result")?;
+    let py: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("reading the Python side's result")?;
     let py_s = py["seconds"].as_f64().unwrap_or(f64::NAN);
     let py_tokens = py["tokens"].as_u64().unwrap_or(0);
 
     let mb = bytes as f64 / 1e6;
-    println!("tokenize `{source}`: {} documents, {mb:.1} MB, {cores} cores, best of {REPEAT}", stats.documents);
+    println!(
+        "tokenize `{source}`: {} documents, {mb:.1} MB, {cores} cores, best of {REPEAT}",
+        stats.documents
+    );
     println!("| path | what is timed | seconds | MB/s | tokens/s |");
     println!("|---|---|---:|---:|---:|");
     println!(
@@ -109,7 +136,10 @@ pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
     println!("zflow / Python throughput: {:.2}x", py_s / zflow_s);
     // Same tokenizer, same documents: the same tokens (zflow adds one EOD per document).
     if py_tokens + stats.documents != stats.tokens {
-        println!("warning: token counts differ: zflow {} (incl. {} EOD), Python {py_tokens}", stats.tokens, stats.documents);
+        println!(
+            "warning: token counts differ: zflow {} (incl. {} EOD), Python {py_tokens}",
+            stats.tokens, stats.documents
+        );
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(ExitCode::SUCCESS)
@@ -118,11 +148,18 @@ pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
 /// `python3`, with the `tokenizers` package importable (installed into a scratch folder, pinned,
 /// when the system does not have it).
 fn python_with_tokenizers(scratch: &std::path::Path) -> Result<Command> {
-    let has = Command::new("python3").args(["-c", "import tokenizers"]).output().map(|o| o.status.success()).unwrap_or(false);
+    let has = Command::new("python3")
+        .args(["-c", "import tokenizers"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
     let mut cmd = Command::new("python3");
     if !has {
         let target = scratch.join("py");
-        eprintln!("installing {PY_TOKENIZERS} for the comparison into {}", target.display());
+        eprintln!(
+            "installing {PY_TOKENIZERS} for the comparison into {}",
+            target.display()
+        );
         let status = Command::new("python3")
             .args(["-m", "pip", "install", "--quiet", "--target"])
             .arg(&target)

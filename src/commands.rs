@@ -19,7 +19,10 @@ use crate::RecipeArgs;
 
 /// Loads the recipe (with every stage kind registered) and opens its store.
 pub fn open(args: &RecipeArgs) -> Result<Engine> {
-    let opts = LoadOptions { sets: args.sets.clone(), store: args.store.clone() };
+    let opts = LoadOptions {
+        sets: args.sets.clone(),
+        store: args.store.clone(),
+    };
     let recipe = recipe::load(&args.recipe, &opts, &zflow_stages::registry())?;
     Engine::open(recipe)
 }
@@ -27,7 +30,11 @@ pub fn open(args: &RecipeArgs) -> Result<Engine> {
 fn indices(engine: &Engine, names: &[String]) -> Result<BTreeSet<usize>> {
     names
         .iter()
-        .map(|n| engine.graph.position(n).with_context(|| format!("no stage named `{n}` in {}", engine.recipe.path.display())))
+        .map(|n| {
+            engine.graph.position(n).with_context(|| {
+                format!("no stage named `{n}` in {}", engine.recipe.path.display())
+            })
+        })
         .collect()
 }
 
@@ -46,7 +53,9 @@ pub async fn run(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Resu
     let engine = open(args)?;
     let selected = run::select(&engine, &flags.only, &flags.from, &flags.until)?;
     let force = indices(&engine, &flags.force)?;
-    let cores = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
     let cancel = CancelToken::default();
     watch_signals(cancel.clone());
     let opts = RunOptions {
@@ -58,9 +67,16 @@ pub async fn run(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Resu
         progress: progress.clone(),
         cancel,
     };
-    if matches!(engine.recipe.executor, zflow_pipeline::recipe::ExecutorConfig::Slurm(_)) {
+    if matches!(
+        engine.recipe.executor,
+        zflow_pipeline::recipe::ExecutorConfig::Slurm(_)
+    ) {
         let states = engine.plan(&opts.force)?;
-        if opts.selected.iter().any(|&i| !matches!(states[i], StageState::Cached { .. })) {
+        if opts
+            .selected
+            .iter()
+            .any(|&i| !matches!(states[i], StageState::Cached { .. }))
+        {
             zflow_pipeline::slurm::check_reachable()?;
         }
     }
@@ -106,21 +122,40 @@ pub async fn run(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Resu
 pub async fn report(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Result<ExitCode> {
     let engine = open(args)?;
     if engine.graph.position("report").is_none() {
-        bail!("{} has no `report` stage: add an `evals:` section (or a stage of kind `report`)", args.recipe.display());
+        bail!(
+            "{} has no `report` stage: add an `evals:` section (or a stage of kind `report`)",
+            args.recipe.display()
+        );
     }
-    let code = run(args, RunFlags { until: vec!["report".into()], ..flags }, progress).await?;
+    let code = run(
+        args,
+        RunFlags {
+            until: vec!["report".into()],
+            ..flags
+        },
+        progress,
+    )
+    .await?;
     if code != ExitCode::SUCCESS {
         return Ok(code);
     }
     let engine = open(args)?;
     let i = engine.graph.position("report").expect("checked above");
     let states = engine.plan(&BTreeSet::new())?;
-    let StageState::Cached { manifest } = &states[i] else { bail!("the report stage did not complete") };
+    let StageState::Cached { manifest } = &states[i] else {
+        bail!("the report stage did not complete")
+    };
     let dir = engine.store.output_dir("report", &manifest.identity);
     let md = dir.join("report.md");
-    print!("{}", std::fs::read_to_string(&md).with_context(|| format!("reading {}", md.display()))?);
-    println!("
-report: {} (also report.csv, report.tex, report.json, plots/)", md.display());
+    print!(
+        "{}",
+        std::fs::read_to_string(&md).with_context(|| format!("reading {}", md.display()))?
+    );
+    println!(
+        "
+report: {} (also report.csv, report.tex, report.json, plots/)",
+        md.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -129,7 +164,10 @@ pub async fn exec_stage(spec: &Path) -> Result<ExitCode> {
     let cancel = CancelToken::default();
     watch_signals(cancel.clone());
     let spec = spec.to_path_buf();
-    tokio::task::spawn_blocking(move || zflow_pipeline::slurm::exec_stage(&spec, &zflow_stages::registry(), cancel)).await??;
+    tokio::task::spawn_blocking(move || {
+        zflow_pipeline::slurm::exec_stage(&spec, &zflow_stages::registry(), cancel)
+    })
+    .await??;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -137,7 +175,10 @@ pub async fn exec_stage(spec: &Path) -> Result<ExitCode> {
 fn watch_signals(cancel: CancelToken) {
     tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
             return;
         };
         let mut count = 0;
@@ -172,14 +213,20 @@ pub fn plan(args: &RecipeArgs, force: &[String]) -> Result<ExitCode> {
     let engine = open(args)?;
     let force = indices(&engine, force)?;
     let states = engine.plan(&force)?;
-    println!("plan for {} (store {})", engine.recipe.name, engine.store.root().display());
+    println!(
+        "plan for {} (store {})",
+        engine.recipe.name,
+        engine.store.root().display()
+    );
     print!("{}", plan::render(&engine, &states));
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn why(args: &RecipeArgs, stage: &str) -> Result<ExitCode> {
     let engine = open(args)?;
-    let Some(i) = engine.graph.position(stage) else { bail!("no stage named `{stage}` in {}", args.recipe.display()) };
+    let Some(i) = engine.graph.position(stage) else {
+        bail!("no stage named `{stage}` in {}", args.recipe.display())
+    };
     let states = engine.plan(&BTreeSet::new())?;
     explain(&engine, &states, i, 0);
     Ok(ExitCode::SUCCESS)
@@ -195,8 +242,18 @@ fn explain(engine: &Engine, states: &[StageState], i: usize, depth: usize) {
             ago(manifest.finished_ms),
             engine.output_dir(&node.name, &manifest.identity).display()
         ),
-        StageState::WillRun { reason, resumes, .. } => {
-            println!("{pad}{}: will run{}", node.name, if *resumes { " (resuming its partial output)" } else { "" });
+        StageState::WillRun {
+            reason, resumes, ..
+        } => {
+            println!(
+                "{pad}{}: will run{}",
+                node.name,
+                if *resumes {
+                    " (resuming its partial output)"
+                } else {
+                    ""
+                }
+            );
             match reason {
                 plan::Reason::Changed(changes) if !changes.is_empty() => {
                     for c in changes {
@@ -208,7 +265,11 @@ fn explain(engine: &Engine, states: &[StageState], i: usize, depth: usize) {
         }
         StageState::Broken { error } => println!("{pad}{}: cannot be planned: {error}", node.name),
         StageState::Waits { on } => {
-            println!("{pad}{}: will run after its inputs {}; its identity depends on their new contents", node.name, on.join(", "));
+            println!(
+                "{pad}{}: will run after its inputs {}; its identity depends on their new contents",
+                node.name,
+                on.join(", ")
+            );
             for name in on {
                 if let Some(j) = engine.graph.position(name) {
                     explain(engine, states, j, depth + 1);
@@ -234,7 +295,11 @@ pub fn status(args: &RecipeArgs) -> Result<ExitCode> {
     let records = records::read_all(&engine.store.records_dir())?;
     let nodes = engine.graph.nodes();
     let width = nodes.iter().map(|n| n.name.len()).max().unwrap_or(5);
-    println!("{} (store {})", engine.recipe.name, engine.store.root().display());
+    println!(
+        "{} (store {})",
+        engine.recipe.name,
+        engine.store.root().display()
+    );
     let mut counts = std::collections::BTreeMap::<&str, usize>::new();
     for &i in engine.graph.topo_order() {
         let node = &nodes[i];
@@ -247,26 +312,45 @@ pub fn status(args: &RecipeArgs) -> Result<ExitCode> {
                     (manifest.finished_ms - manifest.started_ms) as f64 / 1000.0
                 ),
             ),
-            StageState::WillRun { identity, reason, resumes, .. } => {
+            StageState::WillRun {
+                identity,
+                reason,
+                resumes,
+                ..
+            } => {
                 let lease_info = lease::read(&engine.store.lease_path(&node.name, identity));
-                let last = records.iter().rev().find(|r| r.stage == node.name && &r.identity == identity);
+                let last = records
+                    .iter()
+                    .rev()
+                    .find(|r| r.stage == node.name && &r.identity == identity);
                 match (lease_info, last) {
                     (Some(l), _) if !l.is_stale(lease::lease_timeout()) => (
                         "running",
-                        format!("pid {} on {}, heartbeat {}", l.pid, l.host, ago(l.heartbeat_ms)),
+                        format!(
+                            "pid {} on {}, heartbeat {}",
+                            l.pid,
+                            l.host,
+                            ago(l.heartbeat_ms)
+                        ),
                     ),
                     (_, Some(r)) if r.status == Status::Failed => (
                         "failed",
                         format!(
                             "{}: {} (log: {})",
                             ago(r.end_ms),
-                            r.error.as_deref().unwrap_or("").lines().next().unwrap_or(""),
+                            r.error
+                                .as_deref()
+                                .unwrap_or("")
+                                .lines()
+                                .next()
+                                .unwrap_or(""),
                             r.log
                         ),
                     ),
-                    (_, Some(r)) if r.status == Status::Cancelled || *resumes => {
-                        ("stopped", format!("interrupted {}; `zflow run` continues it", ago(r.end_ms)))
-                    }
+                    (_, Some(r)) if r.status == Status::Cancelled || *resumes => (
+                        "stopped",
+                        format!("interrupted {}; `zflow run` continues it", ago(r.end_ms)),
+                    ),
                     _ => ("pending", reason.to_string()),
                 }
             }
@@ -282,11 +366,19 @@ pub fn status(args: &RecipeArgs) -> Result<ExitCode> {
             _ => None,
         };
         if let Some(identity) = identity {
-            if let Ok(job) = std::fs::read_to_string(zflow_pipeline::slurm::job_file(&engine.store.log_path(&node.name, &identity))) {
+            if let Ok(job) = std::fs::read_to_string(zflow_pipeline::slurm::job_file(
+                &engine.store.log_path(&node.name, &identity),
+            )) {
                 println!("  {:<8} {:<width$}    job: {job}", "", "");
             }
-            let dirs = [engine.store.output_dir(&node.name, &identity), engine.store.partial_dir(&node.name, &identity)];
-            if let Some(text) = dirs.iter().find_map(|d| std::fs::read_to_string(d.join("events.jsonl")).ok()) {
+            let dirs = [
+                engine.store.output_dir(&node.name, &identity),
+                engine.store.partial_dir(&node.name, &identity),
+            ];
+            if let Some(text) = dirs
+                .iter()
+                .find_map(|d| std::fs::read_to_string(d.join("events.jsonl")).ok())
+            {
                 for line in interruptions(&text) {
                     println!("  {:<8} {:<width$}    {line}", "", "");
                 }
@@ -306,8 +398,13 @@ fn interruptions(events: &str) -> Vec<String> {
         .filter(|e| e["kind"] != "launch")
         .map(|e| {
             let downtime = match (e["detected_ms"].as_u64(), e["training_again_ms"].as_u64()) {
-                (Some(a), Some(b)) => format!(", training again after {:.1}s", b.saturating_sub(a) as f64 / 1000.0),
-                _ if e["backoff_s"].is_null() && e["kind"] == "failure" => ", not relaunched".to_string(),
+                (Some(a), Some(b)) => format!(
+                    ", training again after {:.1}s",
+                    b.saturating_sub(a) as f64 / 1000.0
+                ),
+                _ if e["backoff_s"].is_null() && e["kind"] == "failure" => {
+                    ", not relaunched".to_string()
+                }
                 _ => String::new(),
             };
             let what = match e["kind"].as_str() {
@@ -315,7 +412,11 @@ fn interruptions(events: &str) -> Vec<String> {
                 Some("preflight") => "preflight",
                 _ => "restart",
             };
-            format!("{what} (attempt {}): {}{downtime}", e["attempt"], e["cause"].as_str().unwrap_or(""))
+            format!(
+                "{what} (attempt {}): {}{downtime}",
+                e["attempt"],
+                e["cause"].as_str().unwrap_or("")
+            )
         })
         .collect()
 }
@@ -324,7 +425,12 @@ pub fn graph(args: &RecipeArgs, format: &str) -> Result<ExitCode> {
     let engine = open(args)?;
     let label = |n: &zflow_pipeline::recipe::StageNode| format!("{}\\n{}", n.name, n.stage.kind());
     match format {
-        "mermaid" => print!("{}", engine.graph.to_mermaid(|n| format!("{} ({})", n.name, n.stage.kind()))),
+        "mermaid" => print!(
+            "{}",
+            engine
+                .graph
+                .to_mermaid(|n| format!("{} ({})", n.name, n.stage.kind()))
+        ),
         _ => print!("{}", engine.graph.to_dot(label)),
     }
     Ok(ExitCode::SUCCESS)
@@ -332,7 +438,9 @@ pub fn graph(args: &RecipeArgs, format: &str) -> Result<ExitCode> {
 
 pub fn logs(args: &RecipeArgs, stage: &str, path_only: bool) -> Result<ExitCode> {
     let engine = open(args)?;
-    let Some(i) = engine.graph.position(stage) else { bail!("no stage named `{stage}` in {}", args.recipe.display()) };
+    let Some(i) = engine.graph.position(stage) else {
+        bail!("no stage named `{stage}` in {}", args.recipe.display())
+    };
     // Prefer the log of the identity the recipe asks for now; else the newest of any identity.
     let states = engine.plan(&BTreeSet::new())?;
     let current = match &states[i] {
@@ -340,12 +448,23 @@ pub fn logs(args: &RecipeArgs, stage: &str, path_only: bool) -> Result<ExitCode>
         StageState::WillRun { identity, .. } => Some(engine.store.log_path(stage, identity)),
         StageState::Waits { .. } | StageState::Broken { .. } => None,
     };
-    let path = current.filter(|p| p.exists()).or_else(|| engine.latest_log(stage));
-    let Some(path) = path else { bail!("stage `{stage}` has no log yet (it has not run in {})", engine.store.root().display()) };
+    let path = current
+        .filter(|p| p.exists())
+        .or_else(|| engine.latest_log(stage));
+    let Some(path) = path else {
+        bail!(
+            "stage `{stage}` has no log yet (it has not run in {})",
+            engine.store.root().display()
+        )
+    };
     if path_only {
         println!("{}", path.display());
     } else {
-        print!("{}", std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?);
+        print!(
+            "{}",
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -353,7 +472,13 @@ pub fn logs(args: &RecipeArgs, stage: &str, path_only: bool) -> Result<ExitCode>
 pub fn gc(store: &Path, recipes: &[PathBuf], dry_run: bool) -> Result<ExitCode> {
     let engines = recipes
         .iter()
-        .map(|r| open(&RecipeArgs { recipe: r.clone(), sets: vec![], store: Some(store.to_path_buf()) }))
+        .map(|r| {
+            open(&RecipeArgs {
+                recipe: r.clone(),
+                sets: vec![],
+                store: Some(store.to_path_buf()),
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
     let report = zflow_pipeline::gc::gc(&engines, dry_run)?;
     let verb = if dry_run { "would remove" } else { "removed" };
@@ -369,15 +494,26 @@ pub fn gc(store: &Path, recipes: &[PathBuf], dry_run: bool) -> Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn size(args: &RecipeArgs, dp: usize, micro_batch: usize, hardware: Option<&str>, gpus: Option<usize>) -> Result<ExitCode> {
+pub fn size(
+    args: &RecipeArgs,
+    dp: usize,
+    micro_batch: usize,
+    hardware: Option<&str>,
+    gpus: Option<usize>,
+) -> Result<ExitCode> {
     let engine = open(args)?;
     let doc = &engine.recipe.document;
-    let model = zflow_stages::model::ModelSection::config(doc).map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+    let model = zflow_stages::model::ModelSection::config(doc)
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
     // One report per phase (sequence length differs); without phases, ZAYA1's 4K context.
     let mut phases: Vec<(String, usize)> = doc
         .get("phases")
         .and_then(|p| p.as_object())
-        .map(|p| p.iter().filter_map(|(name, v)| Some((name.clone(), v.get("seq_len")?.as_u64()? as usize))).collect())
+        .map(|p| {
+            p.iter()
+                .filter_map(|(name, v)| Some((name.clone(), v.get("seq_len")?.as_u64()? as usize)))
+                .collect()
+        })
         .unwrap_or_default();
     if phases.is_empty() {
         phases.push(("(no phases)".into(), 4096));
@@ -386,7 +522,10 @@ pub fn size(args: &RecipeArgs, dp: usize, micro_batch: usize, hardware: Option<&
         if i > 0 {
             println!();
         }
-        println!("== {} phase {phase}: seq_len {seq_len}, dp {dp}, micro-batch {micro_batch}", engine.recipe.name);
+        println!(
+            "== {} phase {phase}: seq_len {seq_len}, dp {dp}, micro-batch {micro_batch}",
+            engine.recipe.name
+        );
         print!("{}", model.report(*seq_len, micro_batch, dp));
     }
     if let Some(name) = hardware {
@@ -397,40 +536,86 @@ pub fn size(args: &RecipeArgs, dp: usize, micro_batch: usize, hardware: Option<&
 
 /// The cost projection part of `zflow size --hardware`: every phase's step time, tokens/s,
 /// GPU-hours and days on the named hardware (or this machine, measured now).
-fn project(doc: &serde_json::Value, model: &zflow_runtime::size::ModelConfig, name: &str, gpus: Option<usize>) -> Result<()> {
+fn project(
+    doc: &serde_json::Value,
+    model: &zflow_runtime::size::ModelConfig,
+    name: &str,
+    gpus: Option<usize>,
+) -> Result<()> {
     use zflow_runtime::projection::{self, Assumptions, Hardware};
     let hw = match name {
         "this" => measure_this_machine()?,
-        _ => Hardware::named(name).with_context(|| format!("--hardware {name}: expected mi300x, h200 or this"))?,
+        _ => Hardware::named(name)
+            .with_context(|| format!("--hardware {name}: expected mi300x, h200 or this"))?,
     };
     let a = Assumptions::default();
     println!("
 == cost projection on {} ({}): bf16 {:.1} TFLOP/s x {:.0}% for GEMMs, memory {:.0} GB/s, link {:.1} GB/s bus bandwidth", hw.name, hw.source, hw.bf16_tflops, 100.0 * a.gemm_efficiency, hw.hbm_gbps, hw.link_gbps);
-    println!("   step = max(compute, memory) + exchange (no overlap assumed); see runtime/src/projection.rs");
+    println!(
+        "   step = max(compute, memory) + exchange (no overlap assumed); see runtime/src/projection.rs"
+    );
     let Some(phases) = doc.get("phases").and_then(|p| p.as_object()) else {
         println!("   (the recipe has no phases)");
         return Ok(());
     };
-    println!("{:<10} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>12} {:>6} {:>12} {:>8}", "phase", "gpus", "seq", "compute", "memory", "exchange", "step s", "tokens/s", "MFU", "GPU-hours", "days");
+    println!(
+        "{:<10} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>12} {:>6} {:>12} {:>8}",
+        "phase",
+        "gpus",
+        "seq",
+        "compute",
+        "memory",
+        "exchange",
+        "step s",
+        "tokens/s",
+        "MFU",
+        "GPU-hours",
+        "days"
+    );
     let (mut total_gpu_hours, mut total_days) = (0.0, 0.0);
     for (phase, v) in phases {
-        let (train, launch) = zflow_stages::train::TrainSection::settings(doc, phase, v.get("train")).map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+        let (train, launch) =
+            zflow_stages::train::TrainSection::settings(doc, phase, v.get("train"))
+                .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
         let seq_len = v.get("seq_len").and_then(|s| s.as_u64()).unwrap_or(4096) as usize;
         let tokens = v.get("tokens").and_then(|t| t.as_f64()).unwrap_or(0.0);
         let n = gpus.unwrap_or(launch.data_parallel);
-        let s = projection::step(model, seq_len, train.global_batch, train.micro_batch, n, &hw, &a);
+        let s = projection::step(
+            model,
+            seq_len,
+            train.global_batch,
+            train.micro_batch,
+            n,
+            &hw,
+            &a,
+        );
         let (_, _, gpu_hours, days) = projection::phase(&s, tokens, n);
         total_gpu_hours += gpu_hours;
         total_days += days;
         println!(
             "{phase:<10} {n:>6} {seq_len:>7} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>12.0} {:>5.0}% {:>12.2} {:>8.2}",
-            s.compute_s, s.memory_s, s.comm_s, s.step_s, s.tokens_per_s, 100.0 * s.mfu, gpu_hours, days
+            s.compute_s,
+            s.memory_s,
+            s.comm_s,
+            s.step_s,
+            s.tokens_per_s,
+            100.0 * s.mfu,
+            gpu_hours,
+            days
         );
         if hw.name == "MI300X" && seq_len == 4096 && train.global_batch == 4096 {
-            println!("{:<10} ZAYA1 report: ~2.5 s per step at 4096 x 4096 tokens on 1024 MI300X; projected {:.2} s on {n}: ratio {:.2}", "", s.step_s, s.step_s / 2.5);
+            println!(
+                "{:<10} ZAYA1 report: ~2.5 s per step at 4096 x 4096 tokens on 1024 MI300X; projected {:.2} s on {n}: ratio {:.2}",
+                "",
+                s.step_s,
+                s.step_s / 2.5
+            );
         }
     }
-    println!("{:<10} {:>89.2} {:>8.2}", "all phases", total_gpu_hours, total_days);
+    println!(
+        "{:<10} {:>89.2} {:>8.2}",
+        "all phases", total_gpu_hours, total_days
+    );
     Ok(())
 }
 
@@ -440,8 +625,15 @@ fn project(doc: &serde_json::Value, model: &zflow_runtime::size::ModelConfig, na
 fn measure_this_machine() -> Result<zflow_runtime::projection::Hardware> {
     use zflow_runtime::collective::{Group, Placement};
     let gflops = zflow_runtime::bench::matmul_gflops(1024, 3);
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let membw = zflow_runtime::microbench::stream_gbps(zflow_runtime::microbench::Stream::Triad, 8 << 20, threads, 3);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let membw = zflow_runtime::microbench::stream_gbps(
+        zflow_runtime::microbench::Stream::Triad,
+        8 << 20,
+        threads,
+        3,
+    );
     let bytes = 64usize << 20;
     let handles: Vec<_> = Placement::local(2)?
         .into_iter()
@@ -460,7 +652,9 @@ fn measure_this_machine() -> Result<zflow_runtime::projection::Hardware> {
         .collect();
     let mut secs = 0.0;
     for h in handles {
-        secs = h.join().map_err(|_| anyhow::anyhow!("a measuring thread panicked"))??;
+        secs = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a measuring thread panicked"))??;
     }
     // Bus bandwidth of a 2-rank all-reduce: bytes / time x 2(n-1)/n = bytes / time.
     let busbw = bytes as f64 / secs / 1e9;
@@ -469,24 +663,42 @@ fn measure_this_machine() -> Result<zflow_runtime::projection::Hardware> {
         bf16_tflops: gflops / 1e3,
         hbm_gbps: membw,
         link_gbps: busbw,
-        source: format!("measured now: matmul {gflops:.1} GFLOP/s f32, STREAM triad {membw:.1} GB/s, ring all-reduce {busbw:.2} GB/s"),
+        source: format!(
+            "measured now: matmul {gflops:.1} GFLOP/s f32, STREAM triad {membw:.1} GB/s, ring all-reduce {busbw:.2} GB/s"
+        ),
     })
 }
 
 /// `zflow ckpt export --format hf`: the model's sizes from `recipe`'s `model:` if given, else
 /// from the checkpoint (its model.json, or the train job next to it).
-pub fn ckpt_export(checkpoint: &Path, out: &Path, tokenizer: Option<PathBuf>, recipe: Option<&Path>) -> Result<ExitCode> {
+pub fn ckpt_export(
+    checkpoint: &Path,
+    out: &Path,
+    tokenizer: Option<PathBuf>,
+    recipe: Option<&Path>,
+) -> Result<ExitCode> {
     let model = match recipe {
         Some(path) => {
-            let opts = LoadOptions { sets: Vec::new(), store: None };
+            let opts = LoadOptions {
+                sets: Vec::new(),
+                store: None,
+            };
             let recipe = recipe::load(path, &opts, &zflow_stages::registry())?;
-            zflow_stages::model::ModelSection::config(&recipe.document).map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path, e.message))?
+            zflow_stages::model::ModelSection::config(&recipe.document)
+                .map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path, e.message))?
         }
         None => zflow_runtime::hf::checkpoint_model(checkpoint)?,
     };
-    let opts = zflow_runtime::hf::ExportOptions { tokenizer, ..Default::default() };
+    let opts = zflow_runtime::hf::ExportOptions {
+        tokenizer,
+        ..Default::default()
+    };
     zflow_runtime::hf::export_hf(checkpoint, &model, &opts, out)?;
-    println!("exported {} to {} (Hugging Face, model_type zaya)", checkpoint.display(), out.display());
+    println!(
+        "exported {} to {} (Hugging Face, model_type zaya)",
+        checkpoint.display(),
+        out.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -506,7 +718,10 @@ pub fn ckpt_import(hf: &Path, out: &Path) -> Result<ExitCode> {
 
 pub async fn query(store: &Path, sql: &str) -> Result<ExitCode> {
     if !store.join(".zflow").is_dir() {
-        bail!("{} is not a zflow store (no .zflow folder)", store.display());
+        bail!(
+            "{} is not a zflow store (no .zflow folder)",
+            store.display()
+        );
     }
     println!("{}", zflow_pipeline::query::query(store, sql).await?);
     Ok(ExitCode::SUCCESS)
@@ -634,19 +849,49 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
     match what {
         Bench::Plan { stages, dir } => bench_plan(stages, dir).await,
         Bench::Tokenize { recipe, source } => crate::bench_tokenize::run(&recipe, &source),
-        Bench::Train { recipe, batch, seq_len, steps } => crate::bench_train::run(&recipe, batch, seq_len, steps),
-        Bench::Collectives { ranks, max_bytes, out } => crate::bench_collectives::run(&ranks, max_bytes, &out),
+        Bench::Train {
+            recipe,
+            batch,
+            seq_len,
+            steps,
+        } => crate::bench_train::run(&recipe, batch, seq_len, steps),
+        Bench::Collectives {
+            ranks,
+            max_bytes,
+            out,
+        } => crate::bench_collectives::run(&ranks, max_bytes, &out),
         Bench::CollectiveRank { max_bytes } => crate::bench_collectives::rank(max_bytes),
-        Bench::Gemm { recipe, backend, tokens, out } => crate::bench_hw::gemm(&recipe, &backend, tokens, &out),
-        Bench::ProbeRank { backend, rank, device } => {
+        Bench::Gemm {
+            recipe,
+            backend,
+            tokens,
+            out,
+        } => crate::bench_hw::gemm(&recipe, &backend, tokens, &out),
+        Bench::ProbeRank {
+            backend,
+            rank,
+            device,
+        } => {
             let slow_ms = zflow_runtime::faults::Faults::from_env(rank)?.delay_ms(0);
-            let (device, probe) = zflow_runtime::preflight::probe_backend(&backend, device, slow_ms)?;
-            let line = zflow_stages::preflight::RankProbe { host: zflow_pipeline::lease::hostname(), device, probe };
+            let (device, probe) =
+                zflow_runtime::preflight::probe_backend(&backend, device, slow_ms)?;
+            let line = zflow_stages::preflight::RankProbe {
+                host: zflow_pipeline::lease::hostname(),
+                device,
+                probe,
+            };
             println!("{}", serde_json::to_string(&line)?);
             Ok(ExitCode::SUCCESS)
         }
         Bench::Membw { mib, out } => crate::bench_hw::membw(mib, &out),
-        Bench::Checkpoint { recipe, dir, steps, every, batch, seq_len } => crate::bench_checkpoint::run(&recipe, dir.as_deref(), steps, every, batch, seq_len),
+        Bench::Checkpoint {
+            recipe,
+            dir,
+            steps,
+            every,
+            batch,
+            seq_len,
+        } => crate::bench_checkpoint::run(&recipe, dir.as_deref(), steps, every, batch, seq_len),
     }
 }
 
@@ -655,7 +900,9 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
 pub fn generated_recipe(n: usize) -> String {
     let mut y = String::from("name: bench\nstages:\n");
     for i in 0..n {
-        y.push_str(&format!("  - name: s{i}\n    kind: shell\n    run: echo {i} > \"$ZFLOW_OUT/x\"\n"));
+        y.push_str(&format!(
+            "  - name: s{i}\n    kind: shell\n    run: echo {i} > \"$ZFLOW_OUT/x\"\n"
+        ));
         if i > 0 {
             let mut needs = vec![format!("s{}", i - 1)];
             if i / 2 != i - 1 {
@@ -681,7 +928,11 @@ async fn bench_plan(n: usize, dir: Option<PathBuf>) -> Result<ExitCode> {
     };
     let recipe_path = dir.join("bench.yaml");
     std::fs::write(&recipe_path, generated_recipe(n))?;
-    let args = RecipeArgs { recipe: recipe_path.clone(), sets: vec![], store: Some(dir.join("store")) };
+    let args = RecipeArgs {
+        recipe: recipe_path.clone(),
+        sets: vec![],
+        store: Some(dir.join("store")),
+    };
 
     let t = Instant::now();
     let engine = open(&args)?;
@@ -689,11 +940,20 @@ async fn bench_plan(n: usize, dir: Option<PathBuf>) -> Result<ExitCode> {
     let t = Instant::now();
     let states = engine.plan(&BTreeSet::new())?;
     let plan_time = t.elapsed();
-    let to_run = states.iter().filter(|s| !matches!(s, StageState::Cached { .. })).count();
-    println!("{n} stages: load {:.3}s, plan {:.3}s ({to_run} to run)", load.as_secs_f64(), plan_time.as_secs_f64());
+    let to_run = states
+        .iter()
+        .filter(|s| !matches!(s, StageState::Cached { .. }))
+        .count();
+    println!(
+        "{n} stages: load {:.3}s, plan {:.3}s ({to_run} to run)",
+        load.as_secs_f64(),
+        plan_time.as_secs_f64()
+    );
 
     let quiet = Progress::new(zflow_pipeline::progress::Mode::Quiet);
-    let cores = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
     let run_all = |engine: Engine| RunOptions {
         selected: (0..engine.graph.nodes().len()).collect(),
         force: BTreeSet::new(),
@@ -706,7 +966,11 @@ async fn bench_plan(n: usize, dir: Option<PathBuf>) -> Result<ExitCode> {
     let t = Instant::now();
     let opts = run_all(open(&args)?);
     let first = run::run(Arc::new(engine), opts).await?;
-    println!("first run: {} stages ran in {:.2}s", first.ran.len(), t.elapsed().as_secs_f64());
+    println!(
+        "first run: {} stages ran in {:.2}s",
+        first.ran.len(),
+        t.elapsed().as_secs_f64()
+    );
     let t = Instant::now();
     let engine = open(&args)?;
     let states = engine.plan(&BTreeSet::new())?;
@@ -714,7 +978,10 @@ async fn bench_plan(n: usize, dir: Option<PathBuf>) -> Result<ExitCode> {
     println!(
         "plan when all cached (load + plan): {:.3}s ({} cached)",
         cached_plan.as_secs_f64(),
-        states.iter().filter(|s| matches!(s, StageState::Cached { .. })).count()
+        states
+            .iter()
+            .filter(|s| matches!(s, StageState::Cached { .. }))
+            .count()
     );
     let t = Instant::now();
     let opts = run_all(open(&args)?);
@@ -737,7 +1004,18 @@ fn tempdir() -> Result<PathBuf> {
 /// `zflow ckpt reshape IN OUT --dp N [--ep M]`.
 pub fn ckpt_reshape(input: &Path, out: &Path, dp: usize, ep: usize) -> Result<ExitCode> {
     let layout = zflow_runtime::zero::reshape(input, out, dp, ep)?;
-    let load: Vec<String> = layout.load().iter().map(|n| format!("{:.2}M", *n as f64 / 1e6)).collect();
-    println!("{} -> {}: optimizer state over {} data-parallel rank(s) ({} parameters each), experts over {} expert-parallel rank(s)", input.display(), out.display(), layout.dp, load.join(" / "), layout.ep);
+    let load: Vec<String> = layout
+        .load()
+        .iter()
+        .map(|n| format!("{:.2}M", *n as f64 / 1e6))
+        .collect();
+    println!(
+        "{} -> {}: optimizer state over {} data-parallel rank(s) ({} parameters each), experts over {} expert-parallel rank(s)",
+        input.display(),
+        out.display(),
+        layout.dp,
+        load.join(" / "),
+        layout.ep
+    );
     Ok(ExitCode::SUCCESS)
 }

@@ -48,13 +48,25 @@ pub struct EvalArgs {
 }
 
 /// Opens the model at `path`.
-pub fn open_model(path: &Path, tokenizer: Option<&Path>, eos: &str, max_length: usize, backend: &str, device: usize) -> Result<Box<dyn LanguageModel>> {
+pub fn open_model(
+    path: &Path,
+    tokenizer: Option<&Path>,
+    eos: &str,
+    max_length: usize,
+    backend: &str,
+    device: usize,
+) -> Result<Box<dyn LanguageModel>> {
     if path.is_dir() {
         let tokenizer = tokenizer.context("a zflow checkpoint is scored with its recipe's tokenizer: give --tokenizer (the tokenizer stage's tokenizer.json)")?;
-        return Ok(zflow_evals::checkpoint::open_checkpoint(path, tokenizer, eos, max_length, backend, device)?);
+        return Ok(zflow_evals::checkpoint::open_checkpoint(
+            path, tokenizer, eos, max_length, backend, device,
+        )?);
     }
     if backend != "cpu" {
-        anyhow::bail!("{}: GGUF files are scored on the CPU (candle); --backend applies to zflow and Hugging Face ZAYA1 folders", path.display());
+        anyhow::bail!(
+            "{}: GGUF files are scored on the CPU (candle); --backend applies to zflow and Hugging Face ZAYA1 folders",
+            path.display()
+        );
     }
     match GgufModel::load(path, None, Some(max_length)) {
         Ok(m) => Ok(Box::new(m)),
@@ -70,18 +82,40 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
     let tokenizer = a.tokenizer.clone().or_else(|| {
         let beside = a.model.with_file_name("tokenizer.json");
         let fetched = a.data.join("tokenizer-gemma3/tokenizer.json");
-        [beside, fetched].into_iter().find(|p| p.exists() && !a.model.is_dir())
+        [beside, fetched]
+            .into_iter()
+            .find(|p| p.exists() && !a.model.is_dir())
     });
-    let mut model = open_model(&a.model, tokenizer.as_deref(), &a.eos, a.max_length, &a.backend, a.device)?;
-    eprintln!("loaded {} in {:.1} s ({})", a.model.display(), t0.elapsed().as_secs_f64(), model.identity());
-    let registry = TaskRegistry::load_dir(&a.tasks_dir.clone().unwrap_or_else(zflow_evals::task::builtin_tasks_dir))?;
+    let mut model = open_model(
+        &a.model,
+        tokenizer.as_deref(),
+        &a.eos,
+        a.max_length,
+        &a.backend,
+        a.device,
+    )?;
+    eprintln!(
+        "loaded {} in {:.1} s ({})",
+        a.model.display(),
+        t0.elapsed().as_secs_f64(),
+        model.identity()
+    );
+    let registry = TaskRegistry::load_dir(
+        &a.tasks_dir
+            .clone()
+            .unwrap_or_else(zflow_evals::task::builtin_tasks_dir),
+    )?;
     let opts = EvalOptions {
         data_root: a.data.clone(),
         cache_dir: a.cache.clone(),
         limit: a.limit,
         num_fewshot: a.num_fewshot,
         log_samples: a.log_samples,
-        engine: EngineOptions { max_batch_tokens: a.batch_tokens, progress: true, sink: None },
+        engine: EngineOptions {
+            max_batch_tokens: a.batch_tokens,
+            progress: true,
+            sink: None,
+        },
     };
     let t0 = Instant::now();
     let report = zflow_evals::evaluate(model.as_mut(), &registry, &a.tasks, &opts)?;
@@ -96,12 +130,17 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
             s.input_tokens as f64 / model_s.max(1e-9),
             s.input_tokens,
             s.packed_tokens,
-            if s.generated_tokens > 0 { format!(", {} generated", s.generated_tokens) } else { String::new() }
+            if s.generated_tokens > 0 {
+                format!(", {} generated", s.generated_tokens)
+            } else {
+                String::new()
+            }
         );
     }
     eprintln!("total {:.1} s", t0.elapsed().as_secs_f64());
     if let Some(out) = &a.out {
-        std::fs::write(out, report.results.to_json()).with_context(|| format!("writing {}", out.display()))?;
+        std::fs::write(out, report.results.to_json())
+            .with_context(|| format!("writing {}", out.display()))?;
         eprintln!("results: {}", out.display());
     }
     Ok(ExitCode::SUCCESS)

@@ -313,15 +313,30 @@ fn main() -> ExitCode {
     if matches!(cli.command, Command::Worker { .. } | Command::Bench { .. }) {
         keep_freed_memory_mapped();
     }
-    if let Command::Worker { job, backend, device } = &cli.command {
+    if let Command::Worker {
+        job,
+        backend,
+        device,
+    } = &cli.command
+    {
         // A worker is a plain process: no async runtime, logs to stderr for the supervisor.
-        tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).without_time().init();
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .without_time()
+            .init();
         return ExitCode::from(zflow_runtime::worker::run(job, backend, *device) as u8);
     }
-    let quiet = matches!(cli.command, Command::Run { quiet: true, .. } | Command::Report { quiet: true, .. });
+    let quiet = matches!(
+        cli.command,
+        Command::Run { quiet: true, .. } | Command::Report { quiet: true, .. }
+    );
     let progress = zflow_pipeline::progress::Progress::auto(quiet);
     zflow_pipeline::logging::init(&progress, quiet);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -330,38 +345,130 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Run { recipe, only, from, until, force, jobs, gpus, memory_gb, quiet: _ } => {
-                let flags = commands::RunFlags { only, from, until, force, jobs, gpus, memory_gb };
+            Command::Run {
+                recipe,
+                only,
+                from,
+                until,
+                force,
+                jobs,
+                gpus,
+                memory_gb,
+                quiet: _,
+            } => {
+                let flags = commands::RunFlags {
+                    only,
+                    from,
+                    until,
+                    force,
+                    jobs,
+                    gpus,
+                    memory_gb,
+                };
                 commands::run(&recipe, flags, progress).await
             }
-            Command::Report { recipe, jobs, quiet: _ } => {
-                let flags = commands::RunFlags { only: vec![], from: vec![], until: vec![], force: vec![], jobs, gpus: 0, memory_gb: None };
+            Command::Report {
+                recipe,
+                jobs,
+                quiet: _,
+            } => {
+                let flags = commands::RunFlags {
+                    only: vec![],
+                    from: vec![],
+                    until: vec![],
+                    force: vec![],
+                    jobs,
+                    gpus: 0,
+                    memory_gb: None,
+                };
                 commands::report(&recipe, flags, progress).await
             }
             Command::Plan { recipe, force } => commands::plan(&recipe, &force),
             Command::Why { recipe, stage } => commands::why(&recipe, &stage),
             Command::Status { recipe } => commands::status(&recipe),
             Command::Graph { recipe, format } => commands::graph(&recipe, &format),
-            Command::Logs { recipe, stage, path } => commands::logs(&recipe, &stage, path),
-            Command::Gc { store, recipes, dry_run } => commands::gc(&store, &recipes, dry_run),
+            Command::Logs {
+                recipe,
+                stage,
+                path,
+            } => commands::logs(&recipe, &stage, path),
+            Command::Gc {
+                store,
+                recipes,
+                dry_run,
+            } => commands::gc(&store, &recipes, dry_run),
             Command::Query { store, sql } => commands::query(&store, &sql).await,
-            Command::Eval { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, backend, device, batch_tokens, log_samples, out, tasks_dir } => {
-                let args = eval::EvalArgs { model, tasks, data, cache, limit, num_fewshot, tokenizer, eos, max_length, backend, device, batch_tokens, log_samples, out, tasks_dir };
-                tokio::task::spawn_blocking(move || eval::run(&args)).await.map_err(anyhow::Error::from).and_then(|r| r)
+            Command::Eval {
+                model,
+                tasks,
+                data,
+                cache,
+                limit,
+                num_fewshot,
+                tokenizer,
+                eos,
+                max_length,
+                backend,
+                device,
+                batch_tokens,
+                log_samples,
+                out,
+                tasks_dir,
+            } => {
+                let args = eval::EvalArgs {
+                    model,
+                    tasks,
+                    data,
+                    cache,
+                    limit,
+                    num_fewshot,
+                    tokenizer,
+                    eos,
+                    max_length,
+                    backend,
+                    device,
+                    batch_tokens,
+                    log_samples,
+                    out,
+                    tasks_dir,
+                };
+                tokio::task::spawn_blocking(move || eval::run(&args))
+                    .await
+                    .map_err(anyhow::Error::from)
+                    .and_then(|r| r)
             }
-            Command::Size { recipe, dp, micro_batch, hardware, gpus } => commands::size(&recipe, dp, micro_batch, hardware.as_deref(), gpus),
+            Command::Size {
+                recipe,
+                dp,
+                micro_batch,
+                hardware,
+                gpus,
+            } => commands::size(&recipe, dp, micro_batch, hardware.as_deref(), gpus),
             Command::Bench { what } => commands::bench(what).await,
             Command::ExecStage { spec } => commands::exec_stage(&spec).await,
             Command::Worker { .. } => unreachable!("handled before the runtime starts"),
-            Command::Ckpt { what: CkptCommand::Inspect { path } } => {
+            Command::Ckpt {
+                what: CkptCommand::Inspect { path },
+            } => {
                 print!("{}", zflow_runtime::checkpoint::inspect(&path)?);
                 Ok(ExitCode::SUCCESS)
             }
-            Command::Ckpt { what: CkptCommand::Export { format: _, checkpoint, out, tokenizer, recipe } } => {
-                commands::ckpt_export(&checkpoint, &out, tokenizer, recipe.as_deref())
-            }
-            Command::Ckpt { what: CkptCommand::Import { hf, out } } => commands::ckpt_import(&hf, &out),
-            Command::Ckpt { what: CkptCommand::Reshape { input, out, dp, ep } } => commands::ckpt_reshape(&input, &out, dp, ep),
+            Command::Ckpt {
+                what:
+                    CkptCommand::Export {
+                        format: _,
+                        checkpoint,
+                        out,
+                        tokenizer,
+                        recipe,
+                    },
+            } => commands::ckpt_export(&checkpoint, &out, tokenizer, recipe.as_deref()),
+            Command::Ckpt {
+                what: CkptCommand::Import { hf, out },
+            } => commands::ckpt_import(&hf, &out),
+            Command::Ckpt {
+                what: CkptCommand::Reshape { input, out, dp, ep },
+            } => commands::ckpt_reshape(&input, &out, dp, ep),
         }
     });
     // Stages still blocked on a cancelled child must not keep us alive.
@@ -370,7 +477,13 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(if e.downcast_ref::<zflow_pipeline::RecipeError>().is_some() { 2 } else { 1 })
+            ExitCode::from(
+                if e.downcast_ref::<zflow_pipeline::RecipeError>().is_some() {
+                    2
+                } else {
+                    1
+                },
+            )
         }
     }
 }

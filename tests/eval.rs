@@ -18,14 +18,23 @@ fn write_task(sb: &Sandbox) {
         "tasks/next_line.yaml",
         "task: next_line\nversion: 1\ndataset: {format: jsonl, path: \"toy/{split}.jsonl\"}\nsplit: test\noutput_type: multiple_choice\ndoc_to_text: \"{{ line }}\\n\"\ndoc_to_target: label\ndoc_to_choice: choices\nmetrics: [acc, acc_norm]\n",
     );
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/ARCHITECTURE.md")).unwrap();
-    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| l.len() > 20).collect();
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/ARCHITECTURE.md")).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.len() > 20)
+        .collect();
     let mut rows = String::new();
     for i in 0..lines.len().min(400) - 1 {
         let label = i % 4;
-        let mut choices: Vec<&str> = (1..4).map(|k| lines[(i * 7 + k * 37) % lines.len()]).collect();
+        let mut choices: Vec<&str> = (1..4)
+            .map(|k| lines[(i * 7 + k * 37) % lines.len()])
+            .collect();
         choices.insert(label, lines[i + 1]);
-        rows.push_str(&serde_json::json!({"line": lines[i], "choices": choices, "label": label}).to_string());
+        rows.push_str(
+            &serde_json::json!({"line": lines[i], "choices": choices, "label": label}).to_string(),
+        );
         rows.push('\n');
     }
     sb.write("data/toy/test.jsonl", &rows);
@@ -36,10 +45,28 @@ fn eval_args(sb: &Sandbox, cache: &str, out: &str) -> Vec<String> {
     let model = stage_dir(&store, "train.p1").join("final");
     let tokenizer = stage_dir(&store, "tokenizer").join("tokenizer.json");
     let p = |x: &Path| x.display().to_string();
-    ["eval", "--model", &p(&model), "--tokenizer", &p(&tokenizer), "--tasks", "next_line", "--tasks-dir", "tasks", "--data", "data", "--cache", cache, "--max-length", "64", "--out", out]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "eval",
+        "--model",
+        &p(&model),
+        "--tokenizer",
+        &p(&tokenizer),
+        "--tasks",
+        "next_line",
+        "--tasks-dir",
+        "tasks",
+        "--data",
+        "data",
+        "--cache",
+        cache,
+        "--max-length",
+        "64",
+        "--out",
+        out,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 #[test]
@@ -52,7 +79,11 @@ fn eval_of_a_zflow_checkpoint_resumes_after_sigkill_without_rescoring() {
     let args = eval_args(&sb, "cache-a", "a.json");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let whole = sb.ok(&args);
-    assert!(whole.stdout.contains("next_line") && whole.stdout.contains("acc_norm"), "{}", whole.stdout);
+    assert!(
+        whole.stdout.contains("next_line") && whole.stdout.contains("acc_norm"),
+        "{}",
+        whole.stdout
+    );
     // Identical requests (the same context and choice twice) are scored once and counted as cached.
     let requests = counts(&whole.stderr).0 + counts(&whole.stderr).1;
     assert!(requests > 500, "{}", whole.stderr);
@@ -60,33 +91,81 @@ fn eval_of_a_zflow_checkpoint_resumes_after_sigkill_without_rescoring() {
     // The same evaluation, SIGKILLed once part of it is in the cache.
     let args_b = eval_args(&sb, "cache-b", "b.json");
     let args_b: Vec<&str> = args_b.iter().map(String::as_str).collect();
-    let mut child = sb.cmd(&args_b).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = sb
+        .cmd(&args_b)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let cache_bytes = || dir_bytes(&sb.path().join("cache-b"));
     let deadline = Instant::now() + Duration::from_secs(120);
     while cache_bytes() < 5_000 {
-        assert!(Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the evaluation ended or stalled before it could be killed");
+        assert!(
+            Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "the evaluation ended or stalled before it could be killed"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     child.kill().unwrap();
     child.wait().unwrap();
     let rerun = sb.ok(&args_b);
     let (scored, cached) = counts(&rerun.stderr);
-    assert!(cached > 0 && scored < requests && cached + scored == requests, "cached {cached} + scored {scored} != {requests}:\n{}", rerun.stderr);
-    assert_eq!(sb.read("a.json"), sb.read("b.json"), "the resumed evaluation's results differ");
+    assert!(
+        cached > 0 && scored < requests && cached + scored == requests,
+        "cached {cached} + scored {scored} != {requests}:\n{}",
+        rerun.stderr
+    );
+    assert_eq!(
+        sb.read("a.json"),
+        sb.read("b.json"),
+        "the resumed evaluation's results differ"
+    );
 
     // A model path that is not a model: named.
-    let bad = sb.zflow(&["eval", "--model", "r.yaml", "--tasks", "next_line", "--tasks-dir", "tasks", "--data", "data"]);
-    assert!(bad.code != 0 && bad.stderr.contains("r.yaml"), "{}", bad.stderr);
+    let bad = sb.zflow(&[
+        "eval",
+        "--model",
+        "r.yaml",
+        "--tasks",
+        "next_line",
+        "--tasks-dir",
+        "tasks",
+        "--data",
+        "data",
+    ]);
+    assert!(
+        bad.code != 0 && bad.stderr.contains("r.yaml"),
+        "{}",
+        bad.stderr
+    );
 }
 
 fn dir_bytes(dir: &PathBuf) -> u64 {
-    std::fs::read_dir(dir).into_iter().flatten().flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 /// (requests scored, requests from the cache) from `zflow eval`'s summary line of the task.
 fn counts(stderr: &str) -> (usize, usize) {
-    let line = stderr.lines().find(|l| l.starts_with("next_line: ")).unwrap_or_else(|| panic!("no summary line:\n{stderr}"));
-    let number = |before: &str| line.split(before).next().unwrap().rsplit(' ').next().unwrap().parse::<usize>().unwrap();
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("next_line: "))
+        .unwrap_or_else(|| panic!("no summary line:\n{stderr}"));
+    let number = |before: &str| {
+        line.split(before)
+            .next()
+            .unwrap()
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+    };
     (number(" requests scored"), number(" from the cache"))
 }
 
@@ -105,46 +184,128 @@ fn zflow_report_scores_every_phase_next_to_the_baselines() {
     sb.write("r.yaml", &recipe);
     let first = sb.ok(&["report", "r.yaml"]);
     let md = &first.stdout;
-    for want in ["faults-test/p1", "faults-test/p2", "Gemma-3-270M-PT", "next_line (acc_norm, 0-shot)", "piqa (acc, 0-shot)", "67.7", "https://ai.google.dev/gemma/docs/core/model_card_3", "plots/loss.png", "plots/expert-load.png", "plots/scores.png"] {
+    for want in [
+        "faults-test/p1",
+        "faults-test/p2",
+        "Gemma-3-270M-PT",
+        "next_line (acc_norm, 0-shot)",
+        "piqa (acc, 0-shot)",
+        "67.7",
+        "https://ai.google.dev/gemma/docs/core/model_card_3",
+        "plots/loss.png",
+        "plots/expert-load.png",
+        "plots/scores.png",
+    ] {
         assert!(md.contains(want), "report lacks {want:?}:\n{md}");
     }
     // Our rows have a value ± stderr on next_line and none on piqa; the baseline the reverse.
-    let row = |name: &str| md.lines().find(|l| l.starts_with(&format!("| {name}"))).unwrap_or_else(|| panic!("no row {name}:\n{md}")).to_string();
-    assert!(row("faults-test/p1").contains('±') && row("faults-test/p1").ends_with("| — |"), "{}", row("faults-test/p1"));
-    assert!(row("Gemma-3-270M-PT").contains("| — | 67.7 |"), "{}", row("Gemma-3-270M-PT"));
+    let row = |name: &str| {
+        md.lines()
+            .find(|l| l.starts_with(&format!("| {name}")))
+            .unwrap_or_else(|| panic!("no row {name}:\n{md}"))
+            .to_string()
+    };
+    assert!(
+        row("faults-test/p1").contains('±') && row("faults-test/p1").ends_with("| — |"),
+        "{}",
+        row("faults-test/p1")
+    );
+    assert!(
+        row("Gemma-3-270M-PT").contains("| — | 67.7 |"),
+        "{}",
+        row("Gemma-3-270M-PT")
+    );
 
     let store = sb.path().join("zflow-store");
     let report = stage_dir(&store, "report");
-    for f in ["report.md", "report.csv", "report.tex", "report.json", "scores.parquet", "plots/loss.svg", "plots/lr.png", "plots/scores.svg"] {
+    for f in [
+        "report.md",
+        "report.csv",
+        "report.tex",
+        "report.json",
+        "scores.parquet",
+        "plots/loss.svg",
+        "plots/lr.png",
+        "plots/scores.svg",
+    ] {
         assert!(report.join(f).is_file(), "no {f} in {}", report.display());
     }
     let png = std::fs::read(report.join("plots/loss.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    assert!(std::fs::read_to_string(report.join("report.tex")).unwrap().contains("\\begin{tabular}"));
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report.join("report.json")).unwrap()).unwrap();
+    assert!(
+        std::fs::read_to_string(report.join("report.tex"))
+            .unwrap()
+            .contains("\\begin{tabular}")
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(report.join("report.json")).unwrap())
+            .unwrap();
     assert!(json.to_string().contains("faults-test/p2"), "{json}");
     // Each eval stage's results: lm-eval-like JSON with version, n-shot, stderr and config hash.
-    let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(stage_dir(&store, "eval.p2").join("results.json")).unwrap()).unwrap();
+    let results: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(stage_dir(&store, "eval.p2").join("results.json")).unwrap(),
+    )
+    .unwrap();
     let task = &results["tasks"][0];
-    assert_eq!((task["task"].as_str(), task["n_samples"].as_u64(), task["n_shot"].as_u64()), (Some("next_line"), Some(120), Some(0)), "{results}");
-    assert!(task["config_hash"].as_str().is_some_and(|h| h.len() >= 16) && task["metrics"][0]["stderr"].is_number(), "{results}");
+    assert_eq!(
+        (
+            task["task"].as_str(),
+            task["n_samples"].as_u64(),
+            task["n_shot"].as_u64()
+        ),
+        (Some("next_line"), Some(120), Some(0)),
+        "{results}"
+    );
+    assert!(
+        task["config_hash"].as_str().is_some_and(|h| h.len() >= 16)
+            && task["metrics"][0]["stderr"].is_number(),
+        "{results}"
+    );
     // Each phase's row scores its own checkpoint.
-    let p1: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(stage_dir(&store, "eval.p1").join("results.json")).unwrap()).unwrap();
+    let p1: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(stage_dir(&store, "eval.p1").join("results.json")).unwrap(),
+    )
+    .unwrap();
     assert_ne!(p1["model"]["hash"], results["model"]["hash"]);
     // The scores are queryable.
-    let q = sb.ok(&["query", "zflow-store", "select model, value from \"eval.p1/scores\" where metric = 'acc'"]);
+    let q = sb.ok(&[
+        "query",
+        "zflow-store",
+        "select model, value from \"eval.p1/scores\" where metric = 'acc'",
+    ]);
     assert!(q.stdout.contains("faults-test/p1"), "{}", q.stdout);
 
     // Nothing runs again, and the report is the same.
     let again = sb.ok(&["report", "r.yaml"]);
-    assert!(again.stderr.contains("0 ran") || again.stdout.contains("0 ran"), "{}{}", again.stdout, again.stderr);
+    assert!(
+        again.stderr.contains("0 ran") || again.stdout.contains("0 ran"),
+        "{}{}",
+        again.stdout,
+        again.stderr
+    );
     assert_eq!(first.stdout, again.stdout);
 
     // Bad input is named: an unknown task, an unknown key in the section.
-    sb.write("bad.yaml", &recipe.replace("tasks: [next_line]\n  tasks_dir: tasks", "tasks: [no_such_task]"));
+    sb.write(
+        "bad.yaml",
+        &recipe.replace(
+            "tasks: [next_line]\n  tasks_dir: tasks",
+            "tasks: [no_such_task]",
+        ),
+    );
     let bad = sb.zflow(&["plan", "bad.yaml"]);
-    assert!(bad.code != 0 && bad.stderr.contains("no_such_task"), "{}", bad.stderr);
+    assert!(
+        bad.code != 0 && bad.stderr.contains("no_such_task"),
+        "{}",
+        bad.stderr
+    );
     sb.write("bad2.yaml", &recipe.replace("limit: 120", "limt: 120"));
     let bad = sb.zflow(&["plan", "bad2.yaml"]);
-    assert!(bad.code != 0 && bad.stderr.contains("bad2.yaml:") && bad.stderr.contains("unknown field `limt`"), "{}", bad.stderr);
+    assert!(
+        bad.code != 0
+            && bad.stderr.contains("bad2.yaml:")
+            && bad.stderr.contains("unknown field `limt`"),
+        "{}",
+        bad.stderr
+    );
 }

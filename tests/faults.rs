@@ -27,9 +27,17 @@ fn log(sb: &Sandbox) -> String {
 
 /// Runs the recipe with `faults` injected; returns (stderr, log).
 fn run_with(sb: &Sandbox, faults: &str) -> (String, String) {
-    let out = sb.cmd(&["run", "r.yaml"]).env("ZFLOW_FAULTS", faults).output().unwrap();
+    let out = sb
+        .cmd(&["run", "r.yaml"])
+        .env("ZFLOW_FAULTS", faults)
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "faults {faults}:\n{stderr}\n{}", log(sb));
+    assert!(
+        out.status.success(),
+        "faults {faults}:\n{stderr}\n{}",
+        log(sb)
+    );
     (stderr, log(sb))
 }
 
@@ -38,7 +46,10 @@ struct Dice(u64);
 
 impl Dice {
     fn roll(&mut self, lo: u64, hi: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         lo + (self.0 >> 33) % (hi - lo + 1)
     }
 }
@@ -91,17 +102,40 @@ fn fault_matrix_ends_bit_identical_to_the_uninterrupted_run() {
             injected += count;
             eprintln!("{ranks} rank(s), {count} faults: {faults}");
             let relaunches = stderr.matches("relaunching").count();
-            let expected = faults.split(';').filter(|f| !f.starts_with("slow") && !f.starts_with("corrupt")).count();
+            let expected = faults
+                .split(';')
+                .filter(|f| !f.starts_with("slow") && !f.starts_with("corrupt"))
+                .count();
             assert_eq!(relaunches, expected, "{faults}: {stderr}");
-            assert!(final_weights(&sb) == want, "{ranks} rank(s), faults {faults}: final weights differ from the uninterrupted run");
+            assert!(
+                final_weights(&sb) == want,
+                "{ranks} rank(s), faults {faults}: final weights differ from the uninterrupted run"
+            );
             if faults.contains("corrupt-checkpoint") {
-                assert!(log.contains("quarantined checkpoint") && log.contains(&format!("resuming at step {}", c - 5)), "{log}");
-                assert!(sb.output("train.p1").join("quarantine").exists() || !log.contains(&format!("resuming at step {c}")), "{log}");
+                assert!(
+                    log.contains("quarantined checkpoint")
+                        && log.contains(&format!("resuming at step {}", c - 5)),
+                    "{log}"
+                );
+                assert!(
+                    sb.output("train.p1").join("quarantine").exists()
+                        || !log.contains(&format!("resuming at step {c}")),
+                    "{log}"
+                );
             }
             // The run records every interruption with its cause and downtime.
-            let events = sb.ok(&["query", "zflow-store", "select kind, step, cause, downtime_s from \"train.p1/events\""]).stdout;
+            let events = sb
+                .ok(&[
+                    "query",
+                    "zflow-store",
+                    "select kind, step, cause, downtime_s from \"train.p1/events\"",
+                ])
+                .stdout;
             assert_eq!(events.matches("failure").count(), expected, "{events}");
-            assert!(events.contains("SIGABRT") && (!faults.contains("hang") || events.contains("hung")), "{events}");
+            assert!(
+                events.contains("SIGABRT") && (!faults.contains("hang") || events.contains("hung")),
+                "{events}"
+            );
         }
     }
 
@@ -118,16 +152,29 @@ fn fault_matrix_ends_bit_identical_to_the_uninterrupted_run() {
     let (stderr, _) = run_with(&sb, "crash@40:rank=1:attempt=3");
     injected += 1;
     assert!(stderr.contains("relaunching"), "{stderr}");
-    assert!(final_weights(&sb) == final_weights(&reference), "after two SIGKILLs of zflow run and a crash: final weights differ");
+    assert!(
+        final_weights(&sb) == final_weights(&reference),
+        "after two SIGKILLs of zflow run and a crash: final weights differ"
+    );
 
     // Out of restarts: the stage fails, naming the rank, the signal and the log; a rerun resumes.
     let sb = Sandbox::new();
     sb.write("r.yaml", &recipe(2, 0));
-    let out = sb.cmd(&["run", "r.yaml"]).env("ZFLOW_FAULTS", "crash@9:rank=1").output().unwrap();
+    let out = sb
+        .cmd(&["run", "r.yaml"])
+        .env("ZFLOW_FAULTS", "crash@9:rank=1")
+        .output()
+        .unwrap();
     injected += 1;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("rank 1 failed after step 9") && stderr.contains("SIGABRT") && stderr.contains("no restarts left") && stderr.contains(".log"), "{stderr}");
+    assert!(
+        stderr.contains("rank 1 failed after step 9")
+            && stderr.contains("SIGABRT")
+            && stderr.contains("no restarts left")
+            && stderr.contains(".log"),
+        "{stderr}"
+    );
     sb.ok(&["run", "r.yaml"]);
     assert!(log(&sb).contains("resuming at step 5"));
     assert!(final_weights(&sb) == final_weights(&reference));
@@ -138,18 +185,33 @@ fn fault_matrix_ends_bit_identical_to_the_uninterrupted_run() {
 /// Starts `zflow run`, waits until the train stage reported `step`, and SIGKILLs the zflow
 /// process (its workers die with it through their parent-death signal).
 fn kill_run_at_step(sb: &Sandbox, step: u64) {
-    let mut child = sb.cmd(&["run", "r.yaml"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = sb
+        .cmd(&["run", "r.yaml"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let store = sb.path().join("zflow-store");
     let started = Instant::now();
     loop {
-        assert!(started.elapsed() < Duration::from_secs(300), "the run never reached step {step}");
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the run never reached step {step}"
+        );
         if let Some(m) = partial_metrics(&store) {
-            let reached = std::fs::read_to_string(m).unwrap_or_default().lines().filter(|l| l.contains("\"type\":\"step\"")).count() as u64;
+            let reached = std::fs::read_to_string(m)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("\"type\":\"step\""))
+                .count() as u64;
             if reached >= step {
                 break;
             }
         }
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before step {step}");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before step {step}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     // SAFETY: signalling our own child process.
@@ -160,10 +222,15 @@ fn kill_run_at_step(sb: &Sandbox, step: u64) {
 }
 
 fn partial_metrics(store: &Path) -> Option<PathBuf> {
-    std::fs::read_dir(store).ok()?.flatten().map(|e| e.path()).find(|p| {
-        let n = p.file_name().unwrap().to_string_lossy().into_owned();
-        n.starts_with("train.p1-") && n.ends_with(".partial")
-    }).map(|p| p.join("metrics.jsonl"))
+    std::fs::read_dir(store)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with("train.p1-") && n.ends_with(".partial")
+        })
+        .map(|p| p.join("metrics.jsonl"))
 }
 
 #[test]
@@ -171,31 +238,70 @@ fn two_ranks_reshaped_to_one_and_four_continue_the_same_run() {
     // Two ranks train to step 10 and stop (out of restarts after a crash at step 12).
     let sb = Sandbox::new();
     sb.write("r.yaml", &recipe(2, 0));
-    let out = sb.cmd(&["run", "r.yaml"]).env("ZFLOW_FAULTS", "crash@12").output().unwrap();
+    let out = sb
+        .cmd(&["run", "r.yaml"])
+        .env("ZFLOW_FAULTS", "crash@12")
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    let partial = std::fs::read_dir(sb.path().join("zflow-store")).unwrap().flatten().map(|e| e.path()).find(|p| p.to_string_lossy().contains("train.p1-") && p.to_string_lossy().ends_with(".partial")).unwrap();
+    let partial = std::fs::read_dir(sb.path().join("zflow-store"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.to_string_lossy().contains("train.p1-") && p.to_string_lossy().ends_with(".partial")
+        })
+        .unwrap();
     let step10 = partial.join("checkpoints/step-00000010");
     let shown = sb.ok(&["ckpt", "inspect", step10.to_str().unwrap()]).stdout;
-    assert!(shown.contains("2 data-parallel rank(s)") && shown.contains("optim-muon.rank-1.bin"), "{shown}");
+    assert!(
+        shown.contains("2 data-parallel rank(s)") && shown.contains("optim-muon.rank-1.bin"),
+        "{shown}"
+    );
 
     // The uninterrupted 2-rank run, for comparison.
     let reference = Sandbox::new();
     reference.write("r.yaml", &recipe(2, 0));
     reference.ok(&["run", "r.yaml"]);
-    let reference_losses = losses(&std::fs::read_to_string(reference.output("train.p1").join("metrics.jsonl")).unwrap());
+    let reference_losses = losses(
+        &std::fs::read_to_string(reference.output("train.p1").join("metrics.jsonl")).unwrap(),
+    );
     let reference_state = trainer_state(&reference.output("train.p1").join("final"));
 
-    let job: serde_json::Value = serde_json::from_slice(&std::fs::read(partial.join("job.json")).unwrap()).unwrap();
+    let job: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(partial.join("job.json")).unwrap()).unwrap();
     for ranks in [1usize, 4] {
         let dir = sb.path().join(format!("dp{ranks}"));
         let reshaped = dir.join("checkpoints/step-00000010");
-        let said = sb.ok(&["ckpt", "reshape", step10.to_str().unwrap(), reshaped.to_str().unwrap(), "--dp", &ranks.to_string()]).stdout;
-        assert!(said.contains(&format!("{ranks} data-parallel rank(s)")), "{said}");
-        let shown = sb.ok(&["ckpt", "inspect", reshaped.to_str().unwrap()]).stdout;
-        assert!(shown.contains("manifest verified") && shown.contains(&format!("optim-adamw.rank-{}.bin", ranks - 1)), "{shown}");
+        let said = sb
+            .ok(&[
+                "ckpt",
+                "reshape",
+                step10.to_str().unwrap(),
+                reshaped.to_str().unwrap(),
+                "--dp",
+                &ranks.to_string(),
+            ])
+            .stdout;
+        assert!(
+            said.contains(&format!("{ranks} data-parallel rank(s)")),
+            "{said}"
+        );
+        let shown = sb
+            .ok(&["ckpt", "inspect", reshaped.to_str().unwrap()])
+            .stdout;
+        assert!(
+            shown.contains("manifest verified")
+                && shown.contains(&format!("optim-adamw.rank-{}.bin", ranks - 1)),
+            "{shown}"
+        );
         // Weights, trainer state and cursor are the input's, byte for byte.
         for f in ["model.safetensors", "trainer.json"] {
-            assert_eq!(std::fs::read(step10.join(f)).unwrap(), std::fs::read(reshaped.join(f)).unwrap(), "{f}");
+            assert_eq!(
+                std::fs::read(step10.join(f)).unwrap(),
+                std::fs::read(reshaped.join(f)).unwrap(),
+                "{f}"
+            );
         }
 
         let mut job = job.clone();
@@ -204,30 +310,76 @@ fn two_ranks_reshaped_to_one_and_four_continue_the_same_run() {
         std::fs::write(&job_path, serde_json::to_vec(&job).unwrap()).unwrap();
         let stdout = run_workers(&job_path, ranks);
         let resumed = losses(&stdout);
-        assert_eq!(resumed.first().map(|l| l.0), Some(11), "{ranks} rank(s) resume after step 10: {stdout}");
+        assert_eq!(
+            resumed.first().map(|l| l.0),
+            Some(11),
+            "{ranks} rank(s) resume after step 10: {stdout}"
+        );
         // Same data in the same order: the loss continues the 2-rank run's curve (equal up to the
         // float rounding of summing gradients over a different number of ranks).
         for (step, loss) in &resumed {
             let (_, want) = reference_losses.iter().find(|(s, _)| s == step).unwrap();
-            assert!((loss - want).abs() < 1e-3 * want.abs(), "{ranks} rank(s), step {step}: loss {loss} vs {want} on 2 ranks");
+            assert!(
+                (loss - want).abs() < 1e-3 * want.abs(),
+                "{ranks} rank(s), step {step}: loss {loss} vs {want} on 2 ranks"
+            );
         }
-        let state = trainer_state(&dir.join("checkpoints").join(std::fs::read_dir(dir.join("checkpoints")).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("step-")).max().unwrap()));
-        assert_eq!(state["cursor"], reference_state["cursor"], "{ranks} rank(s) end at another data position");
+        let state = trainer_state(
+            &dir.join("checkpoints").join(
+                std::fs::read_dir(dir.join("checkpoints"))
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("step-"))
+                    .max()
+                    .unwrap(),
+            ),
+        );
+        assert_eq!(
+            state["cursor"], reference_state["cursor"],
+            "{ranks} rank(s) end at another data position"
+        );
         assert_eq!(state["step"], reference_state["step"]);
         // And the weights: equal to the 2-rank run's up to the rounding of gradient sums over
         // another number of ranks. Tolerance: 1e-3 of each tensor's largest magnitude.
-        let last = std::fs::read_dir(dir.join("checkpoints")).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("step-")).max().unwrap();
-        let (got, want) = (tensors(&last.join("model.safetensors")), tensors(&reference.output("train.p1").join("final/model.safetensors")));
+        let last = std::fs::read_dir(dir.join("checkpoints"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("step-")
+            })
+            .max()
+            .unwrap();
+        let (got, want) = (
+            tensors(&last.join("model.safetensors")),
+            tensors(&reference.output("train.p1").join("final/model.safetensors")),
+        );
         let mut worst = (0.0f64, String::new());
         for (name, w) in &want {
             let scale = w.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-12) as f64;
-            let diff = got[name].iter().zip(w).fold(0.0f32, |m, (a, b)| m.max((a - b).abs())) as f64 / scale;
+            let diff = got[name]
+                .iter()
+                .zip(w)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs())) as f64
+                / scale;
             if diff > worst.0 {
                 worst = (diff, name.clone());
             }
         }
-        eprintln!("{ranks} rank(s) from the reshaped step-10 checkpoint vs 2 ranks throughout: worst relative weight difference {:.2e} ({})", worst.0, worst.1);
-        assert!(worst.0 < 1e-3, "{ranks} rank(s): {} differs by {:.2e}", worst.1, worst.0);
+        eprintln!(
+            "{ranks} rank(s) from the reshaped step-10 checkpoint vs 2 ranks throughout: worst relative weight difference {:.2e} ({})",
+            worst.0, worst.1
+        );
+        assert!(
+            worst.0 < 1e-3,
+            "{ranks} rank(s): {} differs by {:.2e}",
+            worst.1,
+            worst.0
+        );
     }
 
     // Without a reshape the trainer redistributes in memory (and says so).
@@ -248,7 +400,10 @@ fn run_workers(job: &Path, ranks: usize) -> String {
     let children: Vec<_> = (0..ranks)
         .map(|rank| {
             let mut c = Command::new(env!("CARGO_BIN_EXE_zflow"));
-            c.args(["worker", "--job"]).arg(job).stdout(Stdio::piped()).stderr(Stdio::piped());
+            c.args(["worker", "--job"])
+                .arg(job)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
             if ranks > 1 {
                 c.env("ZFLOW_RANK", rank.to_string())
                     .env("ZFLOW_WORLD", ranks.to_string())
@@ -258,15 +413,26 @@ fn run_workers(job: &Path, ranks: usize) -> String {
             c.spawn().unwrap()
         })
         .collect();
-    let outputs: Vec<_> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
     for (rank, o) in outputs.iter().enumerate() {
-        assert!(o.status.success(), "rank {rank}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "rank {rank}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     String::from_utf8_lossy(&outputs[0].stdout).into_owned()
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// (step, loss) of the step lines of worker output or `metrics.jsonl`.
@@ -291,8 +457,17 @@ fn tensors(path: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
         .iter()
         .filter(|(k, _)| *k != "__metadata__")
         .map(|(k, v)| {
-            let (a, b) = (v["data_offsets"][0].as_u64().unwrap() as usize, v["data_offsets"][1].as_u64().unwrap() as usize);
-            (k.clone(), data[a..b].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+            let (a, b) = (
+                v["data_offsets"][0].as_u64().unwrap() as usize,
+                v["data_offsets"][1].as_u64().unwrap() as usize,
+            );
+            (
+                k.clone(),
+                data[a..b]
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            )
         })
         .collect()
 }
@@ -320,38 +495,78 @@ fn a_loss_spike_rolls_back_and_skips_the_bad_batch() {
     let sb = Sandbox::new();
     sb.write("r.yaml", &recipe(2, 2));
     let (stderr, _) = run_with(&sb, "spike@30");
-    assert!(stderr.contains("loss spike at step 30") && stderr.contains("rolled back to step 25"), "{stderr}");
+    assert!(
+        stderr.contains("loss spike at step 30") && stderr.contains("rolled back to step 25"),
+        "{stderr}"
+    );
     let state = trainer_state(&sb.output("train.p1").join("final"));
-    assert_eq!(state["skipped_batches"], serde_json::json!([29 * 8]), "{state}");
+    assert_eq!(
+        state["skipped_batches"],
+        serde_json::json!([29 * 8]),
+        "{state}"
+    );
     assert_eq!(state["rollbacks"], 1);
     // Metrics hold each step once: the spiked step was dropped and recomputed on the next batch.
-    let steps: Vec<u64> = losses(&std::fs::read_to_string(sb.output("train.p1").join("metrics.jsonl")).unwrap()).iter().map(|l| l.0).collect();
+    let steps: Vec<u64> =
+        losses(&std::fs::read_to_string(sb.output("train.p1").join("metrics.jsonl")).unwrap())
+            .iter()
+            .map(|l| l.0)
+            .collect();
     assert_eq!(steps, (1..=steps.len() as u64).collect::<Vec<_>>());
-    let events = sb.ok(&["query", "zflow-store", "select kind, step from \"train.p1/events\""]).stdout;
-    assert!(events.contains("loss_spike") && events.contains("30"), "{events}");
+    let events = sb
+        .ok(&[
+            "query",
+            "zflow-store",
+            "select kind, step from \"train.p1/events\"",
+        ])
+        .stdout;
+    assert!(
+        events.contains("loss_spike") && events.contains("30"),
+        "{events}"
+    );
     let status = sb.ok(&["status", "r.yaml"]).stdout;
-    assert!(status.contains("rollback (attempt 1): loss spike at step 30"), "{status}");
+    assert!(
+        status.contains("rollback (attempt 1): loss spike at step 30"),
+        "{status}"
+    );
     // A clean run never rolls back (the guard does not mistake a falling curve for spikes).
     let clean = Sandbox::new();
     clean.write("r.yaml", &recipe(2, 0));
     clean.ok(&["run", "r.yaml"]);
-    assert_eq!(trainer_state(&clean.output("train.p1").join("final"))["rollbacks"], 0);
+    assert_eq!(
+        trainer_state(&clean.output("train.p1").join("final"))["rollbacks"],
+        0
+    );
 }
 
 #[test]
 fn preflight_leaves_out_a_slow_rank() {
     // Rank 1's device is slow from the start (its probe takes 300 ms per timing): with
     // `exclude`, the phase runs on the one healthy rank, exactly as a 1-rank run would.
-    let with_exclude = |r: String| r.replace("hang_timeout_s: 3}", "hang_timeout_s: 3, preflight: {exclude: true}}");
+    let with_exclude = |r: String| {
+        r.replace(
+            "hang_timeout_s: 3}",
+            "hang_timeout_s: 3, preflight: {exclude: true}}",
+        )
+    };
     let sb = Sandbox::new();
     sb.write("r.yaml", &with_exclude(recipe(2, 0)));
     let (stderr, log) = run_with(&sb, "slow@0:ms=300:rank=1");
-    assert!(stderr.contains("preflight: rank 1") && stderr.contains("relaunching on 1 rank(s)"), "{stderr}");
+    assert!(
+        stderr.contains("preflight: rank 1") && stderr.contains("relaunching on 1 rank(s)"),
+        "{stderr}"
+    );
     assert!(log.contains("preflight rank 0: GEMM"), "{log}");
     let reference = Sandbox::new();
     reference.write("r.yaml", &recipe(1, 0));
     reference.ok(&["run", "r.yaml"]);
-    assert!(final_weights(&sb) == final_weights(&reference), "the run without the slow rank differs from a 1-rank run");
+    assert!(
+        final_weights(&sb) == final_weights(&reference),
+        "the run without the slow rank differs from a 1-rank run"
+    );
     let status = sb.ok(&["status", "r.yaml"]).stdout;
-    assert!(status.contains("preflight (attempt 1): rank 1: GEMM"), "{status}");
+    assert!(
+        status.contains("preflight (attempt 1): rank 1: GEMM"),
+        "{status}"
+    );
 }

@@ -34,10 +34,18 @@ stages:
     let six = std::fs::read_to_string(output_file(&sb, "six", "six.py")).unwrap();
     assert!(six.contains("__version__ = \"1.16.0\""));
     let fortunes = std::fs::read_to_string(output_file(&sb, "fortunes", "fortunes")).unwrap();
-    assert!(fortunes.contains("\n%\n"), "fortune records are separated by % lines");
+    assert!(
+        fortunes.contains("\n%\n"),
+        "fortune records are separated by % lines"
+    );
     assert!(output_file(&sb, "isnumber", "index.js").exists());
     // Cached downloads are reused: a second stage reading the same wheel downloads nothing.
-    let again = sb.ok(&["run", "r.yaml", "--set", "stages.six.url=pip://six==1.16.0/six-1.16.0.dist-info"]);
+    let again = sb.ok(&[
+        "run",
+        "r.yaml",
+        "--set",
+        "stages.six.url=pip://six==1.16.0/six-1.16.0.dist-info",
+    ]);
     assert_eq!(again.ran(), ["six"]);
     assert!(output_file(&sb, "six", "METADATA").exists());
 }
@@ -52,7 +60,11 @@ fn a_wrong_pin_fails_with_both_hashes_and_nothing_is_committed() {
     );
     let run = sb.zflow(&["run", "r.yaml"]);
     assert_eq!(run.code, 1);
-    assert!(run.stderr.contains("sha256 mismatch") && run.stderr.contains(&wrong), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("sha256 mismatch") && run.stderr.contains(&wrong),
+        "{}",
+        run.stderr
+    );
     assert!(run.stderr.contains("8abb2f1d86890a2d"), "{}", run.stderr);
     let status = sb.ok(&["status", "r.yaml"]);
     assert!(status.stdout.contains("failed"), "{}", status.stdout);
@@ -67,6 +79,14 @@ fn missing_paths_in_packages_and_local_files_are_clear_errors() {
     );
     let run = sb.zflow(&["run", "r.yaml"]);
     assert_eq!(run.code, 1);
-    assert!(run.stderr.contains("`nope` is not in the archive"), "{}", run.stderr);
-    assert!(run.stderr.contains("`data/*.csv` matches no files"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("`nope` is not in the archive"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("`data/*.csv` matches no files"),
+        "{}",
+        run.stderr
+    );
 }

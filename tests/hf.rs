@@ -40,7 +40,10 @@ fn train_stage_output(sb: &Sandbox) -> Vec<Vec<f32>> {
     let balance: Vec<BalanceState> = (0..c.num_blocks)
         .map(|l| {
             let mut b = BalanceState::new(routes, c.mod_skip);
-            b.biases.iter_mut().enumerate().for_each(|(r, v)| *v += 0.01 * (l * routes + r) as f32);
+            b.biases
+                .iter_mut()
+                .enumerate()
+                .for_each(|(r, v)| *v += 0.01 * (l * routes + r) as f32);
             b
         })
         .collect();
@@ -49,7 +52,11 @@ fn train_stage_output(sb: &Sandbox) -> Vec<Vec<f32>> {
         phase: "p1".into(),
         step: 3,
         total_steps: 3,
-        cursor: DataCursor { phase: "p1".into(), sample: 12, fingerprint: "abc".into() },
+        cursor: DataCursor {
+            phase: "p1".into(),
+            sample: 12,
+            fingerprint: "abc".into(),
+        },
         balance,
         tokens: 96,
         seed: 11,
@@ -60,18 +67,29 @@ fn train_stage_output(sb: &Sandbox) -> Vec<Vec<f32>> {
     };
     let meta = BTreeMap::from([("format".to_string(), "zflow-zaya1".to_string())]);
     let files = vec![
-        ("model.safetensors".to_string(), weights_to_safetensors(&model, meta).unwrap()),
-        ("trainer.json".to_string(), serde_json::to_vec_pretty(&state).unwrap()),
+        (
+            "model.safetensors".to_string(),
+            weights_to_safetensors(&model, meta).unwrap(),
+        ),
+        (
+            "trainer.json".to_string(),
+            serde_json::to_vec_pretty(&state).unwrap(),
+        ),
     ];
     let stage = sb.path().join("train.p1");
     let dir = commit(&stage.join("checkpoints"), 3, files).unwrap();
     std::fs::rename(dir, stage.join("final")).unwrap();
-    std::fs::write(stage.join("job.json"), serde_json::to_vec_pretty(&serde_json::json!({"phase": "p1", "model": c})).unwrap()).unwrap();
+    std::fs::write(
+        stage.join("job.json"),
+        serde_json::to_vec_pretty(&serde_json::json!({"phase": "p1", "model": c})).unwrap(),
+    )
+    .unwrap();
     biases
 }
 
 fn biases(checkpoint: &Path) -> Vec<Vec<f32>> {
-    let state: TrainerState = serde_json::from_slice(&std::fs::read(checkpoint.join("trainer.json")).unwrap()).unwrap();
+    let state: TrainerState =
+        serde_json::from_slice(&std::fs::read(checkpoint.join("trainer.json")).unwrap()).unwrap();
     state.balance.into_iter().map(|b| b.biases).collect()
 }
 
@@ -89,10 +107,18 @@ fn export_then_import_round_trips_bit_for_bit() {
 
     sb.ok(&["ckpt", "import", "hf", "back"]);
     let read = |p: &str| std::fs::read(sb.path().join(p)).unwrap();
-    assert_eq!(read("back/model.safetensors"), read("train.p1/final/model.safetensors"), "weights changed on the way");
+    assert_eq!(
+        read("back/model.safetensors"),
+        read("train.p1/final/model.safetensors"),
+        "weights changed on the way"
+    );
     assert_eq!(biases(&sb.path().join("back")), want);
     let inspect = sb.ok(&["ckpt", "inspect", "back"]);
-    assert!(inspect.stdout.contains("manifest verified"), "{}", inspect.stdout);
+    assert!(
+        inspect.stdout.contains("manifest verified"),
+        "{}",
+        inspect.stdout
+    );
     // The imported checkpoint carries its model.json: it exports again without help, to the
     // same bytes.
     sb.ok(&["ckpt", "export", "back", "hf2"]);
@@ -105,19 +131,45 @@ fn damaged_or_unknown_inputs_are_refused() {
     let sb = Sandbox::new();
     train_stage_output(&sb);
 
-    let bad = sb.zflow(&["ckpt", "export", "--format", "onnx", "train.p1/final", "out"]);
+    let bad = sb.zflow(&[
+        "ckpt",
+        "export",
+        "--format",
+        "onnx",
+        "train.p1/final",
+        "out",
+    ]);
     assert_ne!(bad.code, 0);
-    assert!(bad.stderr.contains("onnx") && bad.stderr.contains("hf"), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("onnx") && bad.stderr.contains("hf"),
+        "{}",
+        bad.stderr
+    );
 
     // Without model.json or job.json the sizes are unknown; a recipe supplies them.
     std::fs::create_dir(sb.path().join("lonely")).unwrap();
-    std::fs::rename(sb.path().join("train.p1/final"), sb.path().join("lonely/final")).unwrap();
+    std::fs::rename(
+        sb.path().join("train.p1/final"),
+        sb.path().join("lonely/final"),
+    )
+    .unwrap();
     let e = sb.zflow(&["ckpt", "export", "lonely/final", "out"]);
     assert_eq!(e.code, 1);
-    assert!(e.stderr.contains("no model.json") && e.stderr.contains("--recipe"), "{}", e.stderr);
+    assert!(
+        e.stderr.contains("no model.json") && e.stderr.contains("--recipe"),
+        "{}",
+        e.stderr
+    );
     let model = serde_json::to_string(&tiny()).unwrap();
     sb.write("r.yaml", &format!("name: r\nmodel: {model}\n"));
-    sb.ok(&["ckpt", "export", "--recipe", "r.yaml", "lonely/final", "out"]);
+    sb.ok(&[
+        "ckpt",
+        "export",
+        "--recipe",
+        "r.yaml",
+        "lonely/final",
+        "out",
+    ]);
 
     // A flipped byte: refused, and nothing is left behind.
     let path = sb.path().join("lonely/final/model.safetensors");
@@ -125,18 +177,37 @@ fn damaged_or_unknown_inputs_are_refused() {
     let n = bytes.len();
     bytes[n - 5] ^= 0x40;
     std::fs::write(&path, bytes).unwrap();
-    let e = sb.zflow(&["ckpt", "export", "--recipe", "r.yaml", "lonely/final", "out2"]);
+    let e = sb.zflow(&[
+        "ckpt",
+        "export",
+        "--recipe",
+        "r.yaml",
+        "lonely/final",
+        "out2",
+    ]);
     assert_eq!(e.code, 1);
-    assert!(e.stderr.contains("refusing to export a damaged checkpoint") && e.stderr.contains("checksum mismatch"), "{}", e.stderr);
+    assert!(
+        e.stderr.contains("refusing to export a damaged checkpoint")
+            && e.stderr.contains("checksum mismatch"),
+        "{}",
+        e.stderr
+    );
     assert!(!sb.path().join("out2").exists());
 
     // A config.json with a field of the wrong type: the file and the field are named.
     let config = sb.path().join("out/config.json");
-    let text = std::fs::read_to_string(&config).unwrap().replace("\"hidden_size\": 16", "\"hidden_size\": \"16\"");
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("\"hidden_size\": 16", "\"hidden_size\": \"16\"");
     std::fs::write(&config, text).unwrap();
     let e = sb.zflow(&["ckpt", "import", "out", "back"]);
     assert_eq!(e.code, 1);
-    assert!(e.stderr.contains("config.json: `hidden_size`: expected a non-negative integer"), "{}", e.stderr);
+    assert!(
+        e.stderr
+            .contains("config.json: `hidden_size`: expected a non-negative integer"),
+        "{}",
+        e.stderr
+    );
     assert!(!sb.path().join("back").exists());
 }
 
@@ -157,8 +228,12 @@ fn the_export_stage_leaves_a_hugging_face_folder() {
     );
     sb.ok(&["run", "export.yaml"]);
     let hf = sb.output("export").join("hf");
-    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(hf.join("config.json")).unwrap()).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(hf.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["max_position_embeddings"], 64);
     sb.ok(&["ckpt", "import", hf.to_str().unwrap(), "back"]);
-    assert_eq!(std::fs::read(sb.path().join("back/model.safetensors")).unwrap(), std::fs::read(final_dir.join("model.safetensors")).unwrap());
+    assert_eq!(
+        std::fs::read(sb.path().join("back/model.safetensors")).unwrap(),
+        std::fs::read(final_dir.join("model.safetensors")).unwrap()
+    );
 }

@@ -10,7 +10,11 @@ fn plan_error(sb: &Sandbox, file: &str, extra: &[&str]) -> String {
     let mut args = vec!["plan", file];
     args.extend_from_slice(extra);
     let out = sb.zflow(&args);
-    assert_eq!(out.code, 2, "expected a recipe error from {args:?}, got:\n{}\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.code, 2,
+        "expected a recipe error from {args:?}, got:\n{}\n{}",
+        out.stdout, out.stderr
+    );
     out.stderr
 }
 
@@ -18,9 +22,18 @@ fn check(yaml: &str, expect_loc: &str, expect_msg: &str) {
     let sb = Sandbox::new();
     sb.write("r.yaml", yaml);
     let err = plan_error(&sb, "r.yaml", &[]);
-    assert!(err.contains(expect_loc), "expected location `{expect_loc}` in:\n{err}");
-    assert!(err.contains(expect_msg), "expected `{expect_msg}` in:\n{err}");
-    assert!(!sb.path().join("zflow-store").exists(), "a bad recipe must not create the store");
+    assert!(
+        err.contains(expect_loc),
+        "expected location `{expect_loc}` in:\n{err}"
+    );
+    assert!(
+        err.contains(expect_msg),
+        "expected `{expect_msg}` in:\n{err}"
+    );
+    assert!(
+        !sb.path().join("zflow-store").exists(),
+        "a bad recipe must not create the store"
+    );
 }
 
 #[test]
@@ -34,28 +47,52 @@ fn unknown_stage_field_points_at_the_key() {
 
 #[test]
 fn unknown_kind_lists_the_kinds() {
-    check("stages:\n  - name: a\n    kind: shel\n    run: x\n", "r.yaml:3:11", "unknown stage kind `shel`, expected one of: eval, export, fetch, ingest, megatron, mix, preflight, report, shell, tokenize, tokenizer, train");
+    check(
+        "stages:\n  - name: a\n    kind: shel\n    run: x\n",
+        "r.yaml:3:11",
+        "unknown stage kind `shel`, expected one of: eval, export, fetch, ingest, megatron, mix, preflight, report, shell, tokenize, tokenizer, train",
+    );
 }
 
 #[test]
 fn wrong_type_points_at_the_value() {
-    check("stages:\n  - name: a\n    kind: shell\n    run: x\n    needs: 3\n", "r.yaml:5:12", "invalid type");
-    check("stages:\n  - name: a\n    kind: shell\n    run: [1]\n", "r.yaml:4:10", "invalid type");
+    check(
+        "stages:\n  - name: a\n    kind: shell\n    run: x\n    needs: 3\n",
+        "r.yaml:5:12",
+        "invalid type",
+    );
+    check(
+        "stages:\n  - name: a\n    kind: shell\n    run: [1]\n",
+        "r.yaml:4:10",
+        "invalid type",
+    );
 }
 
 #[test]
 fn missing_field_names_the_entry() {
-    check("stages:\n  - name: a\n    kind: shell\n", "r.yaml:2:5", "missing field `run`");
+    check(
+        "stages:\n  - name: a\n    kind: shell\n",
+        "r.yaml:2:5",
+        "missing field `run`",
+    );
 }
 
 #[test]
 fn yaml_syntax_error() {
-    check("stages:\n  - name: a\n    kind: [shell\n", "r.yaml:", "invalid YAML");
+    check(
+        "stages:\n  - name: a\n    kind: [shell\n",
+        "r.yaml:",
+        "invalid YAML",
+    );
 }
 
 #[test]
 fn unknown_top_level_field() {
-    check("name: x\nstagez: []\n", "r.yaml:2:1", "unknown top-level field `stagez`");
+    check(
+        "name: x\nstagez: []\n",
+        "r.yaml:2:1",
+        "unknown top-level field `stagez`",
+    );
 }
 
 #[test]
@@ -85,24 +122,48 @@ fn cycles_are_named() {
     );
     let out = sb.zflow(&["plan", "r.yaml"]);
     assert_ne!(out.code, 0);
-    assert!(out.stderr.contains("cycle: a -> b -> c -> a"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("cycle: a -> b -> c -> a"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]
 fn unknown_var_and_escape_hint() {
-    check("stages:\n  - name: a\n    kind: shell\n    run: echo ${HOME}\n", "r.yaml:4:10", "unknown var `${HOME}`");
+    check(
+        "stages:\n  - name: a\n    kind: shell\n    run: echo ${HOME}\n",
+        "r.yaml:4:10",
+        "unknown var `${HOME}`",
+    );
 }
 
 #[test]
 fn bad_config_values_name_the_field() {
-    check("stages:\n  - {name: a, kind: fetch, url: 'x', sha256: abc}\n", "r.yaml:2:46", "`abc` is not a sha256");
-    check("stages:\n  - {name: a, kind: fetch, url: 'pip://six/x'}\n", "r.yaml:2:33", "pinned version");
-    check("stages:\n  - {name: 'a b', kind: shell, run: x}\n", "r.yaml:2:12", "not a valid stage name");
+    check(
+        "stages:\n  - {name: a, kind: fetch, url: 'x', sha256: abc}\n",
+        "r.yaml:2:46",
+        "`abc` is not a sha256",
+    );
+    check(
+        "stages:\n  - {name: a, kind: fetch, url: 'pip://six/x'}\n",
+        "r.yaml:2:33",
+        "pinned version",
+    );
+    check(
+        "stages:\n  - {name: 'a b', kind: shell, run: x}\n",
+        "r.yaml:2:12",
+        "not a valid stage name",
+    );
 }
 
 #[test]
 fn extends_errors_point_at_the_extends_line() {
-    check("extends: missing.yaml\nstages: []\n", "r.yaml:1:10", "cannot read recipe");
+    check(
+        "extends: missing.yaml\nstages: []\n",
+        "r.yaml:1:10",
+        "cannot read recipe",
+    );
     let sb = Sandbox::new();
     sb.write("a.yaml", "extends: b.yaml\n");
     sb.write("b.yaml", "extends: a.yaml\n");
@@ -113,8 +174,14 @@ fn extends_errors_point_at_the_extends_line() {
 #[test]
 fn errors_in_a_parent_recipe_point_into_the_parent() {
     let sb = Sandbox::new();
-    sb.write("base.yaml", "stages:\n  - name: a\n    kind: shell\n    run: x\n    cpus: 2\n");
-    sb.write("child.yaml", "extends: base.yaml\nstages:\n  - name: a\n    run: y\n");
+    sb.write(
+        "base.yaml",
+        "stages:\n  - name: a\n    kind: shell\n    run: x\n    cpus: 2\n",
+    );
+    sb.write(
+        "child.yaml",
+        "extends: base.yaml\nstages:\n  - name: a\n    run: y\n",
+    );
     let err = plan_error(&sb, "child.yaml", &[]);
     assert!(err.contains("base.yaml:5:5"), "{err}");
 }
@@ -124,11 +191,17 @@ fn set_errors_name_the_override() {
     let sb = Sandbox::new();
     sb.write("r.yaml", "stages:\n  - {name: a, kind: shell, run: x}\n");
     let err = plan_error(&sb, "r.yaml", &["--set", "stages.b.run=1"]);
-    assert!(err.contains("--set stages.b.run=1") && err.contains("no entry named `b`"), "{err}");
+    assert!(
+        err.contains("--set stages.b.run=1") && err.contains("no entry named `b`"),
+        "{err}"
+    );
     let err = plan_error(&sb, "r.yaml", &["--set", "noequals"]);
     assert!(err.contains("expected `path.to.key=value`"), "{err}");
     let err = plan_error(&sb, "r.yaml", &["--set", "stages.a.run=[1]"]);
-    assert!(err.contains("--set stages.a.run=[1]") && err.contains("invalid type"), "{err}");
+    assert!(
+        err.contains("--set stages.a.run=[1]") && err.contains("invalid type"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -139,16 +212,41 @@ fn extends_merges_key_by_key() {
     let plan = sb.ok(&["plan", "child.yaml"]);
     assert!(plan.stdout.contains("3 stages"), "{}", plan.stdout);
     sb.ok(&["run", "child.yaml"]);
-    let out = sb.ok(&["query", "zflow-store", "SELECT stage FROM stages ORDER BY stage"]);
-    assert!(out.stdout.contains("| a ") && out.stdout.contains("| c "), "{}", out.stdout);
-    let a_dir = std::fs::read_dir(sb.path().join("zflow-store")).unwrap().flatten().find(|e| e.file_name().to_string_lossy().starts_with("a-")).unwrap();
-    assert_eq!(std::fs::read_to_string(a_dir.path().join("a")).unwrap().trim(), "child");
+    let out = sb.ok(&[
+        "query",
+        "zflow-store",
+        "SELECT stage FROM stages ORDER BY stage",
+    ]);
+    assert!(
+        out.stdout.contains("| a ") && out.stdout.contains("| c "),
+        "{}",
+        out.stdout
+    );
+    let a_dir = std::fs::read_dir(sb.path().join("zflow-store"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("a-"))
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(a_dir.path().join("a"))
+            .unwrap()
+            .trim(),
+        "child"
+    );
 }
 
 #[test]
 fn export_section_errors_point_at_the_key() {
-    check("export:\n  format: onnx\n", "r.yaml:2:11", "`onnx` is not an export format");
-    check("model: {}\nexport: {format: hf}\n", "r.yaml:2:", "no `phases:`");
+    check(
+        "export:\n  format: onnx\n",
+        "r.yaml:2:11",
+        "`onnx` is not an export format",
+    );
+    check(
+        "model: {}\nexport: {format: hf}\n",
+        "r.yaml:2:",
+        "no `phases:`",
+    );
 }
 
 /// Every shipped recipe loads, validates and plans (stage configs included), so a recipe and
@@ -163,8 +261,17 @@ fn shipped_recipes_plan() {
         if path.extension().is_some_and(|e| e == "yaml") {
             let out = sb.zflow(&["plan", path.to_str().unwrap(), "--store", "store"]);
             // zaya1.yaml's corpora are local paths on the cluster: those may be missing here.
-            let errors = out.stdout.lines().filter(|l| l.trim_start().starts_with("error") && !l.contains("matches no files"));
-            assert!(out.code == 0 && errors.count() == 0, "{}:\n{}{}", path.display(), out.stdout, out.stderr);
+            let errors = out
+                .stdout
+                .lines()
+                .filter(|l| l.trim_start().starts_with("error") && !l.contains("matches no files"));
+            assert!(
+                out.code == 0 && errors.count() == 0,
+                "{}:\n{}{}",
+                path.display(),
+                out.stdout,
+                out.stderr
+            );
             n += 1;
         }
     }

@@ -19,19 +19,35 @@ use common::{Sandbox, tiny_train_recipe};
 fn slurm_conf() -> Option<PathBuf> {
     let conf = std::env::var_os("SLURM_CONF")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/slurm-local/slurm.conf"));
-    let up = conf.exists() && Command::new("squeue").arg("-h").env("SLURM_CONF", &conf).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/slurm-local/slurm.conf")
+        });
+    let up = conf.exists()
+        && Command::new("squeue")
+            .arg("-h")
+            .env("SLURM_CONF", &conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
     if up {
         return Some(conf);
     }
-    assert!(std::env::var_os("CI").is_none(), "CI needs a running Slurm: scripts/slurm-local.sh start (config {})", conf.display());
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI needs a running Slurm: scripts/slurm-local.sh start (config {})",
+        conf.display()
+    );
     eprintln!("skipped: no Slurm controller answers (start one with scripts/slurm-local.sh start)");
     None
 }
 
 /// The tiny training recipe on the Slurm executor.
 fn slurm_recipe(ranks: usize) -> String {
-    tiny_train_recipe(ranks, 3).replace("name: faults-test", "name: faults-test\nexecutor: {kind: slurm, poll_s: 0.3}")
+    tiny_train_recipe(ranks, 3).replace(
+        "name: faults-test",
+        "name: faults-test\nexecutor: {kind: slurm, poll_s: 0.3}",
+    )
 }
 
 fn final_weights(sb: &Sandbox) -> Vec<u8> {
@@ -40,7 +56,10 @@ fn final_weights(sb: &Sandbox) -> Vec<u8> {
 
 /// `zflow run r.yaml` with the Slurm client pointed at `conf`.
 fn run(sb: &Sandbox, conf: &Path) -> std::process::Output {
-    sb.cmd(&["run", "r.yaml"]).env("SLURM_CONF", conf).output().unwrap()
+    sb.cmd(&["run", "r.yaml"])
+        .env("SLURM_CONF", conf)
+        .output()
+        .unwrap()
 }
 
 /// Waits until the train stage's job has committed a checkpoint at `step` or later; returns
@@ -49,15 +68,28 @@ fn job_past_checkpoint(sb: &Sandbox, step: u32) -> String {
     let store = sb.path().join("zflow-store");
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
-        assert!(Instant::now() < deadline, "no checkpoint at step {step} within 240 s");
-        let partial = std::fs::read_dir(&store).into_iter().flatten().flatten().map(|e| e.path()).find(|p| p.to_string_lossy().ends_with(".partial"));
-        let ckpt = partial.map(|p| p.join(format!("checkpoints/step-{step:08}"))).is_some_and(|c| c.exists());
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint at step {step} within 240 s"
+        );
+        let partial = std::fs::read_dir(&store)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().ends_with(".partial"));
+        let ckpt = partial
+            .map(|p| p.join(format!("checkpoints/step-{step:08}")))
+            .is_some_and(|c| c.exists());
         let job = std::fs::read_dir(store.join(".zflow/logs"))
             .ok()
             .into_iter()
             .flatten()
             .flatten()
-            .find(|e| e.file_name().to_string_lossy().starts_with("train.p1-") && e.file_name().to_string_lossy().ends_with(".log.job"))
+            .find(|e| {
+                e.file_name().to_string_lossy().starts_with("train.p1-")
+                    && e.file_name().to_string_lossy().ends_with(".log.job")
+            })
             .and_then(|e| std::fs::read_to_string(e.path()).ok());
         if let (true, Some(job)) = (ckpt, job) {
             return job.split_whitespace().nth(1).unwrap().to_string();
@@ -75,20 +107,53 @@ fn a_recipe_runs_on_slurm_and_scancel_then_rerun_resumes_to_the_same_weights() {
 
     let sb = Sandbox::new();
     sb.write("r.yaml", &slurm_recipe(2));
-    let zflow = sb.cmd(&["run", "r.yaml"]).env("SLURM_CONF", &conf).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let zflow = sb
+        .cmd(&["run", "r.yaml"])
+        .env("SLURM_CONF", &conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let job = job_past_checkpoint(&sb, 10);
-    let cancel = Command::new("scancel").arg(&job).env("SLURM_CONF", &conf).status().unwrap();
+    let cancel = Command::new("scancel")
+        .arg(&job)
+        .env("SLURM_CONF", &conf)
+        .status()
+        .unwrap();
     assert!(cancel.success());
     let out = zflow.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains(&format!("slurm job {job} ended CANCELLED")) && stderr.contains("sbatch script:") && stderr.contains("job output:"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("slurm job {job} ended CANCELLED"))
+            && stderr.contains("sbatch script:")
+            && stderr.contains("job output:"),
+        "{stderr}"
+    );
     // The two sources' fetch stages became ready together: one job array, a task each.
-    let array_task = stderr.lines().find(|l| l.contains("[fetch.") && l.contains("submitted slurm job") && l.contains("_1 ("));
-    assert!(array_task.is_some(), "fetch.prose and fetch.code were not one job array:\n{stderr}");
+    let array_task = stderr
+        .lines()
+        .find(|l| l.contains("[fetch.") && l.contains("submitted slurm job") && l.contains("_1 ("));
+    assert!(
+        array_task.is_some(),
+        "fetch.prose and fetch.code were not one job array:\n{stderr}"
+    );
     let logs = sb.path().join("zflow-store/.zflow/logs");
-    let array_outputs = std::fs::read_dir(&logs).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("fetch-array.slurm-")).count();
-    assert_eq!(array_outputs, 2, "one output file per array task in {}", logs.display());
+    let array_outputs = std::fs::read_dir(&logs)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("fetch-array.slurm-")
+        })
+        .count();
+    assert_eq!(
+        array_outputs,
+        2,
+        "one output file per array task in {}",
+        logs.display()
+    );
 
     // The rerun submits the train stage again; it resumes from its newest checkpoint.
     let out = run(&sb, &conf);
@@ -97,10 +162,22 @@ fn a_recipe_runs_on_slurm_and_scancel_then_rerun_resumes_to_the_same_weights() {
     assert!(stderr.contains("1 ran, 8 cached"), "{stderr}");
     let log = sb.ok(&["logs", "r.yaml", "train.p1"]).stdout;
     assert!(log.contains("resum"), "the rerun did not resume:\n{log}");
-    assert!(final_weights(&sb) == final_weights(&reference), "scancel + rerun on Slurm differs from the local run");
+    assert!(
+        final_weights(&sb) == final_weights(&reference),
+        "scancel + rerun on Slurm differs from the local run"
+    );
     let status = sb.ok(&["status", "r.yaml"]).stdout;
-    assert!(status.contains("job: slurm") && status.contains("COMPLETED"), "{status}");
-    let runs = sb.ok(&["query", "zflow-store", "select count(*) as n from runs where job like 'slurm % CANCELLED%'"]).stdout;
+    assert!(
+        status.contains("job: slurm") && status.contains("COMPLETED"),
+        "{status}"
+    );
+    let runs = sb
+        .ok(&[
+            "query",
+            "zflow-store",
+            "select count(*) as n from runs where job like 'slurm % CANCELLED%'",
+        ])
+        .stdout;
     assert!(runs.contains("| 1 "), "{runs}");
 }
 
@@ -113,18 +190,37 @@ fn a_job_requeued_mid_phase_resumes_within_the_same_run() {
 
     let sb = Sandbox::new();
     sb.write("r.yaml", &slurm_recipe(1));
-    let zflow = sb.cmd(&["run", "r.yaml"]).env("SLURM_CONF", &conf).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let zflow = sb
+        .cmd(&["run", "r.yaml"])
+        .env("SLURM_CONF", &conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let job = job_past_checkpoint(&sb, 10);
     // What a node failure or preemption does to a `--requeue` job.
-    let requeue = Command::new("scontrol").args(["requeue", &job]).env("SLURM_CONF", &conf).status().unwrap();
+    let requeue = Command::new("scontrol")
+        .args(["requeue", &job])
+        .env("SLURM_CONF", &conf)
+        .status()
+        .unwrap();
     assert!(requeue.success());
     let out = zflow.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains(&format!("slurm requeued job {job}")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("slurm requeued job {job}")),
+        "{stderr}"
+    );
     let log = sb.ok(&["logs", "r.yaml", "train.p1"]).stdout;
-    assert!(log.contains("(restart 1): running train.p1") && log.contains("resum"), "{log}");
-    assert!(final_weights(&sb) == final_weights(&reference), "the requeued run differs from the local run");
+    assert!(
+        log.contains("(restart 1): running train.p1") && log.contains("resum"),
+        "{log}"
+    );
+    assert!(
+        final_weights(&sb) == final_weights(&reference),
+        "the requeued run differs from the local run"
+    );
 }
 
 #[test]
@@ -135,25 +231,60 @@ fn slurm_reuses_a_local_run_and_reports_failed_jobs() {
     sb.write("r.yaml", &format!("name: s\n{stages}"));
     sb.ok(&["run", "r.yaml"]);
     // Same stages on Slurm: everything is cached, nothing is submitted.
-    sb.write("r.yaml", &format!("name: s\nexecutor: {{kind: slurm}}\n{stages}"));
+    sb.write(
+        "r.yaml",
+        &format!("name: s\nexecutor: {{kind: slurm}}\n{stages}"),
+    );
     let out = run(&sb, &conf);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stderr.contains("0 ran, 2 cached") && !stderr.contains("submitted"), "{stderr}");
+    assert!(
+        out.status.success() && stderr.contains("0 ran, 2 cached") && !stderr.contains("submitted"),
+        "{stderr}"
+    );
 
     // A stage that fails in its job: job id, state, exit code and the log paths.
     sb.write("r.yaml", "name: s\nexecutor: {kind: slurm, poll_s: 0.3}\nstages:\n  - {name: boom, kind: shell, run: 'echo going down; exit 3'}\n");
     let out = run(&sb, &conf);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("ended FAILED with exit code 1:0, stage exit status 1") && stderr.contains(".log.sbatch") && stderr.contains("stage log:"), "{stderr}");
-    let out_file = stderr.lines().find_map(|l| l.trim().strip_prefix("job output:")).unwrap().trim().to_string();
-    assert!(std::fs::read_to_string(&out_file).unwrap().contains("going down"), "{out_file}");
+    assert!(
+        stderr.contains("ended FAILED with exit code 1:0, stage exit status 1")
+            && stderr.contains(".log.sbatch")
+            && stderr.contains("stage log:"),
+        "{stderr}"
+    );
+    let out_file = stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("job output:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(
+        std::fs::read_to_string(&out_file)
+            .unwrap()
+            .contains("going down"),
+        "{out_file}"
+    );
 
     // No Slurm to talk to: named, with what was tried.
-    let out = sb.cmd(&["run", "r.yaml"]).env("SLURM_CONF", sb.path().join("missing.conf")).output().unwrap();
+    let out = sb
+        .cmd(&["run", "r.yaml"])
+        .env("SLURM_CONF", sb.path().join("missing.conf"))
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("not reachable") && stderr.contains("squeue"), "{stderr}");
-    let out = sb.cmd(&["run", "r.yaml"]).env("PATH", "/nonexistent").output().unwrap();
+    assert!(
+        !out.status.success() && stderr.contains("not reachable") && stderr.contains("squeue"),
+        "{stderr}"
+    );
+    let out = sb
+        .cmd(&["run", "r.yaml"])
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("not on PATH"), "{stderr}");
+    assert!(
+        !out.status.success() && stderr.contains("not on PATH"),
+        "{stderr}"
+    );
 }

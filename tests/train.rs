@@ -80,10 +80,19 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
     a.ok(&["run", "r.yaml"]);
     for stage in ["train.p1", "train.p2"] {
         let dir = a.output(stage);
-        for f in ["final/model.safetensors", "final/trainer.json", "final/manifest.json", "metrics.parquet", "eval.parquet"] {
+        for f in [
+            "final/model.safetensors",
+            "final/trainer.json",
+            "final/manifest.json",
+            "metrics.parquet",
+            "eval.parquet",
+        ] {
             assert!(dir.join(f).exists(), "{stage}: no {f}");
         }
-        assert!(!dir.join("checkpoints").exists(), "{stage}: intermediate checkpoints left behind");
+        assert!(
+            !dir.join("checkpoints").exists(),
+            "{stage}: intermediate checkpoints left behind"
+        );
     }
     // Phase 1 learns: held-out loss falls for every source. Phase 2 (new context length, RoPE
     // base and a fresh optimizer, 19 steps) keeps learning: its training loss falls and its
@@ -95,59 +104,123 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
             .filter(|r| r["type"] == "eval")
             .flat_map(|r| {
                 let step = r["step"].as_u64().unwrap();
-                r["losses"].as_array().unwrap().iter().map(move |l| (step, l[0].as_str().unwrap().to_string(), l[1].as_f64().unwrap())).collect::<Vec<_>>()
+                r["losses"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(move |l| {
+                        (
+                            step,
+                            l[0].as_str().unwrap().to_string(),
+                            l[1].as_f64().unwrap(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
             })
             .collect();
         for source in ["prose", "code"] {
-            let series: Vec<f64> = evals.iter().filter(|e| e.1 == source).map(|e| e.2).collect();
+            let series: Vec<f64> = evals
+                .iter()
+                .filter(|e| e.1 == source)
+                .map(|e| e.2)
+                .collect();
             assert!(series.len() >= 2, "{stage} {source}: {series:?}");
             let (first, last) = (series[0], *series.last().unwrap());
             if stage == "train.p1" {
-                assert!(last < first, "{stage} {source}: held-out loss did not fall: {series:?}");
+                assert!(
+                    last < first,
+                    "{stage} {source}: held-out loss did not fall: {series:?}"
+                );
             } else {
-                assert!(last < first + 0.1, "{stage} {source}: held-out loss got worse: {series:?}");
+                assert!(
+                    last < first + 0.1,
+                    "{stage} {source}: held-out loss got worse: {series:?}"
+                );
             }
         }
     }
-    let train: Vec<f64> = metrics(&a, "train.p2").iter().filter(|r| r["type"] == "step").map(|r| r["loss"].as_f64().unwrap()).collect();
+    let train: Vec<f64> = metrics(&a, "train.p2")
+        .iter()
+        .filter(|r| r["type"] == "step")
+        .map(|r| r["loss"].as_f64().unwrap())
+        .collect();
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     // Phase 2 continues from phase 1's weights: its loss stays far below an untrained model's
     // (phase 1's first step, ~ln(vocab)). Whether it falls further within 19 steps of a new
     // mixture depends on the corpus (this repository's text, which each commit changes).
-    let p1: Vec<f64> = metrics(&a, "train.p1").iter().filter(|r| r["type"] == "step").map(|r| r["loss"].as_f64().unwrap()).collect();
-    assert!(mean(&train) < p1[0] - 1.0, "phase 2 did not start from phase 1's weights: p1 {p1:?}, p2 {train:?}");
+    let p1: Vec<f64> = metrics(&a, "train.p1")
+        .iter()
+        .filter(|r| r["type"] == "step")
+        .map(|r| r["loss"].as_f64().unwrap())
+        .collect();
+    assert!(
+        mean(&train) < p1[0] - 1.0,
+        "phase 2 did not start from phase 1's weights: p1 {p1:?}, p2 {train:?}"
+    );
 
     // `zflow ckpt inspect` shows the state, and says so when a file no longer verifies.
     let final_p1 = a.output("train.p1").join("final");
-    let shown = a.ok(&["ckpt", "inspect", final_p1.to_str().unwrap()]).stdout;
-    assert!(shown.contains("manifest verified") && shown.contains("phase p1 step") && shown.contains("blocks.0.self_attn.qkv.linear_q.weight"), "{shown}");
+    let shown = a
+        .ok(&["ckpt", "inspect", final_p1.to_str().unwrap()])
+        .stdout;
+    assert!(
+        shown.contains("manifest verified")
+            && shown.contains("phase p1 step")
+            && shown.contains("blocks.0.self_attn.qkv.linear_q.weight"),
+        "{shown}"
+    );
 
     // Phase 2 started from phase 1's weights, with a fresh optimizer and RoPE base 1M.
-    let job: serde_json::Value = serde_json::from_slice(&std::fs::read(a.output("train.p2").join("job.json")).unwrap()).unwrap();
+    let job: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.output("train.p2").join("job.json")).unwrap())
+            .unwrap();
     assert!(job["init"].as_str().unwrap().contains("train.p1"));
-    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(a.output("train.p2").join("final/trainer.json")).unwrap()).unwrap();
+    let state: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(a.output("train.p2").join("final/trainer.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(state["rope_base"].as_f64(), Some(1e6));
 
     // Same recipe and seed in a fresh store: identical weights.
     let b = Sandbox::new();
     b.write("r.yaml", &recipe());
     b.ok(&["run", "r.yaml"]);
-    assert!(final_weights(&a, "train.p2") == final_weights(&b, "train.p2"), "two runs with one seed differ");
+    assert!(
+        final_weights(&a, "train.p2") == final_weights(&b, "train.p2"),
+        "two runs with one seed differ"
+    );
 
     // A worker that dies after step 7 (checkpoints at 5, 10, ...): the supervisor relaunches it
     // from step 5 and the phase ends bit-identical to the uninterrupted run.
     let c = Sandbox::new();
     c.write("r.yaml", &recipe());
-    let crashed = c.cmd(&["run", "r.yaml"]).env("ZFLOW_FAULTS", "crash@7").output().unwrap();
+    let crashed = c
+        .cmd(&["run", "r.yaml"])
+        .env("ZFLOW_FAULTS", "crash@7")
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&crashed.stderr);
     assert!(crashed.status.success(), "{stderr}");
-    assert!(stderr.contains("killed by signal 6 (SIGABRT)") && stderr.contains("relaunching"), "{stderr}");
+    assert!(
+        stderr.contains("killed by signal 6 (SIGABRT)") && stderr.contains("relaunching"),
+        "{stderr}"
+    );
     let log = c.ok(&["logs", "r.yaml", "train.p1"]).stdout;
     assert!(log.contains("resuming at step 5"), "{log}");
-    assert!(final_weights(&a, "train.p1") == final_weights(&c, "train.p1"), "resumed phase 1 differs");
-    assert!(final_weights(&a, "train.p2") == final_weights(&c, "train.p2"), "phase 2 after a resumed phase 1 differs");
+    assert!(
+        final_weights(&a, "train.p1") == final_weights(&c, "train.p1"),
+        "resumed phase 1 differs"
+    );
+    assert!(
+        final_weights(&a, "train.p2") == final_weights(&c, "train.p2"),
+        "phase 2 after a resumed phase 1 differs"
+    );
     // Metrics hold each step once, in order, despite the replayed steps 6-7.
-    let steps: Vec<u64> = metrics(&c, "train.p1").iter().filter(|r| r["type"] == "step").map(|r| r["step"].as_u64().unwrap()).collect();
+    let steps: Vec<u64> = metrics(&c, "train.p1")
+        .iter()
+        .filter(|r| r["type"] == "step")
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
     assert_eq!(steps, (1..=steps.len() as u64).collect::<Vec<_>>());
 
     balancing_controller_reduces_the_error(&a);
@@ -164,14 +237,19 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
     bytes[last] ^= 1;
     std::fs::write(copy.join("optim-adamw.rank-0.bin"), bytes).unwrap();
     let shown = a.ok(&["ckpt", "inspect", copy.to_str().unwrap()]).stdout;
-    assert!(shown.contains("DOES NOT VERIFY") && shown.contains("optim-adamw.rank-0.bin: checksum mismatch"), "{shown}");
+    assert!(
+        shown.contains("DOES NOT VERIFY")
+            && shown.contains("optim-adamw.rank-0.bin: checksum mismatch"),
+        "{shown}"
+    );
 }
 
 /// Re-runs phase 1's worker with the controller off and on, from the same data: on, the
 /// balance error ends lower than it starts and lower than with the controller off.
 fn balancing_controller_reduces_the_error(a: &Sandbox) {
     let job_path = stage_dir(&a.path().join("zflow-store"), "train.p1").join("job.json");
-    let mut job: serde_json::Value = serde_json::from_slice(&std::fs::read(job_path).unwrap()).unwrap();
+    let mut job: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(job_path).unwrap()).unwrap();
     let mut run = |enabled: bool| -> Vec<f64> {
         let dir = a.path().join(format!("balance-{enabled}"));
         job["checkpoints"] = serde_json::json!(dir.join("ckpt"));
@@ -179,8 +257,16 @@ fn balancing_controller_reduces_the_error(a: &Sandbox) {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("job.json");
         std::fs::write(&path, serde_json::to_vec(&job).unwrap()).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_zflow")).args(["worker", "--job"]).arg(&path).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(env!("CARGO_BIN_EXE_zflow"))
+            .args(["worker", "--job"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -192,23 +278,42 @@ fn balancing_controller_reduces_the_error(a: &Sandbox) {
     let on = run(true);
     let tail = |v: &[f64]| v[v.len() - 5..].iter().sum::<f64>() / 5.0;
     let head = |v: &[f64]| v[..3].iter().sum::<f64>() / 3.0;
-    eprintln!("balance error: controller off {:.3} -> {:.3}, on {:.3} -> {:.3}", head(&off), tail(&off), head(&on), tail(&on));
+    eprintln!(
+        "balance error: controller off {:.3} -> {:.3}, on {:.3} -> {:.3}",
+        head(&off),
+        tail(&off),
+        head(&on),
+        tail(&on)
+    );
     assert!(tail(&on) < head(&on), "controller on: {on:?}");
-    assert!(tail(&on) < tail(&off), "controller on {on:?} vs off {off:?}");
+    assert!(
+        tail(&on) < tail(&off),
+        "controller on {on:?} vs off {off:?}"
+    );
 }
 
 #[test]
 fn bad_train_settings_are_named() {
     let sb = Sandbox::new();
-    sb.write("r.yaml", &recipe().replace("micro_batch: 4", "micro_batch: 3"));
+    sb.write(
+        "r.yaml",
+        &recipe().replace("micro_batch: 4", "micro_batch: 3"),
+    );
     let o = sb.zflow(&["plan", "r.yaml"]);
     assert_ne!(o.code, 0);
-    assert!(o.stderr.contains("global_batch") && o.stderr.contains("micro_batch"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("global_batch") && o.stderr.contains("micro_batch"),
+        "{}",
+        o.stderr
+    );
     sb.write("r.yaml", &recipe().replace("eval_every: 5", "eval_evry: 5"));
     let o = sb.zflow(&["plan", "r.yaml"]);
     assert_ne!(o.code, 0);
     assert!(o.stderr.contains("eval_evry"), "{}", o.stderr);
-    sb.write("r.yaml", &recipe().replace("balance: {lr: 0.02}", "balance: {lr: 0.02}\n  backend: tpu"));
+    sb.write(
+        "r.yaml",
+        &recipe().replace("balance: {lr: 0.02}", "balance: {lr: 0.02}\n  backend: tpu"),
+    );
     let o = sb.zflow(&["plan", "r.yaml"]);
     assert_ne!(o.code, 0);
     assert!(o.stderr.contains("tpu"), "{}", o.stderr);

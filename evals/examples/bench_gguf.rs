@@ -61,13 +61,23 @@ enum Cmd {
 }
 
 fn load(model: &PathBuf, tokenizer: &Option<PathBuf>) -> Result<GgufModel> {
-    let tok = tokenizer.clone().or_else(|| Some(model.with_file_name("tokenizer-gemma3/tokenizer.json")).filter(|p| p.exists()));
-    GgufModel::load(model, None, Some(4096)).or_else(|_| GgufModel::load(model, tok.as_deref(), Some(4096)))
+    let tok = tokenizer.clone().or_else(|| {
+        Some(model.with_file_name("tokenizer-gemma3/tokenizer.json")).filter(|p| p.exists())
+    });
+    GgufModel::load(model, None, Some(4096))
+        .or_else(|_| GgufModel::load(model, tok.as_deref(), Some(4096)))
 }
 
 fn main() -> Result<()> {
     match Args::parse().cmd {
-        Cmd::Dump { model, tokenizer, data, tasks, limit, out } => {
+        Cmd::Dump {
+            model,
+            tokenizer,
+            data,
+            tasks,
+            limit,
+            out,
+        } => {
             let m = load(&model, &tokenizer)?;
             let reg = TaskRegistry::load_dir(&zflow_evals::task::builtin_tasks_dir())?;
             let mut f = std::io::BufWriter::new(std::fs::File::create(&out)?);
@@ -78,13 +88,26 @@ fn main() -> Result<()> {
                     for inst in p.instances(limit)? {
                         let mut reqs = Vec::new();
                         for r in &inst.requests {
-                            if let Request::Loglikelihood { context, continuation } = r {
-                                let tr = truncate(m.tokenizer().encode_pair(context, continuation)?, m.max_length());
-                                reqs.push(json!({"context": tr.context, "continuation": tr.continuation}));
+                            if let Request::Loglikelihood {
+                                context,
+                                continuation,
+                            } = r
+                            {
+                                let tr = truncate(
+                                    m.tokenizer().encode_pair(context, continuation)?,
+                                    m.max_length(),
+                                );
+                                reqs.push(
+                                    json!({"context": tr.context, "continuation": tr.continuation}),
+                                );
                             }
                         }
                         if !reqs.is_empty() {
-                            writeln!(f, "{}", json!({"group": group, "task": t, "doc": inst.doc_index, "requests": reqs}))?;
+                            writeln!(
+                                f,
+                                "{}",
+                                json!({"group": group, "task": t, "doc": inst.doc_index, "requests": reqs})
+                            )?;
                             group += 1;
                         }
                     }
@@ -92,21 +115,49 @@ fn main() -> Result<()> {
             }
             eprintln!("{group} groups written to {}", out.display());
         }
-        Cmd::Score { model, tokenizer, requests, batch_tokens, out } => {
+        Cmd::Score {
+            model,
+            tokenizer,
+            requests,
+            batch_tokens,
+            out,
+        } => {
             let mut m = load(&model, &tokenizer)?;
             let mut ids = Vec::new();
             let mut groups: Vec<Vec<TokenRequest>> = Vec::new();
-            let file = std::fs::File::open(&requests).with_context(|| format!("opening {}", requests.display()))?;
+            let file = std::fs::File::open(&requests)
+                .with_context(|| format!("opening {}", requests.display()))?;
             for line in std::io::BufReader::new(file).lines() {
                 let v: serde_json::Value = serde_json::from_str(&line?)?;
-                let ids_of = |x: &serde_json::Value| -> Vec<u32> { x.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect() };
+                let ids_of = |x: &serde_json::Value| -> Vec<u32> {
+                    x.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|t| t.as_u64().unwrap() as u32)
+                        .collect()
+                };
                 ids.push(v["group"].as_u64().context("group")?);
-                groups.push(v["requests"].as_array().context("requests")?.iter().map(|r| TokenRequest { context: ids_of(&r["context"]), continuation: ids_of(&r["continuation"]) }).collect());
+                groups.push(
+                    v["requests"]
+                        .as_array()
+                        .context("requests")?
+                        .iter()
+                        .map(|r| TokenRequest {
+                            context: ids_of(&r["context"]),
+                            continuation: ids_of(&r["continuation"]),
+                        })
+                        .collect(),
+                );
             }
             let input: usize = groups.iter().flatten().map(TokenRequest::input_len).sum();
             let packed: usize = groups.iter().map(|g| packed_len(g)).sum();
             // Warm up on the smallest group (first calls allocate), then time everything.
-            let smallest = groups.iter().min_by_key(|g| packed_len(g)).cloned().into_iter().collect::<Vec<_>>();
+            let smallest = groups
+                .iter()
+                .min_by_key(|g| packed_len(g))
+                .cloned()
+                .into_iter()
+                .collect::<Vec<_>>();
             m.loglikelihood(&smallest)?;
             let mut scores = vec![Vec::new(); groups.len()];
             let cpu0 = cpu_seconds();
@@ -130,7 +181,11 @@ fn main() -> Result<()> {
                 let mut f = std::io::BufWriter::new(std::fs::File::create(&out)?);
                 for (g, s) in ids.iter().zip(&scores) {
                     for (i, sc) in s.iter().enumerate() {
-                        writeln!(f, "{}", json!({"group": g, "index": i, "logprob": sc.logprob, "is_greedy": sc.is_greedy}))?;
+                        writeln!(
+                            f,
+                            "{}",
+                            json!({"group": g, "index": i, "logprob": sc.logprob, "is_greedy": sc.is_greedy})
+                        )?;
                     }
                 }
             }
@@ -143,8 +198,15 @@ fn main() -> Result<()> {
 /// measure of work that the other load on a shared machine does not inflate the way it
 /// inflates wall time.
 fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
-    let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let f: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // utime and stime, in clock ticks (100 a second on Linux).
     (ticks(11) + ticks(12)) / 100.0

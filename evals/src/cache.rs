@@ -60,7 +60,8 @@ pub struct Cache {
 impl Cache {
     /// Opens (or creates) the cache of the model `identity` under `dir`.
     pub fn open(dir: &Path, identity: &str) -> Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating cache folder {}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating cache folder {}", dir.display()))?;
         let name = &blake3::hash(identity.as_bytes()).to_hex()[..24];
         let path = dir.join(format!("{name}.jsonl"));
         let mut file = OpenOptions::new()
@@ -70,7 +71,14 @@ impl Cache {
             .open(&path)
             .with_context(|| format!("opening cache {}", path.display()))?;
         let map = read_all(&mut file, &path)?;
-        Ok(Cache { path, file, map, identity: identity.to_string(), unsynced: 0, last_sync: Instant::now() })
+        Ok(Cache {
+            path,
+            file,
+            map,
+            identity: identity.to_string(),
+            unsynced: 0,
+            last_sync: Instant::now(),
+        })
     }
 
     /// The cache file.
@@ -100,7 +108,10 @@ impl Cache {
 
     /// Records a result (appended now, fsynced per the module docs).
     pub fn put(&mut self, key: Key, value: Cached) -> Result<()> {
-        let line = Line { key: hex(&key), value: value.clone() };
+        let line = Line {
+            key: hex(&key),
+            value: value.clone(),
+        };
         let mut text = serde_json::to_string(&line)?;
         text.push('\n');
         self.file
@@ -117,7 +128,9 @@ impl Cache {
     /// Flushes everything written so far to disk.
     pub fn sync(&mut self) -> Result<()> {
         if self.unsynced > 0 {
-            self.file.sync_data().with_context(|| format!("fsync of cache {}", self.path.display()))?;
+            self.file
+                .sync_data()
+                .with_context(|| format!("fsync of cache {}", self.path.display()))?;
             self.unsynced = 0;
         }
         self.last_sync = Instant::now();
@@ -169,17 +182,26 @@ fn read_all(file: &mut File, path: &Path) -> Result<HashMap<Key, Cached>> {
             // A torn write: the process died mid-line. Everything before it is good.
             break;
         }
-        let line: Line = serde_json::from_slice(&buf)
-            .with_context(|| format!("cache {} line {line_no} is corrupt; delete the file to start over", path.display()))?;
+        let line: Line = serde_json::from_slice(&buf).with_context(|| {
+            format!(
+                "cache {} line {line_no} is corrupt; delete the file to start over",
+                path.display()
+            )
+        })?;
         let Some(k) = unhex(&line.key) else {
-            bail!("cache {} line {line_no}: bad key {:?}", path.display(), line.key);
+            bail!(
+                "cache {} line {line_no}: bad key {:?}",
+                path.display(),
+                line.key
+            );
         };
         map.insert(k, line.value);
         good_end += n as u64;
     }
     drop(reader);
     if file.metadata()?.len() > good_end {
-        file.set_len(good_end).with_context(|| format!("cutting the torn end of cache {}", path.display()))?;
+        file.set_len(good_end)
+            .with_context(|| format!("cutting the torn end of cache {}", path.display()))?;
     }
     file.seek(SeekFrom::End(0))?;
     Ok(map)
@@ -190,24 +212,44 @@ mod tests {
     use super::*;
 
     fn req(c: &str) -> Request {
-        Request::Loglikelihood { context: "ctx".into(), continuation: c.into() }
+        Request::Loglikelihood {
+            context: "ctx".into(),
+            continuation: c.into(),
+        }
     }
 
     #[test]
     fn survives_reopen_and_a_torn_last_line() {
         let dir = tempfile::tempdir().unwrap();
-        let score = Score { logprob: -1.2345678901234567, is_greedy: true };
+        let score = Score {
+            logprob: -1.2345678901234567,
+            is_greedy: true,
+        };
         {
             let mut c = Cache::open(dir.path(), "model-a").unwrap();
             let k = c.key(&req(" a"));
             c.put(k, Cached::Score(score)).unwrap();
-            let k = c.key(&Request::Generate { context: "q".into(), until: vec![], max_gen_toks: 3 });
-            c.put(k, Cached::Text { text: "x\ny".into() }).unwrap();
+            let k = c.key(&Request::Generate {
+                context: "q".into(),
+                until: vec![],
+                max_gen_toks: 3,
+            });
+            c.put(
+                k,
+                Cached::Text {
+                    text: "x\ny".into(),
+                },
+            )
+            .unwrap();
         }
         let path = {
             let c = Cache::open(dir.path(), "model-a").unwrap();
             assert_eq!(c.len(), 2);
-            assert_eq!(c.get(&c.key(&req(" a"))), Some(&Cached::Score(score)), "f64 round-trips exactly");
+            assert_eq!(
+                c.get(&c.key(&req(" a"))),
+                Some(&Cached::Score(score)),
+                "f64 round-trips exactly"
+            );
             c.path().to_path_buf()
         };
         // Simulate a crash mid-write.
@@ -235,6 +277,9 @@ mod tests {
         };
         std::fs::write(&path, "not json\n{}\n").unwrap();
         let err = format!("{:#}", Cache::open(dir.path(), "m").err().unwrap());
-        assert!(err.contains(&path.display().to_string()) && err.contains("line 1"), "{err}");
+        assert!(
+            err.contains(&path.display().to_string()) && err.contains("line 1"),
+            "{err}"
+        );
     }
 }

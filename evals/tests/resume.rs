@@ -18,8 +18,15 @@ struct ToyModel {
 }
 
 fn toy_tokenizer() -> Tokenizer {
-    let words = ["<bos>", "<eos>", "[UNK]", "Question", ":", "Answer", "red", "green", "blue", "is", "sky", "grass", "the", "color", "of", "?"];
-    let vocab: serde_json::Map<String, serde_json::Value> = words.iter().enumerate().map(|(i, w)| (w.to_string(), i.into())).collect();
+    let words = [
+        "<bos>", "<eos>", "[UNK]", "Question", ":", "Answer", "red", "green", "blue", "is", "sky",
+        "grass", "the", "color", "of", "?",
+    ];
+    let vocab: serde_json::Map<String, serde_json::Value> = words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.to_string(), i.into()))
+        .collect();
     let json = serde_json::json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
         "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}});
@@ -48,14 +55,26 @@ impl LanguageModel for ToyModel {
             .map(|g| {
                 g.iter()
                     .map(|r| {
-                        let h = r.context.iter().chain(&r.continuation).fold(17u64, |h, &t| h.wrapping_mul(31).wrapping_add(t as u64));
-                        Score { logprob: -((h % 1000) as f64) / 100.0, is_greedy: h % 3 == 0 }
+                        let h = r
+                            .context
+                            .iter()
+                            .chain(&r.continuation)
+                            .fold(17u64, |h, &t| h.wrapping_mul(31).wrapping_add(t as u64));
+                        Score {
+                            logprob: -((h % 1000) as f64) / 100.0,
+                            is_greedy: h % 3 == 0,
+                        }
                     })
                     .collect()
             })
             .collect())
     }
-    fn generate_greedy(&mut self, _: &[u32], _: usize, _: &mut dyn FnMut(&[u32]) -> bool) -> Result<Vec<u32>> {
+    fn generate_greedy(
+        &mut self,
+        _: &[u32],
+        _: usize,
+        _: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<Vec<u32>> {
         Ok(vec![6])
     }
 }
@@ -90,7 +109,11 @@ fn setup(dir: &Path) -> TaskRegistry {
         ),
     )
     .unwrap();
-    std::fs::write(tasks.join("both.yaml"), "group: both\ntasks: [colors, colors0]\naggregate: {metrics: [acc]}\n").unwrap();
+    std::fs::write(
+        tasks.join("both.yaml"),
+        "group: both\ntasks: [colors, colors0]\naggregate: {metrics: [acc]}\n",
+    )
+    .unwrap();
     TaskRegistry::load_dir(&tasks).unwrap()
 }
 
@@ -101,7 +124,11 @@ fn opts(dir: &Path, cache: &str) -> EvalOptions {
         limit: None,
         num_fewshot: None,
         log_samples: true,
-        engine: EngineOptions { max_batch_tokens: 40, progress: false, sink: None },
+        engine: EngineOptions {
+            max_batch_tokens: 40,
+            progress: false,
+            sink: None,
+        },
     }
 }
 
@@ -110,7 +137,11 @@ fn interrupted_evaluation_resumes_and_matches() {
     let dir = tempfile::tempdir().unwrap();
     let reg = setup(dir.path());
     let names = vec!["colors".to_string()];
-    let toy = |budget| ToyModel { tokenizer: toy_tokenizer(), budget: Cell::new(budget), scored: Cell::new(0) };
+    let toy = |budget| ToyModel {
+        tokenizer: toy_tokenizer(),
+        budget: Cell::new(budget),
+        scored: Cell::new(0),
+    };
 
     // Uninterrupted reference.
     let mut m = toy(usize::MAX);
@@ -122,14 +153,20 @@ fn interrupted_evaluation_resumes_and_matches() {
 
     // Crash after 50 requests, then resume with the same cache.
     let mut m = toy(50);
-    let err = evaluate(&mut m, &reg, &names, &opts(dir.path(), "cache-b")).err().unwrap();
+    let err = evaluate(&mut m, &reg, &names, &opts(dir.path(), "cache-b"))
+        .err()
+        .unwrap();
     assert!(format!("{err:#}").contains("simulated crash"));
     let before = m.scored.get();
     assert!(before > 0 && before <= 50);
     let mut m = toy(usize::MAX);
     let resumed = evaluate(&mut m, &reg, &names, &opts(dir.path(), "cache-b")).unwrap();
     assert_eq!(m.scored.get(), unique - before, "nothing scored twice");
-    assert_eq!(resumed.results.to_json(), reference_json, "byte-identical results");
+    assert_eq!(
+        resumed.results.to_json(),
+        reference_json,
+        "byte-identical results"
+    );
 
     // A third run is answered from the cache alone.
     let mut m = toy(0);
@@ -148,21 +185,37 @@ fn a_cancelled_evaluation_stops_and_keeps_what_it_scored() {
     let dir = tempfile::tempdir().unwrap();
     let reg = setup(dir.path());
     let names = vec!["colors".to_string()];
-    let toy = || ToyModel { tokenizer: toy_tokenizer(), budget: Cell::new(usize::MAX), scored: Cell::new(0) };
+    let toy = || ToyModel {
+        tokenizer: toy_tokenizer(),
+        budget: Cell::new(usize::MAX),
+        scored: Cell::new(0),
+    };
     let mut reference = toy();
-    let reference_json = evaluate(&mut reference, &reg, &names, &opts(dir.path(), "cache-a")).unwrap().results.to_json();
+    let reference_json = evaluate(&mut reference, &reg, &names, &opts(dir.path(), "cache-a"))
+        .unwrap()
+        .results
+        .to_json();
 
     // The sink says stop once a few batches are done (as a pipeline stage does on Ctrl-C).
     let mut o = opts(dir.path(), "cache-b");
-    o.engine.sink = Some(std::sync::Arc::new(|_: &str, done: usize, _: usize| done < 20));
+    o.engine.sink = Some(std::sync::Arc::new(|_: &str, done: usize, _: usize| {
+        done < 20
+    }));
     let mut m = toy();
     let err = evaluate(&mut m, &reg, &names, &o).err().unwrap();
-    assert!(format!("{err:#}").contains("cancelled while scoring colors"), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("cancelled while scoring colors"),
+        "{err:#}"
+    );
     let before = m.scored.get();
     assert!(before > 0 && before < reference.scored.get(), "{before}");
     let mut m = toy();
     let resumed = evaluate(&mut m, &reg, &names, &opts(dir.path(), "cache-b")).unwrap();
-    assert_eq!(m.scored.get(), reference.scored.get() - before, "nothing scored twice");
+    assert_eq!(
+        m.scored.get(),
+        reference.scored.get() - before,
+        "nothing scored twice"
+    );
     assert_eq!(resumed.results.to_json(), reference_json);
 }
 
@@ -170,15 +223,27 @@ fn a_cancelled_evaluation_stops_and_keeps_what_it_scored() {
 fn groups_pool_their_members() {
     let dir = tempfile::tempdir().unwrap();
     let reg = setup(dir.path());
-    let mut m = ToyModel { tokenizer: toy_tokenizer(), budget: Cell::new(usize::MAX), scored: Cell::new(0) };
-    let r = evaluate(&mut m, &reg, &["both".to_string()], &opts(dir.path(), "cache")).unwrap().results;
+    let mut m = ToyModel {
+        tokenizer: toy_tokenizer(),
+        budget: Cell::new(usize::MAX),
+        scored: Cell::new(0),
+    };
+    let r = evaluate(
+        &mut m,
+        &reg,
+        &["both".to_string()],
+        &opts(dir.path(), "cache"),
+    )
+    .unwrap()
+    .results;
     assert_eq!(r.tasks.len(), 2);
     let g = &r.groups[0];
     assert_eq!((g.group.as_str(), g.n_samples), ("both", 80));
     // Size-weighted mean of equal-sized members = their plain mean; the stderr is the pooled one.
     let (a, b) = (&r.tasks[0].metrics[0], &r.tasks[1].metrics[0]);
     assert!((g.metrics[0].value - (a.value + b.value) / 2.0).abs() < 1e-12);
-    let pooled = zflow_evals::metrics::pooled_stderr(&[a.stderr.unwrap(), b.stderr.unwrap()], &[40, 40]);
+    let pooled =
+        zflow_evals::metrics::pooled_stderr(&[a.stderr.unwrap(), b.stderr.unwrap()], &[40, 40]);
     assert_eq!(g.metrics[0].stderr, Some(pooled));
     assert!(r.table().contains("| both |"));
 }

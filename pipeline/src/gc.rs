@@ -27,7 +27,9 @@ pub struct GcReport {
 
 /// Collects garbage in the store shared by `engines` (each a recipe opened on that store).
 pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
-    let Some(first) = engines.first() else { anyhow::bail!("gc needs at least one recipe") };
+    let Some(first) = engines.first() else {
+        anyhow::bail!("gc needs at least one recipe")
+    };
     let store = &first.store;
     let mut keep: BTreeSet<String> = BTreeSet::new();
     for engine in engines {
@@ -45,12 +47,20 @@ pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
     }
     let mut report = GcReport::default();
     for folder in store.stage_folders()? {
-        let slot = folder.split(".tmp-").next().unwrap_or(&folder).trim_end_matches(".partial").to_string();
+        let slot = folder
+            .split(".tmp-")
+            .next()
+            .unwrap_or(&folder)
+            .trim_end_matches(".partial")
+            .to_string();
         if keep.contains(&folder) {
             report.kept += 1;
             continue;
         }
-        let lease_path = store.root().join(".zflow/leases").join(format!("{slot}.lease"));
+        let lease_path = store
+            .root()
+            .join(".zflow/leases")
+            .join(format!("{slot}.lease"));
         if lease::read(&lease_path).is_some_and(|l| !l.is_stale(lease::lease_timeout())) {
             report.kept += 1;
             continue;
@@ -60,7 +70,9 @@ pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
         if !dry_run {
             std::fs::remove_dir_all(&path)?;
             if !keep.contains(&slot) {
-                let _ = std::fs::remove_file(store.root().join(".zflow/logs").join(format!("{slot}.log")));
+                let _ = std::fs::remove_file(
+                    store.root().join(".zflow/logs").join(format!("{slot}.log")),
+                );
             }
         }
         report.removed.push(path);
@@ -69,7 +81,9 @@ pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
 }
 
 fn dir_size(path: &std::path::Path) -> u64 {
-    let Ok(meta) = std::fs::symlink_metadata(path) else { return 0 };
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
     if !meta.is_dir() {
         return meta.len();
     }

@@ -44,7 +44,12 @@ impl StageGraph {
             let names = describe_cycle(&graph, &nodes, first);
             bail!("the stages form a cycle: {names}");
         }
-        Ok(StageGraph { graph, index, nodes, order })
+        Ok(StageGraph {
+            graph,
+            index,
+            nodes,
+            order,
+        })
     }
 
     /// All nodes, in recipe order.
@@ -75,7 +80,9 @@ impl StageGraph {
 
     fn reach(&self, name: &str, dir: Direction) -> BTreeSet<usize> {
         let mut out = BTreeSet::new();
-        let Some(&start) = self.index.get(name) else { return out };
+        let Some(&start) = self.index.get(name) else {
+            return out;
+        };
         let reversed = petgraph::visit::Reversed(&self.graph);
         if dir == Direction::Outgoing {
             let mut dfs = Dfs::new(&self.graph, start);
@@ -93,20 +100,32 @@ impl StageGraph {
 
     /// Input node indices of node `i`, in `needs` order.
     pub fn inputs_of(&self, i: usize) -> Vec<usize> {
-        self.nodes[i].needs.iter().filter_map(|n| self.position(n)).collect()
+        self.nodes[i]
+            .needs
+            .iter()
+            .filter_map(|n| self.position(n))
+            .collect()
     }
 
     /// Node indices that read node `i`'s output.
     pub fn dependents_of(&self, i: usize) -> Vec<usize> {
         let ix = self.index[&self.nodes[i].name];
-        self.graph.neighbors_directed(ix, Direction::Outgoing).map(|n| self.graph[n]).collect()
+        self.graph
+            .neighbors_directed(ix, Direction::Outgoing)
+            .map(|n| self.graph[n])
+            .collect()
     }
 
     /// The graph in Graphviz dot.
     pub fn to_dot(&self, label: impl Fn(&StageNode) -> String) -> String {
-        let mut out = String::from("digraph zflow {\n  rankdir=LR;\n  node [shape=box, style=rounded];\n");
+        let mut out =
+            String::from("digraph zflow {\n  rankdir=LR;\n  node [shape=box, style=rounded];\n");
         for n in &self.nodes {
-            out.push_str(&format!("  \"{}\" [label=\"{}\"];\n", n.name, label(n).replace('"', "\\\"")));
+            out.push_str(&format!(
+                "  \"{}\" [label=\"{}\"];\n",
+                n.name,
+                label(n).replace('"', "\\\"")
+            ));
         }
         for n in &self.nodes {
             for need in &n.needs {
@@ -119,14 +138,27 @@ impl StageGraph {
 
     /// The graph as a Mermaid flowchart.
     pub fn to_mermaid(&self, label: impl Fn(&StageNode) -> String) -> String {
-        let id: HashMap<&str, String> = self.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), format!("s{i}"))).collect();
+        let id: HashMap<&str, String> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), format!("s{i}")))
+            .collect();
         let mut out = String::from("flowchart LR\n");
         for n in &self.nodes {
-            out.push_str(&format!("  {}[\"{}\"]\n", id[n.name.as_str()], label(n).replace('"', "'")));
+            out.push_str(&format!(
+                "  {}[\"{}\"]\n",
+                id[n.name.as_str()],
+                label(n).replace('"', "'")
+            ));
         }
         for n in &self.nodes {
             for need in &n.needs {
-                out.push_str(&format!("  {} --> {}\n", id[need.as_str()], id[n.name.as_str()]));
+                out.push_str(&format!(
+                    "  {} --> {}\n",
+                    id[need.as_str()],
+                    id[n.name.as_str()]
+                ));
             }
         }
         out
@@ -141,8 +173,11 @@ fn kahn_order(graph: &DiGraph<usize, ()>) -> Vec<usize> {
         .node_indices()
         .map(|ix| graph.neighbors_directed(ix, Direction::Incoming).count())
         .collect();
-    let mut ready: BinaryHeap<Reverse<usize>> =
-        graph.node_indices().filter(|ix| indegree[ix.index()] == 0).map(|ix| Reverse(ix.index())).collect();
+    let mut ready: BinaryHeap<Reverse<usize>> = graph
+        .node_indices()
+        .filter(|ix| indegree[ix.index()] == 0)
+        .map(|ix| Reverse(ix.index()))
+        .collect();
     let mut order = Vec::with_capacity(indegree.len());
     while let Some(Reverse(i)) = ready.pop() {
         order.push(graph[NodeIndex::new(i)]);
@@ -164,7 +199,10 @@ fn describe_cycle(graph: &DiGraph<usize, ()>, nodes: &[StageNode], start: NodeIn
     while let Some((ix, path)) = stack.pop() {
         for next in graph.neighbors_directed(ix, Direction::Outgoing) {
             if next == start {
-                let mut names: Vec<&str> = path.iter().map(|p| nodes[graph[*p]].name.as_str()).collect();
+                let mut names: Vec<&str> = path
+                    .iter()
+                    .map(|p| nodes[graph[*p]].name.as_str())
+                    .collect();
                 names.push(&nodes[graph[start]].name);
                 return names.join(" -> ");
             }

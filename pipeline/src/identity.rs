@@ -30,7 +30,9 @@ impl IdentityDoc {
     /// The full identity (64 hex chars).
     pub fn hash(&self) -> String {
         let value = serde_json::to_value(self).expect("identity docs serialize");
-        blake3::hash(canonical_json(&value).as_bytes()).to_hex().to_string()
+        blake3::hash(canonical_json(&value).as_bytes())
+            .to_hex()
+            .to_string()
     }
 }
 
@@ -84,9 +86,17 @@ pub enum Change {
     /// The kind's version changed (its code changed what it produces).
     Version { from: u32, to: u32 },
     /// A config field changed (`None` = absent).
-    Field { path: String, from: Option<serde_json::Value>, to: Option<serde_json::Value> },
+    Field {
+        path: String,
+        from: Option<serde_json::Value>,
+        to: Option<serde_json::Value>,
+    },
     /// An input's content changed (or it was added/removed).
-    Input { name: String, from: Option<String>, to: Option<String> },
+    Input {
+        name: String,
+        from: Option<String>,
+        to: Option<String>,
+    },
     /// Files outside the store changed.
     External,
 }
@@ -101,12 +111,28 @@ impl std::fmt::Display for Change {
             Change::Kind { from, to } => write!(f, "kind changed from `{from}` to `{to}`"),
             Change::Version { from, to } => write!(f, "kind version changed from {from} to {to}"),
             Change::Field { path, from, to } => {
-                write!(f, "field `{path}` changed from {} to {}", show(from), show(to))
+                write!(
+                    f,
+                    "field `{path}` changed from {} to {}",
+                    show(from),
+                    show(to)
+                )
             }
-            Change::Input { name, from: Some(a), to: Some(b) } => {
-                write!(f, "input `{name}` changed (content {} -> {})", short(a), short(b))
+            Change::Input {
+                name,
+                from: Some(a),
+                to: Some(b),
+            } => {
+                write!(
+                    f,
+                    "input `{name}` changed (content {} -> {})",
+                    short(a),
+                    short(b)
+                )
             }
-            Change::Input { name, from: None, .. } => write!(f, "input `{name}` was added"),
+            Change::Input {
+                name, from: None, ..
+            } => write!(f, "input `{name}` was added"),
             Change::Input { name, to: None, .. } => write!(f, "input `{name}` was removed"),
             Change::External => write!(f, "files it reads from outside the store changed"),
         }
@@ -117,17 +143,28 @@ impl std::fmt::Display for Change {
 pub fn diff(old: &IdentityDoc, new: &IdentityDoc) -> Vec<Change> {
     let mut out = Vec::new();
     if old.kind != new.kind {
-        out.push(Change::Kind { from: old.kind.clone(), to: new.kind.clone() });
+        out.push(Change::Kind {
+            from: old.kind.clone(),
+            to: new.kind.clone(),
+        });
     }
     if old.version != new.version {
-        out.push(Change::Version { from: old.version, to: new.version });
+        out.push(Change::Version {
+            from: old.version,
+            to: new.version,
+        });
     }
     diff_values("", Some(&old.config), Some(&new.config), &mut out);
-    let names: std::collections::BTreeSet<&String> = old.inputs.keys().chain(new.inputs.keys()).collect();
+    let names: std::collections::BTreeSet<&String> =
+        old.inputs.keys().chain(new.inputs.keys()).collect();
     for name in names {
         let (a, b) = (old.inputs.get(name), new.inputs.get(name));
         if a != b {
-            out.push(Change::Input { name: name.clone(), from: a.cloned(), to: b.cloned() });
+            out.push(Change::Input {
+                name: name.clone(),
+                from: a.cloned(),
+                to: b.cloned(),
+            });
         }
     }
     if old.external != new.external {
@@ -136,17 +173,30 @@ pub fn diff(old: &IdentityDoc, new: &IdentityDoc) -> Vec<Change> {
     out
 }
 
-fn diff_values(path: &str, a: Option<&serde_json::Value>, b: Option<&serde_json::Value>, out: &mut Vec<Change>) {
+fn diff_values(
+    path: &str,
+    a: Option<&serde_json::Value>,
+    b: Option<&serde_json::Value>,
+    out: &mut Vec<Change>,
+) {
     use serde_json::Value::Object;
     match (a, b) {
         (Some(Object(x)), Some(Object(y))) => {
             let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
             for k in keys {
-                let child = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                let child = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
                 diff_values(&child, x.get(k), y.get(k), out);
             }
         }
-        (a, b) if a != b => out.push(Change::Field { path: path.to_string(), from: a.cloned(), to: b.cloned() }),
+        (a, b) if a != b => out.push(Change::Field {
+            path: path.to_string(),
+            from: a.cloned(),
+            to: b.cloned(),
+        }),
         _ => {}
     }
 }
@@ -157,7 +207,13 @@ mod tests {
     use serde_json::json;
 
     fn doc(config: serde_json::Value) -> IdentityDoc {
-        IdentityDoc { kind: "shell".into(), version: 1, config, inputs: BTreeMap::new(), external: None }
+        IdentityDoc {
+            kind: "shell".into(),
+            version: 1,
+            config,
+            inputs: BTreeMap::new(),
+            external: None,
+        }
     }
 
     #[test]

@@ -103,9 +103,18 @@ pub fn read(path: &Path) -> Option<LeaseInfo> {
 /// Tries to take the lease at `path` for `run_id`.
 pub fn try_acquire(path: &Path, run_id: &str) -> Result<Acquire> {
     let timeout = lease_timeout();
-    let me = LeaseInfo { host: hostname(), pid: std::process::id(), run_id: run_id.to_string(), heartbeat_ms: now_ms() };
+    let me = LeaseInfo {
+        host: hostname(),
+        pid: std::process::id(),
+        run_id: run_id.to_string(),
+        heartbeat_ms: now_ms(),
+    };
     for _ in 0..3 {
-        match fs::OpenOptions::new().write(true).create_new(true).open(path) {
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+        {
             Ok(mut f) => {
                 f.write_all(&serde_json::to_vec(&me)?)?;
                 f.sync_all()?;
@@ -195,7 +204,13 @@ fn start_heartbeat(path: &Path, me: LeaseInfo, timeout: Duration) -> LeaseGuard 
             }
         })
         .expect("spawning the heartbeat thread");
-    LeaseGuard { path: path.to_path_buf(), run_id, stop, lost, heartbeat: Some(heartbeat) }
+    LeaseGuard {
+        path: path.to_path_buf(),
+        run_id,
+        stop,
+        lost,
+        heartbeat: Some(heartbeat),
+    }
 }
 
 impl Drop for LeaseGuard {
@@ -204,7 +219,10 @@ impl Drop for LeaseGuard {
         if let Some(h) = self.heartbeat.take() {
             let _ = h.join();
         }
-        if read(&self.path).map(|i| i.run_id == self.run_id).unwrap_or(false) {
+        if read(&self.path)
+            .map(|i| i.run_id == self.run_id)
+            .unwrap_or(false)
+        {
             let _ = fs::remove_file(&self.path);
         }
     }
@@ -218,7 +236,9 @@ mod tests {
     fn second_owner_is_busy_and_dead_owner_is_taken_over() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.lease");
-        let Acquire::Held(guard) = try_acquire(&path, "run-a").unwrap() else { panic!("should hold") };
+        let Acquire::Held(guard) = try_acquire(&path, "run-a").unwrap() else {
+            panic!("should hold")
+        };
         match try_acquire(&path, "run-b").unwrap() {
             Acquire::Busy(info) => assert_eq!(info.run_id, "run-a"),
             Acquire::Held(_) => panic!("two owners"),
@@ -227,16 +247,32 @@ mod tests {
         assert!(!path.exists());
 
         // A lease left by a process that no longer exists.
-        let dead = LeaseInfo { host: hostname(), pid: 999_999_999, run_id: "ghost".into(), heartbeat_ms: now_ms() };
+        let dead = LeaseInfo {
+            host: hostname(),
+            pid: 999_999_999,
+            run_id: "ghost".into(),
+            heartbeat_ms: now_ms(),
+        };
         fs::write(&path, serde_json::to_vec(&dead).unwrap()).unwrap();
-        assert!(matches!(try_acquire(&path, "run-c").unwrap(), Acquire::Held(_)));
+        assert!(matches!(
+            try_acquire(&path, "run-c").unwrap(),
+            Acquire::Held(_)
+        ));
     }
 
     #[test]
     fn old_heartbeat_from_another_host_is_stale() {
-        let info = LeaseInfo { host: "elsewhere".into(), pid: 1, run_id: "x".into(), heartbeat_ms: now_ms() - 60_000 };
+        let info = LeaseInfo {
+            host: "elsewhere".into(),
+            pid: 1,
+            run_id: "x".into(),
+            heartbeat_ms: now_ms() - 60_000,
+        };
         assert!(info.is_stale(Duration::from_secs(30)));
-        let fresh = LeaseInfo { heartbeat_ms: now_ms(), ..info };
+        let fresh = LeaseInfo {
+            heartbeat_ms: now_ms(),
+            ..info
+        };
         assert!(!fresh.is_stale(Duration::from_secs(30)));
     }
 }

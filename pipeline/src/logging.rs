@@ -9,11 +9,11 @@ use std::sync::{Mutex, OnceLock};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::Layer;
 
 use crate::progress::Progress;
 use crate::stage::StageLog;
@@ -26,12 +26,18 @@ fn open_logs() -> &'static Mutex<HashMap<String, StageLog>> {
 
 /// Routes events in spans named `stage` (field `name`) to that stage's log while it runs.
 pub(crate) fn attach_stage_log(name: &str, log: StageLog) {
-    open_logs().lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), log);
+    open_logs()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(name.to_string(), log);
 }
 
 /// Stops routing events to a stage's log.
 pub(crate) fn detach_stage_log(name: &str) {
-    open_logs().lock().unwrap_or_else(|e| e.into_inner()).remove(name);
+    open_logs()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(name);
 }
 
 /// Installs the global subscriber: console output filtered by `ZFLOW_LOG` (default `info`,
@@ -47,7 +53,10 @@ pub fn init(progress: &Progress, quiet: bool) {
     // records of libraries (tokenizers logs per word at TRACE) are bridged into tracing, and
     // an unfiltered layer would make each of them a full dispatch (5x slower tokenization).
     let stage_files = StageFileLayer.with_filter(tracing_subscriber::filter::LevelFilter::INFO);
-    let _ = tracing_subscriber::registry().with(console).with(stage_files).try_init();
+    let _ = tracing_subscriber::registry()
+        .with(console)
+        .with(stage_files)
+        .try_init();
 }
 
 /// Writes console logs with the progress bars suspended.
@@ -57,7 +66,10 @@ struct ConsoleWriter(Progress);
 impl<'a> MakeWriter<'a> for ConsoleWriter {
     type Writer = ConsoleLine;
     fn make_writer(&'a self) -> ConsoleLine {
-        ConsoleLine { progress: self.0.clone(), buf: Vec::new() }
+        ConsoleLine {
+            progress: self.0.clone(),
+            buf: Vec::new(),
+        }
     }
 }
 
@@ -123,7 +135,12 @@ struct StageName(String);
 struct StageFileLayer;
 
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for StageFileLayer {
-    fn on_new_span(&self, attrs: &tracing::span::Attributes<'_>, id: &tracing::span::Id, ctx: Context<'_, S>) {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: Context<'_, S>,
+    ) {
         if attrs.metadata().name() != "stage" {
             return;
         }
@@ -135,17 +152,31 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for StageFileLayer {
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
-        let Some(scope) = ctx.event_scope(event) else { return };
-        let Some(stage) = scope.into_iter().find_map(|s| s.extensions().get::<StageName>().map(|n| n.0.clone())) else {
+        let Some(scope) = ctx.event_scope(event) else {
             return;
         };
-        let Some(log) = open_logs().lock().unwrap_or_else(|e| e.into_inner()).get(&stage).cloned() else {
+        let Some(stage) = scope
+            .into_iter()
+            .find_map(|s| s.extensions().get::<StageName>().map(|n| n.0.clone()))
+        else {
+            return;
+        };
+        let Some(log) = open_logs()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&stage)
+            .cloned()
+        else {
             return;
         };
         let mut v = FieldText::default();
         event.record(&mut v);
         let secs = crate::store::now_ms() as f64 / 1000.0;
-        log.line(&format!("[{secs:.3}] {:>5} {}", event.metadata().level(), v.text));
+        log.line(&format!(
+            "[{secs:.3}] {:>5} {}",
+            event.metadata().level(),
+            v.text
+        ));
     }
 }
 

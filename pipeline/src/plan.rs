@@ -92,14 +92,25 @@ impl Engine {
         let graph = StageGraph::new(&recipe)?;
         let store = Store::open(&recipe.store)?;
         let cwd = std::env::current_dir().context("reading the current directory")?;
-        Ok(Engine { recipe, graph, store, cwd })
+        Ok(Engine {
+            recipe,
+            graph,
+            store,
+            cwd,
+        })
     }
 
     /// The identity doc of node `i` given the content hashes of its inputs.
-    pub fn identity_doc(&self, node: &StageNode, input_hashes: &BTreeMap<String, String>) -> Result<IdentityDoc> {
+    pub fn identity_doc(
+        &self,
+        node: &StageNode,
+        input_hashes: &BTreeMap<String, String>,
+    ) -> Result<IdentityDoc> {
         let mut inputs = BTreeMap::new();
         for need in &node.needs {
-            let Some(h) = input_hashes.get(need) else { bail!("input `{need}` of `{}` is not complete", node.name) };
+            let Some(h) = input_hashes.get(need) else {
+                bail!("input `{need}` of `{}` is not complete", node.name)
+            };
             inputs.insert(need.clone(), h.clone());
         }
         let external = node
@@ -136,7 +147,12 @@ impl Engine {
         let mut hashes: BTreeMap<String, String> = BTreeMap::new();
         for &i in self.graph.topo_order() {
             let node = &nodes[i];
-            let waiting: Vec<String> = node.needs.iter().filter(|n| !hashes.contains_key(*n)).cloned().collect();
+            let waiting: Vec<String> = node
+                .needs
+                .iter()
+                .filter(|n| !hashes.contains_key(*n))
+                .cloned()
+                .collect();
             if !waiting.is_empty() {
                 states[i] = Some(StageState::Waits { on: waiting });
                 continue;
@@ -144,25 +160,45 @@ impl Engine {
             let doc = match self.identity_doc(node, &hashes) {
                 Ok(doc) => doc,
                 Err(e) => {
-                    states[i] = Some(StageState::Broken { error: format!("{e:#}") });
+                    states[i] = Some(StageState::Broken {
+                        error: format!("{e:#}"),
+                    });
                     continue;
                 }
             };
             let identity = doc.hash();
-            let cached = if force.contains(&i) { None } else { self.store.manifest(&node.name, &identity) };
+            let cached = if force.contains(&i) {
+                None
+            } else {
+                self.store.manifest(&node.name, &identity)
+            };
             states[i] = Some(match cached {
                 Some(manifest) => {
                     hashes.insert(node.name.clone(), manifest.content_hash.clone());
-                    StageState::Cached { manifest: Box::new(manifest) }
+                    StageState::Cached {
+                        manifest: Box::new(manifest),
+                    }
                 }
                 None => {
-                    let reason = if force.contains(&i) { Reason::Forced } else { self.reason(node, &identity, &doc) };
+                    let reason = if force.contains(&i) {
+                        Reason::Forced
+                    } else {
+                        self.reason(node, &identity, &doc)
+                    };
                     let resumes = self.has_partial(node, &identity);
-                    StageState::WillRun { identity, doc, reason, resumes }
+                    StageState::WillRun {
+                        identity,
+                        doc,
+                        reason,
+                        resumes,
+                    }
                 }
             });
         }
-        Ok(states.into_iter().map(|s| s.expect("every node planned")).collect())
+        Ok(states
+            .into_iter()
+            .map(|s| s.expect("every node planned"))
+            .collect())
     }
 
     /// The output folder of a cached stage.
@@ -179,7 +215,12 @@ impl Engine {
             let entry = entry.ok()?;
             let fname = entry.file_name().to_string_lossy().into_owned();
             // `<name>-<12 hex>.log`: the suffix must be exactly that, so `a` does not match `a-b`.
-            let Some(rest) = fname.strip_prefix(&prefix).and_then(|r| r.strip_suffix(".log")) else { continue };
+            let Some(rest) = fname
+                .strip_prefix(&prefix)
+                .and_then(|r| r.strip_suffix(".log"))
+            else {
+                continue;
+            };
             if rest.len() != 12 || !rest.chars().all(|c| c.is_ascii_hexdigit()) {
                 continue;
             }
@@ -196,7 +237,12 @@ impl Engine {
 pub fn render(engine: &Engine, states: &[StageState]) -> String {
     let nodes = engine.graph.nodes();
     let width = nodes.iter().map(|n| n.name.len()).max().unwrap_or(5).max(5);
-    let kinds = nodes.iter().map(|n| n.stage.kind().len()).max().unwrap_or(4).max(4);
+    let kinds = nodes
+        .iter()
+        .map(|n| n.stage.kind().len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     let mut out = String::new();
     let (mut cached, mut run, mut wait, mut broken) = (0, 0, 0, 0);
     for &i in engine.graph.topo_order() {
@@ -204,11 +250,26 @@ pub fn render(engine: &Engine, states: &[StageState]) -> String {
         let (word, detail) = match &states[i] {
             StageState::Cached { manifest } => {
                 cached += 1;
-                ("cached", format!("{}", short_path(&engine.output_dir(&n.name, &manifest.identity), engine.store.root())))
+                (
+                    "cached",
+                    format!(
+                        "{}",
+                        short_path(
+                            &engine.output_dir(&n.name, &manifest.identity),
+                            engine.store.root()
+                        )
+                    ),
+                )
             }
-            StageState::WillRun { reason, resumes, .. } => {
+            StageState::WillRun {
+                reason, resumes, ..
+            } => {
                 run += 1;
-                let resume = if *resumes { " (resumes its partial output)" } else { "" };
+                let resume = if *resumes {
+                    " (resumes its partial output)"
+                } else {
+                    ""
+                };
                 ("run", format!("{reason}{resume}"))
             }
             StageState::Waits { on } => {
@@ -220,7 +281,11 @@ pub fn render(engine: &Engine, states: &[StageState]) -> String {
                 ("error", error.clone())
             }
         };
-        out.push_str(&format!("  {word:<7} {:<width$}  {:<kinds$}  {detail}\n", n.name, n.stage.kind()));
+        out.push_str(&format!(
+            "  {word:<7} {:<width$}  {:<kinds$}  {detail}\n",
+            n.name,
+            n.stage.kind()
+        ));
     }
     out.push_str(&format!(
         "{} stages: {cached} cached, {} to run ({run} ready, {wait} after their inputs)",
@@ -235,5 +300,7 @@ pub fn render(engine: &Engine, states: &[StageState]) -> String {
 }
 
 fn short_path(p: &Path, root: &Path) -> String {
-    p.strip_prefix(root).map(|r| r.display().to_string()).unwrap_or_else(|_| p.display().to_string())
+    p.strip_prefix(root)
+        .map(|r| r.display().to_string())
+        .unwrap_or_else(|_| p.display().to_string())
 }

@@ -81,7 +81,12 @@ impl Progress {
             name: name.to_string(),
             bar,
             plain: self.mode == Mode::Plain,
-            state: Arc::new(Mutex::new(PlainState { last: Instant::now(), pos: 0, len: None, msg: String::new() })),
+            state: Arc::new(Mutex::new(PlainState {
+                last: Instant::now(),
+                pos: 0,
+                len: None,
+                msg: String::new(),
+            })),
         }
     }
 }
@@ -164,7 +169,12 @@ impl StageProgress {
         if self.plain && s.last.elapsed() >= PLAIN_EVERY {
             s.last = Instant::now();
             let amount = match s.len {
-                Some(len) if len > 0 => format!("{}/{} ({:.0}%)", s.pos, len, 100.0 * s.pos as f64 / len as f64),
+                Some(len) if len > 0 => format!(
+                    "{}/{} ({:.0}%)",
+                    s.pos,
+                    len,
+                    100.0 * s.pos as f64 / len as f64
+                ),
                 _ => s.pos.to_string(),
             };
             eprintln!("  {} ... {} {}", self.name, amount, s.msg);

@@ -21,24 +21,44 @@ pub async fn query(store: &Path, sql: &str) -> Result<String> {
     let ctx = SessionContext::new();
     let records = store.join(".zflow/records");
     let has_records = std::fs::read_dir(&records)
-        .map(|d| d.flatten().any(|e| e.path().extension().is_some_and(|x| x == "parquet")))
+        .map(|d| {
+            d.flatten()
+                .any(|e| e.path().extension().is_some_and(|x| x == "parquet"))
+        })
         .unwrap_or(false);
     if has_records {
-        ctx.register_parquet("runs", records.to_string_lossy().as_ref(), ParquetReadOptions::default())
-            .await
-            .context("reading run records")?;
+        ctx.register_parquet(
+            "runs",
+            records.to_string_lossy().as_ref(),
+            ParquetReadOptions::default(),
+        )
+        .await
+        .context("reading run records")?;
     } else {
         let empty = RecordBatch::new_empty(crate::records::schema());
-        ctx.register_table("runs", Arc::new(MemTable::try_new(crate::records::schema(), vec![vec![empty]])?))?;
+        ctx.register_table(
+            "runs",
+            Arc::new(MemTable::try_new(
+                crate::records::schema(),
+                vec![vec![empty]],
+            )?),
+        )?;
     }
     let (stages, outputs) = read_manifests(store)?;
     ctx.register_table("stages", Arc::new(stages))?;
     for (table, path) in outputs {
-        ctx.register_parquet(format!("\"{table}\""), path.to_string_lossy().as_ref(), ParquetReadOptions::default())
-            .await
-            .with_context(|| format!("reading {}", path.display()))?;
+        ctx.register_parquet(
+            format!("\"{table}\""),
+            path.to_string_lossy().as_ref(),
+            ParquetReadOptions::default(),
+        )
+        .await
+        .with_context(|| format!("reading {}", path.display()))?;
     }
-    let df = ctx.sql(sql).await.with_context(|| format!("in query `{sql}`"))?;
+    let df = ctx
+        .sql(sql)
+        .await
+        .with_context(|| format!("in query `{sql}`"))?;
     let batches = df.collect().await?;
     Ok(arrow::util::pretty::pretty_format_batches(&batches)?.to_string())
 }
@@ -47,7 +67,9 @@ type OutputTables = Vec<(String, std::path::PathBuf)>;
 
 fn read_manifests(store: &Path) -> Result<(MemTable, OutputTables)> {
     let mut manifests: Vec<Manifest> = Vec::new();
-    for entry in std::fs::read_dir(store).with_context(|| format!("reading store {}", store.display()))? {
+    for entry in
+        std::fs::read_dir(store).with_context(|| format!("reading store {}", store.display()))?
+    {
         let path = entry?.path();
         if let Ok(bytes) = std::fs::read(path.join(MANIFEST)) {
             if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes) {
@@ -58,7 +80,11 @@ fn read_manifests(store: &Path) -> Result<(MemTable, OutputTables)> {
     manifests.sort_by_key(|m| (m.stage.clone(), m.finished_ms));
     let mut outputs: std::collections::BTreeMap<String, std::path::PathBuf> = Default::default();
     for m in &manifests {
-        let dir = store.join(format!("{}-{}", m.stage, crate::identity::short(&m.identity)));
+        let dir = store.join(format!(
+            "{}-{}",
+            m.stage,
+            crate::identity::short(&m.identity)
+        ));
         for f in &m.files {
             if !f.path.contains('/') && f.path.ends_with(".parquet") {
                 let stem = f.path.trim_end_matches(".parquet");
@@ -78,10 +104,17 @@ fn read_manifests(store: &Path) -> Result<(MemTable, OutputTables)> {
         Field::new("started", ts.clone(), false),
         Field::new("finished", ts, false),
     ]));
-    let col_s = |f: &dyn Fn(&Manifest) -> String| Arc::new(StringArray::from_iter_values(manifests.iter().map(f))) as ArrayRef;
-    let col_i = |f: &dyn Fn(&Manifest) -> i64| Arc::new(Int64Array::from_iter_values(manifests.iter().map(f))) as ArrayRef;
+    let col_s = |f: &dyn Fn(&Manifest) -> String| {
+        Arc::new(StringArray::from_iter_values(manifests.iter().map(f))) as ArrayRef
+    };
+    let col_i = |f: &dyn Fn(&Manifest) -> i64| {
+        Arc::new(Int64Array::from_iter_values(manifests.iter().map(f))) as ArrayRef
+    };
     let col_t = |f: &dyn Fn(&Manifest) -> i64| {
-        Arc::new(TimestampMillisecondArray::from_iter_values(manifests.iter().map(f)).with_timezone("UTC")) as ArrayRef
+        Arc::new(
+            TimestampMillisecondArray::from_iter_values(manifests.iter().map(f))
+                .with_timezone("UTC"),
+        ) as ArrayRef
     };
     let batch = RecordBatch::try_new(
         schema.clone(),
@@ -96,5 +129,8 @@ fn read_manifests(store: &Path) -> Result<(MemTable, OutputTables)> {
             col_t(&|m| m.finished_ms),
         ],
     )?;
-    Ok((MemTable::try_new(schema, vec![vec![batch]])?, outputs.into_iter().collect()))
+    Ok((
+        MemTable::try_new(schema, vec![vec![batch]])?,
+        outputs.into_iter().collect(),
+    ))
 }

@@ -8,7 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray};
+use arrow::array::{
+    ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray,
+};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use parquet::arrow::ArrowWriter;
 
@@ -93,7 +95,9 @@ pub fn schema() -> Arc<Schema> {
 pub fn append(records_dir: &Path, record: &RunRecord) -> Result<()> {
     let r = record;
     let str1 = |s: &str| Arc::new(StringArray::from(vec![s])) as ArrayRef;
-    let ts = |ms: i64| Arc::new(TimestampMillisecondArray::from(vec![ms]).with_timezone("UTC")) as ArrayRef;
+    let ts = |ms: i64| {
+        Arc::new(TimestampMillisecondArray::from(vec![ms]).with_timezone("UTC")) as ArrayRef
+    };
     let columns: Vec<ArrayRef> = vec![
         str1(&r.run_id),
         str1(&r.recipe),
@@ -104,7 +108,9 @@ pub fn append(records_dir: &Path, record: &RunRecord) -> Result<()> {
         Arc::new(StringArray::from(vec![r.error.as_deref()])),
         ts(r.start_ms),
         ts(r.end_ms),
-        Arc::new(Float64Array::from(vec![(r.end_ms - r.start_ms) as f64 / 1000.0])),
+        Arc::new(Float64Array::from(vec![
+            (r.end_ms - r.start_ms) as f64 / 1000.0,
+        ])),
         str1(&r.host),
         Arc::new(Int64Array::from(vec![r.pid as i64])),
         str1(env!("CARGO_PKG_VERSION")),
@@ -116,7 +122,8 @@ pub fn append(records_dir: &Path, record: &RunRecord) -> Result<()> {
     let tmp = records_dir.join(format!(".{name}.{}.tmp", now_ms()));
     let dest = records_dir.join(format!("{name}.parquet"));
     {
-        let file = std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        let file =
+            std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
         let mut writer = ArrowWriter::try_new(file, schema(), None)?;
         writer.write(&batch)?;
         let file = writer.into_inner()?;
@@ -127,7 +134,15 @@ pub fn append(records_dir: &Path, record: &RunRecord) -> Result<()> {
 }
 
 fn sanitize(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' }).collect()
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// Reads every record in the folder (used by `zflow status`; `zflow query` uses DataFusion).
@@ -135,7 +150,9 @@ pub fn read_all(records_dir: &Path) -> Result<Vec<RunRecord>> {
     use arrow::array::Array;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(records_dir) else { return Ok(out) };
+    let Ok(entries) = std::fs::read_dir(records_dir) else {
+        return Ok(out);
+    };
     for entry in entries {
         let path = entry?.path();
         if path.extension().and_then(|e| e.to_str()) != Some("parquet") {
@@ -146,24 +163,47 @@ pub fn read_all(records_dir: &Path) -> Result<Vec<RunRecord>> {
         for batch in reader {
             let batch = batch?;
             let s = |name: &str| {
-                batch.column_by_name(name).and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned())
-            };
-            let t = |name: &str| {
                 batch
                     .column_by_name(name)
-                    .and_then(|c| c.as_any().downcast_ref::<TimestampMillisecondArray>().cloned())
+                    .and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned())
             };
-            let (Some(run_id), Some(recipe), Some(stage), Some(kind), Some(identity), Some(status), Some(error)) =
-                (s("run_id"), s("recipe"), s("stage"), s("kind"), s("identity"), s("status"), s("error"))
+            let t = |name: &str| {
+                batch.column_by_name(name).and_then(|c| {
+                    c.as_any()
+                        .downcast_ref::<TimestampMillisecondArray>()
+                        .cloned()
+                })
+            };
+            let (
+                Some(run_id),
+                Some(recipe),
+                Some(stage),
+                Some(kind),
+                Some(identity),
+                Some(status),
+                Some(error),
+            ) = (
+                s("run_id"),
+                s("recipe"),
+                s("stage"),
+                s("kind"),
+                s("identity"),
+                s("status"),
+                s("error"),
+            )
             else {
                 continue;
             };
-            let (Some(start), Some(end), Some(host), Some(log)) = (t("start"), t("end"), s("host"), s("log")) else {
+            let (Some(start), Some(end), Some(host), Some(log)) =
+                (t("start"), t("end"), s("host"), s("log"))
+            else {
                 continue;
             };
             // Older records have no `job` column.
             let job = s("job");
-            let pid = batch.column_by_name("pid").and_then(|c| c.as_any().downcast_ref::<Int64Array>().cloned());
+            let pid = batch
+                .column_by_name("pid")
+                .and_then(|c| c.as_any().downcast_ref::<Int64Array>().cloned());
             for i in 0..batch.num_rows() {
                 out.push(RunRecord {
                     run_id: run_id.value(i).into(),
@@ -182,7 +222,10 @@ pub fn read_all(records_dir: &Path) -> Result<Vec<RunRecord>> {
                     host: host.value(i).into(),
                     pid: pid.as_ref().map(|p| p.value(i) as u32).unwrap_or(0),
                     log: log.value(i).into(),
-                    job: job.as_ref().filter(|j| !j.is_null(i)).map(|j| j.value(i).to_string()),
+                    job: job
+                        .as_ref()
+                        .filter(|j| !j.is_null(i))
+                        .map(|j| j.value(i).to_string()),
                 });
             }
         }
@@ -214,13 +257,26 @@ mod tests {
             job: None,
         };
         append(dir.path(), &rec).unwrap();
-        append(dir.path(), &RunRecord { status: Status::Ok, error: None, start_ms: 4000, job: Some("slurm 7 COMPLETED".into()), ..rec.clone() }).unwrap();
+        append(
+            dir.path(),
+            &RunRecord {
+                status: Status::Ok,
+                error: None,
+                start_ms: 4000,
+                job: Some("slurm 7 COMPLETED".into()),
+                ..rec.clone()
+            },
+        )
+        .unwrap();
         let all = read_all(dir.path()).unwrap();
         assert_eq!(all.len(), 2);
         assert_eq!(all[0].error.as_deref(), Some("boom"));
         assert_eq!(all[1].status, Status::Ok);
         assert_eq!(all[1].error, None);
         assert_eq!(all[0].pid, 42);
-        assert_eq!((all[0].job.as_deref(), all[1].job.as_deref()), (None, Some("slurm 7 COMPLETED")));
+        assert_eq!(
+            (all[0].job.as_deref(), all[1].job.as_deref()),
+            (None, Some("slurm 7 COMPLETED"))
+        );
     }
 }

@@ -53,7 +53,9 @@ impl Registry {
 
     /// Registers a stage kind. Panics if the kind name is taken (a programming error).
     pub fn register<S: Stage>(&mut self, stage: S) -> &mut Self {
-        let prev = self.kinds.insert(S::KIND, Arc::new(KindAdapter(Arc::new(stage))));
+        let prev = self
+            .kinds
+            .insert(S::KIND, Arc::new(KindAdapter(Arc::new(stage))));
         assert!(prev.is_none(), "stage kind `{}` registered twice", S::KIND);
         self
     }

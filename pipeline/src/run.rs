@@ -19,10 +19,10 @@ use crate::identity::IdentityDoc;
 use crate::lease::{self, Acquire, LeaseGuard};
 use crate::logging;
 use crate::plan::Engine;
-use crate::recipe::ExecutorConfig;
-use crate::slurm;
 use crate::progress::Progress;
+use crate::recipe::ExecutorConfig;
 use crate::records::{self, RunRecord, Status};
+use crate::slurm;
 use crate::stage::{CancelToken, Resources, StageContext, StageLog};
 use crate::store::{Manifest, now_ms};
 
@@ -70,9 +70,14 @@ impl RunSummary {
 enum NodeState {
     Pending,
     /// Another run holds the lease; we look again later.
-    WaitingLease { retry_at: Instant },
+    WaitingLease {
+        retry_at: Instant,
+    },
     Running,
-    Done { content_hash: String, dir: PathBuf },
+    Done {
+        content_hash: String,
+        dir: PathBuf,
+    },
     Failed,
     Skipped,
 }
@@ -84,13 +89,22 @@ struct Finished {
 }
 
 /// Selects stages by the `--only/--from/--until` flags (by name).
-pub fn select(engine: &Engine, only: &[String], from: &[String], until: &[String]) -> Result<BTreeSet<usize>> {
+pub fn select(
+    engine: &Engine,
+    only: &[String],
+    from: &[String],
+    until: &[String],
+) -> Result<BTreeSet<usize>> {
     let g = &engine.graph;
     let check = |names: &[String]| -> Result<()> {
         for n in names {
             if g.position(n).is_none() {
                 let all: Vec<&str> = g.nodes().iter().map(|n| n.name.as_str()).collect();
-                bail!("no stage named `{n}` in {} (stages: {})", engine.recipe.path.display(), all.join(", "));
+                bail!(
+                    "no stage named `{n}` in {} (stages: {})",
+                    engine.recipe.path.display(),
+                    all.join(", ")
+                );
             }
         }
         Ok(())
@@ -128,7 +142,10 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
         }
         if let crate::plan::StageState::Cached { manifest } = state {
             let dir = engine.output_dir(&nodes[i].name, &manifest.identity);
-            states[i] = NodeState::Done { content_hash: manifest.content_hash.clone(), dir };
+            states[i] = NodeState::Done {
+                content_hash: manifest.content_hash.clone(),
+                dir,
+            };
         }
     }
     for &i in &opts.selected {
@@ -147,8 +164,18 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
 
     // On Slurm the cluster's scheduler places jobs: submit whatever is ready.
     let capacity = match engine.recipe.executor {
-        ExecutorConfig::Local => Resources { cpus: opts.cpus.max(1), gpus: opts.gpus, memory_gb: opts.memory_gb, ..Default::default() },
-        ExecutorConfig::Slurm(_) => Resources { cpus: u32::MAX / 2, gpus: u32::MAX / 2, memory_gb: f64::MAX / 4.0, ..Default::default() },
+        ExecutorConfig::Local => Resources {
+            cpus: opts.cpus.max(1),
+            gpus: opts.gpus,
+            memory_gb: opts.memory_gb,
+            ..Default::default()
+        },
+        ExecutorConfig::Slurm(_) => Resources {
+            cpus: u32::MAX / 2,
+            gpus: u32::MAX / 2,
+            memory_gb: f64::MAX / 4.0,
+            ..Default::default()
+        },
     };
     let mut free = capacity.clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<Finished>();
@@ -168,7 +195,8 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                 NodeState::Pending => true,
                 NodeState::WaitingLease { retry_at } => {
                     if *retry_at > Instant::now() {
-                        next_wake = Some(next_wake.map_or(*retry_at, |w: Instant| w.min(*retry_at)));
+                        next_wake =
+                            Some(next_wake.map_or(*retry_at, |w: Instant| w.min(*retry_at)));
                     }
                     *retry_at <= Instant::now()
                 }
@@ -179,7 +207,10 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
             }
             let node = &nodes[i];
             let inputs = engine.graph.inputs_of(i);
-            if inputs.iter().any(|&j| matches!(states[j], NodeState::Failed | NodeState::Skipped)) {
+            if inputs
+                .iter()
+                .any(|&j| matches!(states[j], NodeState::Failed | NodeState::Skipped))
+            {
                 states[i] = NodeState::Skipped;
                 summary.skipped.push(node.name.clone());
                 progressed = true;
@@ -191,7 +222,10 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                 progressed = true;
                 continue;
             }
-            if !inputs.iter().all(|&j| matches!(states[j], NodeState::Done { .. })) {
+            if !inputs
+                .iter()
+                .all(|&j| matches!(states[j], NodeState::Done { .. }))
+            {
                 continue;
             }
             let mut hashes = BTreeMap::new();
@@ -205,7 +239,14 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
             let doc = match engine.identity_doc(node, &hashes) {
                 Ok(doc) => doc,
                 Err(e) => {
-                    fail(&mut states, &mut summary, i, node.name.clone(), format!("{e:#}"), PathBuf::new());
+                    fail(
+                        &mut states,
+                        &mut summary,
+                        i,
+                        node.name.clone(),
+                        format!("{e:#}"),
+                        PathBuf::new(),
+                    );
                     progressed = true;
                     continue;
                 }
@@ -213,7 +254,10 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
             let identity = doc.hash();
             if !opts.force.contains(&i) {
                 if let Some(m) = engine.store.manifest(&node.name, &identity) {
-                    states[i] = NodeState::Done { content_hash: m.content_hash, dir: engine.output_dir(&node.name, &identity) };
+                    states[i] = NodeState::Done {
+                        content_hash: m.content_hash,
+                        dir: engine.output_dir(&node.name, &identity),
+                    };
                     summary.cached.push(node.name.clone());
                     tracing::debug!("cached {}", node.name);
                     progressed = true;
@@ -232,11 +276,21 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                     "needs {} GPU(s) but {} are available to this run (see --gpus)",
                     want.gpus, capacity.gpus
                 );
-                fail(&mut states, &mut summary, i, node.name.clone(), msg, PathBuf::new());
+                fail(
+                    &mut states,
+                    &mut summary,
+                    i,
+                    node.name.clone(),
+                    msg,
+                    PathBuf::new(),
+                );
                 progressed = true;
                 continue;
             }
-            if want.cpus > free.cpus || want.gpus > free.gpus || want.memory_gb > free.memory_gb + 1e-9 {
+            if want.cpus > free.cpus
+                || want.gpus > free.gpus
+                || want.memory_gb > free.memory_gb + 1e-9
+            {
                 continue;
             }
             let lease_path = engine.store.lease_path(&node.name, &identity);
@@ -255,7 +309,14 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                     continue;
                 }
                 Err(e) => {
-                    fail(&mut states, &mut summary, i, node.name.clone(), format!("{e:#}"), PathBuf::new());
+                    fail(
+                        &mut states,
+                        &mut summary,
+                        i,
+                        node.name.clone(),
+                        format!("{e:#}"),
+                        PathBuf::new(),
+                    );
                     progressed = true;
                     continue;
                 }
@@ -263,7 +324,10 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
             // The other run may have finished while we waited for the lease.
             if !opts.force.contains(&i) {
                 if let Some(m) = engine.store.manifest(&node.name, &identity) {
-                    states[i] = NodeState::Done { content_hash: m.content_hash, dir: engine.output_dir(&node.name, &identity) };
+                    states[i] = NodeState::Done {
+                        content_hash: m.content_hash,
+                        dir: engine.output_dir(&node.name, &identity),
+                    };
                     summary.cached.push(node.name.clone());
                     progressed = true;
                     continue;
@@ -277,11 +341,23 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
             states[i] = NodeState::Running;
             running += 1;
             progressed = true;
-            spawn_attempt(&engine, &opts, &run_id, i, doc, identity, input_dirs, want.cpus as usize, tx.clone());
+            spawn_attempt(
+                &engine,
+                &opts,
+                &run_id,
+                i,
+                doc,
+                identity,
+                input_dirs,
+                want.cpus as usize,
+                tx.clone(),
+            );
         }
 
         if running == 0 && !progressed {
-            let waiting = states.iter().any(|s| matches!(s, NodeState::WaitingLease { .. }));
+            let waiting = states
+                .iter()
+                .any(|s| matches!(s, NodeState::WaitingLease { .. }));
             if !waiting {
                 break;
             }
@@ -290,12 +366,16 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
             continue;
         }
         // Wait for a stage to finish, a lease retry to come due, or a signal.
-        let sleep_for = next_wake.map(|w| w.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_millis(250));
+        let sleep_for = next_wake
+            .map(|w| w.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::from_millis(250));
         let finished = tokio::select! {
             f = rx.recv() => f,
             _ = tokio::time::sleep(sleep_for) => None,
         };
-        let Some(Finished { index, result, log }) = finished else { continue };
+        let Some(Finished { index, result, log }) = finished else {
+            continue;
+        };
         running -= 1;
         if let Some(r) = held.remove(&index) {
             free.cpus += r.cpus;
@@ -306,7 +386,10 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
         let name = nodes[index].name.clone();
         match result {
             Ok(m) => {
-                states[index] = NodeState::Done { content_hash: m.content_hash.clone(), dir: engine.output_dir(&name, &m.identity) };
+                states[index] = NodeState::Done {
+                    content_hash: m.content_hash.clone(),
+                    dir: engine.output_dir(&name, &m.identity),
+                };
                 summary.ran.push(name);
             }
             Err(e) => {
@@ -325,7 +408,14 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
     Ok(summary)
 }
 
-fn fail(states: &mut [NodeState], summary: &mut RunSummary, i: usize, name: String, msg: String, log: PathBuf) {
+fn fail(
+    states: &mut [NodeState],
+    summary: &mut RunSummary,
+    i: usize,
+    name: String,
+    msg: String,
+    log: PathBuf,
+) {
     tracing::error!("{name} failed: {msg}");
     states[i] = NodeState::Failed;
     summary.failed.push((name, msg, log));
@@ -387,8 +477,12 @@ fn spawn_attempt(
                 let _enter = span.enter();
                 match &engine.recipe.executor {
                     // A panicking stage is a failed stage, not a crashed zflow.
-                    ExecutorConfig::Local => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node.stage.run(&ctx)))
-                        .unwrap_or_else(|p| Err(anyhow!("stage panicked: {}", panic_text(&p)))),
+                    ExecutorConfig::Local => {
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            node.stage.run(&ctx)
+                        }))
+                        .unwrap_or_else(|p| Err(anyhow!("stage panicked: {}", panic_text(&p))))
+                    }
                     ExecutorConfig::Slurm(cfg) => {
                         let spec = slurm::ExecSpec {
                             stage: node.name.clone(),
@@ -402,8 +496,16 @@ fn spawn_attempt(
                             threads: node.resources.cpus.max(1) as usize,
                             log: log_path.clone(),
                         };
-                        let (report, result) = slurm::run_stage(cfg, &spec, &node.resources, &cancel, &stage_progress, &log);
-                        *job.lock().unwrap_or_else(|e| e.into_inner()) = report.map(|r| r.describe());
+                        let (report, result) = slurm::run_stage(
+                            cfg,
+                            &spec,
+                            &node.resources,
+                            &cancel,
+                            &stage_progress,
+                            &log,
+                        );
+                        *job.lock().unwrap_or_else(|e| e.into_inner()) =
+                            report.map(|r| r.describe());
                         result
                     }
                 }
@@ -425,7 +527,11 @@ fn spawn_attempt(
                 zflow_version: env!("CARGO_PKG_VERSION").to_string(),
             };
             let m = engine.store.commit(&node.name, &work, manifest)?;
-            log.line(&format!("=== done in {:.2}s, {} files", (now_ms() - start_ms) as f64 / 1000.0, m.files.len()));
+            log.line(&format!(
+                "=== done in {:.2}s, {} files",
+                (now_ms() - start_ms) as f64 / 1000.0,
+                m.files.len()
+            ));
             Ok(m)
         })();
         stage_progress.finish();
@@ -433,13 +539,19 @@ fn spawn_attempt(
         let secs = (end_ms - start_ms) as f64 / 1000.0;
         let status = match &result {
             Ok(_) => Status::Ok,
-            Err(e) if cancel.is_cancelled() && format!("{e:#}").contains("cancelled") => Status::Cancelled,
+            Err(e) if cancel.is_cancelled() && format!("{e:#}").contains("cancelled") => {
+                Status::Cancelled
+            }
             Err(_) => Status::Failed,
         };
         match status {
             Status::Ok => progress.println(&format!("  done    {} ({secs:.1}s)", node.name)),
             Status::Cancelled => progress.println(&format!("  cancel  {} ({secs:.1}s)", node.name)),
-            Status::Failed => progress.println(&format!("  FAILED  {} ({secs:.1}s), log: {}", node.name, log_path.display())),
+            Status::Failed => progress.println(&format!(
+                "  FAILED  {} ({secs:.1}s), log: {}",
+                node.name,
+                log_path.display()
+            )),
         }
         let record = RunRecord {
             run_id,
@@ -459,7 +571,11 @@ fn spawn_attempt(
         if let Err(e) = records::append(&engine.store.records_dir(), &record) {
             tracing::warn!("could not write the run record of {}: {e:#}", node.name);
         }
-        let _ = tx.send(Finished { index, result, log: log_path });
+        let _ = tx.send(Finished {
+            index,
+            result,
+            log: log_path,
+        });
     });
 }
 
@@ -473,7 +589,15 @@ fn cancel_check(cancel: &CancelToken) -> Result<()> {
 /// Removes attempt folders of earlier (crashed) runs of this stage: we hold its lease, so
 /// nobody else is writing them.
 fn clear_old_attempts(engine: &Engine, name: &str, identity: &str) {
-    let prefix = format!("{}.tmp-", engine.store.output_dir(name, identity).file_name().unwrap_or_default().to_string_lossy());
+    let prefix = format!(
+        "{}.tmp-",
+        engine
+            .store
+            .output_dir(name, identity)
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+    );
     if let Ok(entries) = std::fs::read_dir(engine.store.root()) {
         for e in entries.flatten() {
             if e.file_name().to_string_lossy().starts_with(&prefix) {

@@ -125,7 +125,11 @@ pub struct JobState {
 
 /// Parses one line of `scontrol show job -o ID`.
 pub fn parse_scontrol(line: &str) -> Option<JobState> {
-    let field = |key: &str| line.split_whitespace().find_map(|kv| kv.strip_prefix(key)).map(str::to_string);
+    let field = |key: &str| {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key))
+            .map(str::to_string)
+    };
     Some(JobState {
         state: field("JobState=")?,
         exit_code: field("ExitCode=").unwrap_or_else(|| "?".into()),
@@ -137,12 +141,27 @@ pub fn parse_scontrol(line: &str) -> Option<JobState> {
 pub fn is_final(state: &str) -> bool {
     matches!(
         state,
-        "COMPLETED" | "FAILED" | "CANCELLED" | "TIMEOUT" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE" | "NODE_FAIL" | "PREEMPTED" | "SPECIAL_EXIT"
+        "COMPLETED"
+            | "FAILED"
+            | "CANCELLED"
+            | "TIMEOUT"
+            | "OUT_OF_MEMORY"
+            | "BOOT_FAIL"
+            | "DEADLINE"
+            | "NODE_FAIL"
+            | "PREEMPTED"
+            | "SPECIAL_EXIT"
     )
 }
 
 /// The `#SBATCH` options for a stage's resources under `cfg`.
-pub fn sbatch_options(cfg: &SlurmConfig, stage: &str, r: &Resources, output: &Path, cwd: &Path) -> Vec<String> {
+pub fn sbatch_options(
+    cfg: &SlurmConfig,
+    stage: &str,
+    r: &Resources,
+    output: &Path,
+    cwd: &Path,
+) -> Vec<String> {
     let ranks = r.ranks.max(1);
     let nodes = r.nodes.clamp(1, ranks);
     let mut o = vec![
@@ -165,7 +184,11 @@ pub fn sbatch_options(cfg: &SlurmConfig, stage: &str, r: &Resources, output: &Pa
         (0, None) => {}
         (m, _) => o.push(format!("--time={m}")),
     }
-    for (flag, v) in [("partition", &cfg.partition), ("account", &cfg.account), ("qos", &cfg.qos)] {
+    for (flag, v) in [
+        ("partition", &cfg.partition),
+        ("account", &cfg.account),
+        ("qos", &cfg.qos),
+    ] {
         if let Some(v) = v {
             o.push(format!("--{flag}={v}"));
         }
@@ -178,7 +201,12 @@ pub fn sbatch_options(cfg: &SlurmConfig, stage: &str, r: &Resources, output: &Pa
 /// in `<exit prefix><job id>` (so the outcome survives the job leaving Slurm's memory). With
 /// more than one task it is a job array: task i runs `tasks[i]` (`--array` is in `options`),
 /// and its job id is `<array id>_<i>`, as `scontrol` and `scancel` take it.
-pub fn script(cfg: &SlurmConfig, options: &[String], exe: &Path, tasks: &[(PathBuf, PathBuf)]) -> String {
+pub fn script(
+    cfg: &SlurmConfig,
+    options: &[String],
+    exe: &Path,
+    tasks: &[(PathBuf, PathBuf)],
+) -> String {
     let q = |p: &Path| shell_quote(&p.display().to_string());
     let mut s = String::from("#!/bin/bash\n# Written by zflow run; submitted with sbatch.\n");
     for o in options {
@@ -229,7 +257,9 @@ fn slurm_command(program: &str, args: &[&str]) -> Result<String> {
     })?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        let conf = std::env::var("SLURM_CONF").map(|c| format!(" (SLURM_CONF={c})")).unwrap_or_default();
+        let conf = std::env::var("SLURM_CONF")
+            .map(|c| format!(" (SLURM_CONF={c})"))
+            .unwrap_or_default();
         bail!("`{shown}` failed ({}){conf}: {err}", out.status);
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -257,7 +287,11 @@ pub struct JobReport {
 impl JobReport {
     /// How the run records show it: `slurm 12 COMPLETED` (`, requeued 1x`).
     pub fn describe(&self) -> String {
-        let requeued = if self.restarts > 0 { format!(", requeued {}x", self.restarts) } else { String::new() };
+        let requeued = if self.restarts > 0 {
+            format!(", requeued {}x", self.restarts)
+        } else {
+            String::new()
+        };
         format!("slurm {} {}{requeued}", self.id, self.state)
     }
 }
@@ -283,22 +317,49 @@ pub fn run_stage(
     let (spec_path, script_path, exit_prefix) = (with("spec.json"), with("sbatch"), with("exit-"));
     let submitted = serde_json::to_vec_pretty(spec)
         .map_err(anyhow::Error::from)
-        .and_then(|bytes| std::fs::write(&spec_path, bytes).with_context(|| format!("writing {}", spec_path.display())))
-        .and_then(|()| submit(cfg, Pending { spec: spec.clone(), resources: resources.clone(), spec_path, exit_prefix: exit_prefix.clone(), script_path: script_path.clone() }));
+        .and_then(|bytes| {
+            std::fs::write(&spec_path, bytes)
+                .with_context(|| format!("writing {}", spec_path.display()))
+        })
+        .and_then(|()| {
+            submit(
+                cfg,
+                Pending {
+                    spec: spec.clone(),
+                    resources: resources.clone(),
+                    spec_path,
+                    exit_prefix: exit_prefix.clone(),
+                    script_path: script_path.clone(),
+                },
+            )
+        });
     let (id, job_out) = match submitted {
         Ok(job) => job,
         Err(e) => return (None, Err(e)),
     };
-    log.line(&format!("=== submitted slurm job {id}: {} (output {})", script_path.display(), job_out.display()));
+    log.line(&format!(
+        "=== submitted slurm job {id}: {} (output {})",
+        script_path.display(),
+        job_out.display()
+    ));
     tracing::info!("submitted slurm job {id} ({})", script_path.display());
     progress.set_message(format!("slurm job {id} submitted"));
-    let mut report = JobReport { id: id.clone(), state: "PENDING".into(), restarts: 0 };
+    let mut report = JobReport {
+        id: id.clone(),
+        state: "PENDING".into(),
+        restarts: 0,
+    };
     let job_file = job_file(&base);
     let _ = std::fs::write(&job_file, report.describe());
     let result = wait(cfg, &mut report, cancel, progress, log, &exit_prefix);
     let _ = std::fs::write(&job_file, report.describe());
     let result = result.map_err(|e| {
-        anyhow::anyhow!("{e:#}\n  sbatch script: {}\n  job output:    {}\n  stage log:     {}", script_path.display(), job_out.display(), base.display())
+        anyhow::anyhow!(
+            "{e:#}\n  sbatch script: {}\n  job output:    {}\n  stage log:     {}",
+            script_path.display(),
+            job_out.display(),
+            base.display()
+        )
     });
     (Some(report), result)
 }
@@ -315,7 +376,8 @@ struct Pending {
 type Reply = std::sync::mpsc::Sender<Result<(String, PathBuf)>>;
 
 /// Stages waiting for their group's submission, by (kind, resources).
-static WAITING: std::sync::Mutex<BTreeMap<String, Vec<(Pending, Reply)>>> = std::sync::Mutex::new(BTreeMap::new());
+static WAITING: std::sync::Mutex<BTreeMap<String, Vec<(Pending, Reply)>>> =
+    std::sync::Mutex::new(BTreeMap::new());
 
 /// Submits one stage; returns its job id and the job's output file. Stages of one kind with the
 /// same resources that become ready within `array_window_s` of each other (the per-source
@@ -332,14 +394,24 @@ fn submit(cfg: &SlurmConfig, pending: Pending) -> Result<(String, PathBuf)> {
     };
     if leader {
         std::thread::sleep(Duration::from_secs_f64(cfg.array_window_s.max(0.0)));
-        let group = WAITING.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
+        let group = WAITING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key)
+            .unwrap_or_default();
         let (tasks, replies): (Vec<Pending>, Vec<Reply>) = group.into_iter().unzip();
         match submit_group(cfg, &tasks) {
-            Ok(jobs) => jobs.into_iter().zip(&replies).for_each(|(job, r)| drop(r.send(Ok(job)))),
-            Err(e) => replies.iter().for_each(|r| drop(r.send(Err(anyhow::anyhow!("{e:#}"))))),
+            Ok(jobs) => jobs
+                .into_iter()
+                .zip(&replies)
+                .for_each(|(job, r)| drop(r.send(Ok(job)))),
+            Err(e) => replies
+                .iter()
+                .for_each(|r| drop(r.send(Err(anyhow::anyhow!("{e:#}"))))),
         }
     }
-    rx.recv().context("the submission of this stage's group was lost")?
+    rx.recv()
+        .context("the submission of this stage's group was lost")?
 }
 
 /// `sbatch` for `tasks` (one stage, or a job array of several); each stage's `<log>.sbatch`
@@ -349,21 +421,34 @@ fn submit_group(cfg: &SlurmConfig, tasks: &[Pending]) -> Result<Vec<(String, Pat
     let exe = std::env::current_exe().context("locating the zflow binary for the job")?;
     let array = tasks.len() > 1;
     let output = if array {
-        first.script_path.with_file_name(format!("{}-array.slurm-%A_%a.out", first.spec.kind))
+        first
+            .script_path
+            .with_file_name(format!("{}-array.slurm-%A_%a.out", first.spec.kind))
     } else {
         PathBuf::from(format!("{}.slurm-%j.out", first.spec.log.display()))
     };
-    let name = if array { format!("{}-array", first.spec.kind) } else { first.spec.stage.clone() };
+    let name = if array {
+        format!("{}-array", first.spec.kind)
+    } else {
+        first.spec.stage.clone()
+    };
     let mut options = sbatch_options(cfg, &name, &first.resources, &output, &first.spec.cwd);
     if array {
         options.push(format!("--array=0-{}", tasks.len() - 1));
     }
-    let pairs: Vec<(PathBuf, PathBuf)> = tasks.iter().map(|t| (t.spec_path.clone(), t.exit_prefix.clone())).collect();
+    let pairs: Vec<(PathBuf, PathBuf)> = tasks
+        .iter()
+        .map(|t| (t.spec_path.clone(), t.exit_prefix.clone()))
+        .collect();
     let text = script(cfg, &options, &exe, &pairs);
     for t in tasks {
-        std::fs::write(&t.script_path, &text).with_context(|| format!("writing {}", t.script_path.display()))?;
+        std::fs::write(&t.script_path, &text)
+            .with_context(|| format!("writing {}", t.script_path.display()))?;
     }
-    let out = slurm_command("sbatch", &["--parsable", &first.script_path.display().to_string()])?;
+    let out = slurm_command(
+        "sbatch",
+        &["--parsable", &first.script_path.display().to_string()],
+    )?;
     let id = out.trim().split(';').next().unwrap_or_default().to_string();
     if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
         bail!("sbatch printed {out:?}, expected a job id");
@@ -374,16 +459,29 @@ fn submit_group(cfg: &SlurmConfig, tasks: &[Pending]) -> Result<Vec<(String, Pat
         .map(|(i, t)| {
             if array {
                 let job = format!("{id}_{i}");
-                (job.clone(), PathBuf::from(output.display().to_string().replace("%A_%a", &job)))
+                (
+                    job.clone(),
+                    PathBuf::from(output.display().to_string().replace("%A_%a", &job)),
+                )
             } else {
-                (id.clone(), PathBuf::from(format!("{}.slurm-{id}.out", t.spec.log.display())))
+                (
+                    id.clone(),
+                    PathBuf::from(format!("{}.slurm-{id}.out", t.spec.log.display())),
+                )
             }
         })
         .collect())
 }
 
 /// Polls until the job is over; cancels it on `cancel`.
-fn wait(cfg: &SlurmConfig, report: &mut JobReport, cancel: &CancelToken, progress: &StageProgress, log: &StageLog, exit_prefix: &Path) -> Result<()> {
+fn wait(
+    cfg: &SlurmConfig,
+    report: &mut JobReport,
+    cancel: &CancelToken,
+    progress: &StageProgress,
+    log: &StageLog,
+    exit_prefix: &Path,
+) -> Result<()> {
     let id = report.id.clone();
     let exit_file = PathBuf::from(format!("{}{id}", exit_prefix.display()));
     let poll = Duration::from_secs_f64(cfg.poll_s.max(0.1));
@@ -407,12 +505,20 @@ fn wait(cfg: &SlurmConfig, report: &mut JobReport, cancel: &CancelToken, progres
                     bail!("scontrol show job {id} printed no JobState: {out:?}");
                 };
                 if state.restarts > report.restarts {
-                    log.line(&format!("=== slurm requeued job {id} (restart {})", state.restarts));
-                    tracing::warn!("slurm requeued job {id} (restart {} of at most {})", state.restarts, cfg.max_requeues);
+                    log.line(&format!(
+                        "=== slurm requeued job {id} (restart {})",
+                        state.restarts
+                    ));
+                    tracing::warn!(
+                        "slurm requeued job {id} (restart {} of at most {})",
+                        state.restarts,
+                        cfg.max_requeues
+                    );
                 }
                 report.restarts = state.restarts;
                 if state.state != last_state {
-                    let _ = std::fs::write(job_file(log.path()), format!("slurm {id} {}", state.state));
+                    let _ =
+                        std::fs::write(job_file(log.path()), format!("slurm {id} {}", state.state));
                     progress.set_message(format!("slurm job {id} {}", state.state));
                     tracing::info!("slurm job {id}: {}", state.state);
                     last_state = state.state.clone();
@@ -420,8 +526,12 @@ fn wait(cfg: &SlurmConfig, report: &mut JobReport, cancel: &CancelToken, progres
                 report.state = state.state.clone();
                 // A node failure or preemption of a `--requeue` job is followed by its requeue:
                 // give Slurm a moment before calling the job lost.
-                let requeue_pending = matches!(state.state.as_str(), "NODE_FAIL" | "PREEMPTED") && state.restarts < cfg.max_requeues;
-                if requeue_pending && lost_since.get_or_insert_with(Instant::now).elapsed() < Duration::from_secs(30) {
+                let requeue_pending = matches!(state.state.as_str(), "NODE_FAIL" | "PREEMPTED")
+                    && state.restarts < cfg.max_requeues;
+                if requeue_pending
+                    && lost_since.get_or_insert_with(Instant::now).elapsed()
+                        < Duration::from_secs(30)
+                {
                     continue;
                 }
                 lost_since = None;
@@ -436,9 +546,14 @@ fn wait(cfg: &SlurmConfig, report: &mut JobReport, cancel: &CancelToken, progres
             }
             Err(e) => {
                 failed_polls += 1;
-                tracing::warn!("polling slurm job {id} failed ({failed_polls} in a row), retrying: {e:#}");
+                tracing::warn!(
+                    "polling slurm job {id} failed ({failed_polls} in a row), retrying: {e:#}"
+                );
                 if failed_polls >= 30 {
-                    bail!("lost contact with Slurm while job {id} ran ({failed_polls} failed polls over {:.0} s): {e:#}", started.elapsed().as_secs_f64());
+                    bail!(
+                        "lost contact with Slurm while job {id} ran ({failed_polls} failed polls over {:.0} s): {e:#}",
+                        started.elapsed().as_secs_f64()
+                    );
                 }
                 std::thread::sleep(poll * failed_polls.min(10));
             }
@@ -450,10 +565,28 @@ fn wait(cfg: &SlurmConfig, report: &mut JobReport, cancel: &CancelToken, progres
 /// log lines going to the stage's log as in a local run. SIGTERM (scancel, preemption) sets
 /// `cancel`, so a stage stops at its next safe point.
 pub fn exec_stage(spec_path: &Path, registry: &crate::Registry, cancel: CancelToken) -> Result<()> {
-    let text = std::fs::read_to_string(spec_path).with_context(|| format!("reading {}", spec_path.display()))?;
-    let spec: ExecSpec = serde_json::from_str(&text).with_context(|| format!("parsing {}", spec_path.display()))?;
-    let kind = registry.kind(&spec.kind).with_context(|| format!("{}: this zflow has no stage kind `{}`", spec_path.display(), spec.kind))?;
-    let stage = kind.prepare(spec.config.clone(), &spec.needs).map_err(|e| anyhow::anyhow!("{}: config of `{}`: {}: {}", spec_path.display(), spec.stage, e.path, e.message))?;
+    let text = std::fs::read_to_string(spec_path)
+        .with_context(|| format!("reading {}", spec_path.display()))?;
+    let spec: ExecSpec =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", spec_path.display()))?;
+    let kind = registry.kind(&spec.kind).with_context(|| {
+        format!(
+            "{}: this zflow has no stage kind `{}`",
+            spec_path.display(),
+            spec.kind
+        )
+    })?;
+    let stage = kind
+        .prepare(spec.config.clone(), &spec.needs)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{}: config of `{}`: {}: {}",
+                spec_path.display(),
+                spec.stage,
+                e.path,
+                e.message
+            )
+        })?;
     let log = StageLog::open(&spec.log)?;
     log.line(&format!(
         "=== slurm job {} on {} (restart {}): running {}",
@@ -482,24 +615,38 @@ pub fn exec_stage(spec_path: &Path, registry: &crate::Registry, cancel: CancelTo
     };
     crate::logging::detach_stage_log(&spec.stage);
     if let Err(e) = &result {
-        log.line(&format!("=== failed in slurm job {}: {e:#}", std::env::var("SLURM_JOB_ID").unwrap_or_default()));
+        log.line(&format!(
+            "=== failed in slurm job {}: {e:#}",
+            std::env::var("SLURM_JOB_ID").unwrap_or_default()
+        ));
     }
     result
 }
 
 fn finished(report: &mut JobReport, exit_code: &str, exit_file: &Path) -> Result<()> {
-    let script_rc = std::fs::read_to_string(exit_file).ok().map(|s| s.trim().to_string());
+    let script_rc = std::fs::read_to_string(exit_file)
+        .ok()
+        .map(|s| s.trim().to_string());
     if let Some(rc) = &script_rc {
         if report.state == "COMPLETED?" {
-            report.state = if rc == "0" { "COMPLETED".into() } else { "FAILED".into() };
+            report.state = if rc == "0" {
+                "COMPLETED".into()
+            } else {
+                "FAILED".into()
+            };
         }
     }
     match (report.state.as_str(), script_rc.as_deref()) {
         ("COMPLETED", Some("0")) => Ok(()),
         ("COMPLETED", None) if exit_code == "0:0" => Ok(()),
         (state, rc) => {
-            let rc = rc.map(|r| format!(", stage exit status {r}")).unwrap_or_default();
-            bail!("slurm job {} ended {state} with exit code {exit_code}{rc}", report.id)
+            let rc = rc
+                .map(|r| format!(", stage exit status {r}"))
+                .unwrap_or_default();
+            bail!(
+                "slurm job {} ended {state} with exit code {exit_code}{rc}",
+                report.id
+            )
         }
     }
 }
@@ -511,30 +658,87 @@ mod tests {
     #[test]
     fn parses_scontrol_one_liners() {
         let line = "JobId=12 JobName=zflow-train.p1 UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=2 BatchFlag=1 ExitCode=0:0 RunTime=00:00:07";
-        assert_eq!(parse_scontrol(line), Some(JobState { state: "RUNNING".into(), exit_code: "0:0".into(), restarts: 2 }));
+        assert_eq!(
+            parse_scontrol(line),
+            Some(JobState {
+                state: "RUNNING".into(),
+                exit_code: "0:0".into(),
+                restarts: 2
+            })
+        );
         assert_eq!(parse_scontrol("garbage"), None);
-        assert!(is_final("CANCELLED") && is_final("NODE_FAIL") && !is_final("PENDING") && !is_final("REQUEUED"));
+        assert!(
+            is_final("CANCELLED")
+                && is_final("NODE_FAIL")
+                && !is_final("PENDING")
+                && !is_final("REQUEUED")
+        );
     }
 
     #[test]
     fn maps_resources_to_sbatch_options() {
-        let cfg = SlurmConfig { partition: Some("gpu".into()), time: Some("1:00:00".into()), sbatch_args: vec!["--exclusive".into()], ..Default::default() };
-        let r = Resources { cpus: 16, gpus: 8, memory_gb: 1.5, ranks: 8, nodes: 2, time_min: 0 };
+        let cfg = SlurmConfig {
+            partition: Some("gpu".into()),
+            time: Some("1:00:00".into()),
+            sbatch_args: vec!["--exclusive".into()],
+            ..Default::default()
+        };
+        let r = Resources {
+            cpus: 16,
+            gpus: 8,
+            memory_gb: 1.5,
+            ranks: 8,
+            nodes: 2,
+            time_min: 0,
+        };
         let o = sbatch_options(&cfg, "train.p1", &r, Path::new("/s/x.out"), Path::new("/r"));
-        for want in ["--job-name=zflow-train.p1", "--nodes=2", "--ntasks=8", "--cpus-per-task=2", "--gpus-per-node=4", "--mem=1536M", "--time=1:00:00", "--partition=gpu", "--exclusive", "--requeue"] {
+        for want in [
+            "--job-name=zflow-train.p1",
+            "--nodes=2",
+            "--ntasks=8",
+            "--cpus-per-task=2",
+            "--gpus-per-node=4",
+            "--mem=1536M",
+            "--time=1:00:00",
+            "--partition=gpu",
+            "--exclusive",
+            "--requeue",
+        ] {
             assert!(o.contains(&want.to_string()), "{want} missing from {o:?}");
         }
-        let r = Resources { time_min: 90, ..Default::default() };
+        let r = Resources {
+            time_min: 90,
+            ..Default::default()
+        };
         let o = sbatch_options(&cfg, "s", &r, Path::new("o"), Path::new("."));
-        assert!(o.contains(&"--time=90".to_string()) && o.contains(&"--ntasks=1".to_string()) && !o.iter().any(|x| x.starts_with("--gpus")), "{o:?}");
-        let one = [(PathBuf::from("/s/a b.spec.json"), PathBuf::from("/s/x.exit-"))];
+        assert!(
+            o.contains(&"--time=90".to_string())
+                && o.contains(&"--ntasks=1".to_string())
+                && !o.iter().any(|x| x.starts_with("--gpus")),
+            "{o:?}"
+        );
+        let one = [(
+            PathBuf::from("/s/a b.spec.json"),
+            PathBuf::from("/s/x.exit-"),
+        )];
         let s = script(&cfg, &o, Path::new("/bin/zflow"), &one);
-        assert!(s.contains("#SBATCH --time=90\n") && s.contains("specs=('/s/a b.spec.json')") && s.contains("'/bin/zflow' exec-stage \"${specs[$i]}\"") && s.contains("-gt 3 ]"), "{s}");
+        assert!(
+            s.contains("#SBATCH --time=90\n")
+                && s.contains("specs=('/s/a b.spec.json')")
+                && s.contains("'/bin/zflow' exec-stage \"${specs[$i]}\"")
+                && s.contains("-gt 3 ]"),
+            "{s}"
+        );
     }
 
     #[test]
     fn a_missing_slurm_is_named() {
-        let err = slurm_command("zflow-no-such-sbatch", &["--parsable"]).unwrap_err().to_string();
-        assert!(err.contains("not on PATH") && err.contains("zflow-no-such-sbatch --parsable"), "{err}");
+        let err = slurm_command("zflow-no-such-sbatch", &["--parsable"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("not on PATH") && err.contains("zflow-no-such-sbatch --parsable"),
+            "{err}"
+        );
     }
 }

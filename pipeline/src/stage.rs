@@ -42,7 +42,14 @@ pub struct Resources {
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources { cpus: 1, gpus: 0, memory_gb: 0.0, ranks: 1, nodes: 1, time_min: 0 }
+        Resources {
+            cpus: 1,
+            gpus: 0,
+            memory_gb: 0.0,
+            ranks: 1,
+            nodes: 1,
+            time_min: 0,
+        }
     }
 }
 
@@ -106,13 +113,19 @@ pub struct ConfigError {
 impl ConfigError {
     /// An error about the field at `path`.
     pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError { path: path.into(), message: message.into() }
+        ConfigError {
+            path: path.into(),
+            message: message.into(),
+        }
     }
 }
 
 /// Deserializes `value`, found at recipe path `at` (`""` for a stage entry), into `T`; a serde
 /// error becomes a [`ConfigError`] at the path of the offending key or value below `at`.
-pub fn parse_config<T: DeserializeOwned>(value: serde_json::Value, at: &str) -> Result<T, ConfigError> {
+pub fn parse_config<T: DeserializeOwned>(
+    value: serde_json::Value,
+    at: &str,
+) -> Result<T, ConfigError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let inner = crate::recipe::serde_path(e.path());
         let path = match (at.is_empty(), inner.is_empty()) {
@@ -172,7 +185,10 @@ impl<S: Stage> ErasedKind for KindAdapter<S> {
     ) -> Result<Arc<dyn PreparedStage>, ConfigError> {
         let config: S::Config = parse_config(config, "")?;
         self.0.validate(&config, needs)?;
-        Ok(Arc::new(Prepared { stage: self.0.clone(), config }))
+        Ok(Arc::new(Prepared {
+            stage: self.0.clone(),
+            config,
+        }))
     }
 }
 
@@ -233,7 +249,10 @@ impl StageLog {
             .append(true)
             .open(path)
             .with_context(|| format!("opening log {}", path.display()))?;
-        Ok(StageLog { path: path.to_path_buf(), file: Arc::new(Mutex::new(file)) })
+        Ok(StageLog {
+            path: path.to_path_buf(),
+            file: Arc::new(Mutex::new(file)),
+        })
     }
     /// The log file's path.
     pub fn path(&self) -> &Path {
@@ -347,7 +366,8 @@ impl StageContext {
             .stdout(self.log.stdio()?)
             .stderr(self.log.stdio()?);
         let program = format!("{:?}", cmd.get_program());
-        let mut child = spawn_supervised(&mut cmd).with_context(|| format!("starting {program}"))?;
+        let mut child =
+            spawn_supervised(&mut cmd).with_context(|| format!("starting {program}"))?;
         loop {
             if let Some(status) = child.try_wait()? {
                 return Ok(status);

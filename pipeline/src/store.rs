@@ -84,7 +84,9 @@ impl Store {
                 .with_context(|| format!("creating store folders in {}", root.display()))?;
         }
         // Absolute, so child processes started elsewhere see the same paths.
-        let root = root.canonicalize().with_context(|| format!("opening store {}", root.display()))?;
+        let root = root
+            .canonicalize()
+            .with_context(|| format!("opening store {}", root.display()))?;
         Ok(Store { root })
     }
 
@@ -104,22 +106,28 @@ impl Store {
 
     /// The folder a resumable stage accumulates its output in until it completes.
     pub fn partial_dir(&self, name: &str, identity: &str) -> PathBuf {
-        self.root.join(format!("{}.partial", Self::slot(name, identity)))
+        self.root
+            .join(format!("{}.partial", Self::slot(name, identity)))
     }
 
     /// A fresh folder for one attempt of a non-resumable stage.
     pub fn attempt_dir(&self, name: &str, identity: &str, attempt: &str) -> PathBuf {
-        self.root.join(format!("{}.tmp-{attempt}", Self::slot(name, identity)))
+        self.root
+            .join(format!("{}.tmp-{attempt}", Self::slot(name, identity)))
     }
 
     /// The stage's log file.
     pub fn log_path(&self, name: &str, identity: &str) -> PathBuf {
-        self.root.join(".zflow/logs").join(format!("{}.log", Self::slot(name, identity)))
+        self.root
+            .join(".zflow/logs")
+            .join(format!("{}.log", Self::slot(name, identity)))
     }
 
     /// The stage's lease file.
     pub fn lease_path(&self, name: &str, identity: &str) -> PathBuf {
-        self.root.join(".zflow/leases").join(format!("{}.lease", Self::slot(name, identity)))
+        self.root
+            .join(".zflow/leases")
+            .join(format!("{}.lease", Self::slot(name, identity)))
     }
 
     /// Where run records go.
@@ -158,11 +166,14 @@ impl Store {
         let dest = self.output_dir(name, &manifest.identity);
         if dest.exists() {
             // A folder without a valid manifest (should not happen; never trust it).
-            let trash = self.root.join(format!(".trash-{}-{}", std::process::id(), now_ms()));
+            let trash = self
+                .root
+                .join(format!(".trash-{}-{}", std::process::id(), now_ms()));
             fs::rename(&dest, &trash)?;
             let _ = fs::remove_dir_all(&trash);
         }
-        fs::rename(work, &dest).with_context(|| format!("committing {} -> {}", work.display(), dest.display()))?;
+        fs::rename(work, &dest)
+            .with_context(|| format!("committing {} -> {}", work.display(), dest.display()))?;
         fsync_dir(&self.root)?;
         let entry = IndexEntry {
             identity: manifest.identity.clone(),
@@ -246,7 +257,11 @@ fn walk(dir: &Path) -> Result<Vec<String>> {
             if ty.is_dir() {
                 stack.push(path);
             } else {
-                let rel = path.strip_prefix(dir).expect("under dir").to_string_lossy().replace('\\', "/");
+                let rel = path
+                    .strip_prefix(dir)
+                    .expect("under dir")
+                    .to_string_lossy()
+                    .replace('\\', "/");
                 if rel != MANIFEST {
                     out.push(rel);
                 }
@@ -263,7 +278,11 @@ pub fn hash_tree(dir: &Path) -> Result<Vec<FileEntry>> {
         .into_iter()
         .map(|rel| {
             let (size, hash) = hash_file(&dir.join(&rel))?;
-            Ok(FileEntry { path: rel, size, blake3: hash })
+            Ok(FileEntry {
+                path: rel,
+                size,
+                blake3: hash,
+            })
         })
         .collect()
 }
@@ -304,7 +323,13 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn doc() -> IdentityDoc {
-        IdentityDoc { kind: "k".into(), version: 1, config: serde_json::json!({}), inputs: BTreeMap::new(), external: None }
+        IdentityDoc {
+            kind: "k".into(),
+            version: 1,
+            config: serde_json::json!({}),
+            inputs: BTreeMap::new(),
+            external: None,
+        }
     }
 
     #[test]
@@ -332,7 +357,10 @@ mod tests {
         assert_eq!(m.files.len(), 2);
         let again = store.manifest("s", &id).unwrap();
         assert_eq!(again.content_hash, m.content_hash);
-        assert_eq!(content_hash(&hash_tree(&store.output_dir("s", &id)).unwrap()), m.content_hash);
+        assert_eq!(
+            content_hash(&hash_tree(&store.output_dir("s", &id)).unwrap()),
+            m.content_hash
+        );
         assert_eq!(store.last_completed("s").unwrap().identity, id);
     }
 }

@@ -43,7 +43,11 @@ pub fn probe(kind: BackendKind, index: usize) -> Result<String> {
     if !kind.compiled() {
         bail!(
             "backend {kind:?} is not compiled into this zflow; rebuild with `cargo build --features {}`",
-            if kind == BackendKind::Cuda { "cuda" } else { "rocm" }
+            if kind == BackendKind::Cuda {
+                "cuda"
+            } else {
+                "rocm"
+            }
         );
     }
     let (lib, init, count_fn, name) = match kind {
@@ -59,7 +63,9 @@ pub fn probe(kind: BackendKind, index: usize) -> Result<String> {
 }
 
 fn rayon_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 /// Loads a GPU driver library with dlopen and asks it for the number of devices.
@@ -71,7 +77,9 @@ fn device_count(lib: &str, init: Option<&str>, count_fn: &str) -> Result<usize> 
     unsafe {
         let handle = libc::dlopen(c_lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
         if handle.is_null() {
-            bail!("no GPU driver: {lib} could not be loaded (is the driver installed and on the library path?)");
+            bail!(
+                "no GPU driver: {lib} could not be loaded (is the driver installed and on the library path?)"
+            );
         }
         if let Some(init) = init {
             let sym = libc::dlsym(handle, CString::new(init)?.as_ptr());
@@ -81,7 +89,9 @@ fn device_count(lib: &str, init: Option<&str>, count_fn: &str) -> Result<usize> 
             let f: extern "C" fn(u32) -> i32 = std::mem::transmute(sym);
             let rc = f(0);
             if rc != 0 {
-                bail!("{init} failed with error {rc}: the driver is present but no usable GPU was found");
+                bail!(
+                    "{init} failed with error {rc}: the driver is present but no usable GPU was found"
+                );
             }
         }
         let sym = libc::dlsym(handle, CString::new(count_fn)?.as_ptr());
@@ -109,7 +119,12 @@ mod tests {
     fn cpu_is_always_there_and_names_parse() {
         assert!(probe(BackendKind::Cpu, 0).unwrap().starts_with("cpu"));
         assert_eq!(BackendKind::parse("hip").unwrap(), BackendKind::Rocm);
-        assert!(BackendKind::parse("tpu").unwrap_err().to_string().contains("cpu, cuda or rocm"));
+        assert!(
+            BackendKind::parse("tpu")
+                .unwrap_err()
+                .to_string()
+                .contains("cpu, cuda or rocm")
+        );
     }
 
     #[test]
@@ -121,7 +136,12 @@ mod tests {
                 Ok(desc) => assert!(desc.contains(':')),
                 Err(e) => {
                     let msg = e.to_string();
-                    assert!(msg.contains("not compiled") || msg.contains("could not be loaded") || msg.contains("GPU"), "{msg}");
+                    assert!(
+                        msg.contains("not compiled")
+                            || msg.contains("could not be loaded")
+                            || msg.contains("GPU"),
+                        "{msg}"
+                    );
                 }
             }
         }

@@ -32,7 +32,16 @@ pub struct BalanceConfig {
 
 impl Default for BalanceConfig {
     fn default() -> Self {
-        BalanceConfig { kp: 1.0, ki: 0.0, kd: 0.0, lr: 5e-3, beta1: 0.9, beta2: 0.99, skip_share: None, enabled: true }
+        BalanceConfig {
+            kp: 1.0,
+            ki: 0.0,
+            kd: 0.0,
+            lr: 5e-3,
+            beta1: 0.9,
+            beta2: 0.99,
+            skip_share: None,
+            enabled: true,
+        }
     }
 }
 
@@ -87,13 +96,26 @@ pub fn target_shares(routes: usize, mod_skip: bool, config: &BalanceConfig) -> V
 /// Realised share of each route from token counts (all zeros stay zeros).
 pub fn shares(counts: &[u64]) -> Vec<f64> {
     let total: u64 = counts.iter().sum();
-    counts.iter().map(|&c| if total == 0 { 0.0 } else { c as f64 / total as f64 }).collect()
+    counts
+        .iter()
+        .map(|&c| {
+            if total == 0 {
+                0.0
+            } else {
+                c as f64 / total as f64
+            }
+        })
+        .collect()
 }
 
 /// Load-balance error: the total-variation distance between the realised and target routing
 /// distributions (0 = perfectly balanced, 1 - target = every token on one route).
 pub fn balance_error(counts: &[u64], target: &[f64]) -> f64 {
-    0.5 * shares(counts).iter().zip(target).map(|(s, t)| (s - t).abs()).sum::<f64>()
+    0.5 * shares(counts)
+        .iter()
+        .zip(target)
+        .map(|(s, t)| (s - t).abs())
+        .sum::<f64>()
 }
 
 /// One controller update from the global batch's per-route token counts.
@@ -141,7 +163,10 @@ mod tests {
 
     #[test]
     fn skip_route_starts_at_minus_one_and_can_have_its_own_share() {
-        let config = BalanceConfig { skip_share: Some(0.2), ..Default::default() };
+        let config = BalanceConfig {
+            skip_share: Some(0.2),
+            ..Default::default()
+        };
         let s = BalanceState::new(5, true);
         assert_eq!(s.biases, vec![0.0, 0.0, 0.0, 0.0, -1.0]);
         let t = target_shares(5, true, &config);

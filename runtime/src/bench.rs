@@ -41,20 +41,39 @@ pub struct StepThroughput {
 
 /// Times `steps` optimizer steps (after one warm-up step) of `model` on fixed random tokens,
 /// `batch` sequences of `seq_len`, with the trainer's own step (Muon + AdamW, clipping).
-pub fn train_step_throughput(model: &ModelConfig, batch: usize, seq_len: usize, steps: usize) -> StepThroughput {
+pub fn train_step_throughput(
+    model: &ModelConfig,
+    batch: usize,
+    seq_len: usize,
+    steps: usize,
+) -> StepThroughput {
     type B = Autodiff<Flex>;
     let device = FlexDevice;
     let settings = TrainSettings::default();
     let mut zaya: Zaya<B> = Zaya::new(model, 0, &device);
     let mut optim = Optimizers::new(&settings, &zaya);
     let mut rng = crate::rng::SplitMix64(1);
-    let rows: Vec<u32> = (0..batch * (seq_len + 1)).map(|_| rng.below(model.vocab_size as u64) as u32).collect();
-    let biases: Vec<Vec<f32>> = (0..model.num_blocks).map(|_| vec![0.0; zaya.routes()]).collect();
+    let rows: Vec<u32> = (0..batch * (seq_len + 1))
+        .map(|_| rng.below(model.vocab_size as u64) as u32)
+        .collect();
+    let biases: Vec<Vec<f32>> = (0..model.num_blocks)
+        .map(|_| vec![0.0; zaya.routes()])
+        .collect();
     let mut best = f64::MAX;
     for i in 0..steps + 1 {
         let (inputs, targets) = crate::trainer::batch_tensors::<B>(&rows, batch, seq_len, &device);
         let t = Instant::now();
-        let (m, out) = train_step(zaya, &mut optim, vec![(inputs, targets)], &biases, 1e-3, 1.0, &mut Group::single(), None).expect("a step on one rank");
+        let (m, out) = train_step(
+            zaya,
+            &mut optim,
+            vec![(inputs, targets)],
+            &biases,
+            1e-3,
+            1.0,
+            &mut Group::single(),
+            None,
+        )
+        .expect("a step on one rank");
         zaya = m;
         let elapsed = t.elapsed().as_secs_f64();
         assert!(out.loss.is_finite());
@@ -62,7 +81,11 @@ pub fn train_step_throughput(model: &ModelConfig, batch: usize, seq_len: usize, 
             best = best.min(elapsed);
         }
     }
-    StepThroughput { step_s: best, tokens_per_s: (batch * seq_len) as f64 / best, flops_per_token: model.flops(seq_len).total }
+    StepThroughput {
+        step_s: best,
+        tokens_per_s: (batch * seq_len) as f64 / best,
+        flops_per_token: model.flops(seq_len).total,
+    }
 }
 
 /// What [`checkpoint_io`] measured.
@@ -77,7 +100,11 @@ pub struct CheckpointIo {
 
 /// Writes a checkpoint of `model` (fresh weights and optimizer state after one step) under
 /// `dir` `repeats` times with the trainer's own commit (write, fsync, blake3, manifest, rename).
-pub fn checkpoint_io(model: &ModelConfig, dir: &std::path::Path, repeats: usize) -> anyhow::Result<CheckpointIo> {
+pub fn checkpoint_io(
+    model: &ModelConfig,
+    dir: &std::path::Path,
+    repeats: usize,
+) -> anyhow::Result<CheckpointIo> {
     let (zaya, optim, state, layout) = one_step_state(model)?;
     let t = Instant::now();
     let snap = crate::trainer::snapshot(model, &layout, 0, &zaya, &optim, &state)?;
@@ -90,31 +117,60 @@ pub fn checkpoint_io(model: &ModelConfig, dir: &std::path::Path, repeats: usize)
         best = best.min(t.elapsed().as_secs_f64());
         crate::checkpoint::retain(dir, 1)?;
     }
-    Ok(CheckpointIo { bytes, write_s: best, snapshot_s })
+    Ok(CheckpointIo {
+        bytes,
+        write_s: best,
+        snapshot_s,
+    })
 }
 
 /// Mean step time over `steps` steps of `batch` x `seq_len` random tokens: without
 /// checkpoints, with one every `every` steps written in the background, and written inline.
-pub fn checkpoint_overhead(model: &ModelConfig, batch: usize, seq_len: usize, steps: u64, every: u64, dir: &std::path::Path) -> anyhow::Result<[f64; 3]> {
+pub fn checkpoint_overhead(
+    model: &ModelConfig,
+    batch: usize,
+    seq_len: usize,
+    steps: u64,
+    every: u64,
+    dir: &std::path::Path,
+) -> anyhow::Result<[f64; 3]> {
     type B = Autodiff<Flex>;
     let device = FlexDevice;
     let mut rng = crate::rng::SplitMix64(1);
-    let rows: Vec<u32> = (0..batch * (seq_len + 1)).map(|_| rng.below(model.vocab_size as u64) as u32).collect();
+    let rows: Vec<u32> = (0..batch * (seq_len + 1))
+        .map(|_| rng.below(model.vocab_size as u64) as u32)
+        .collect();
     let mut out = [0.0; 3];
     for (mode, slot) in out.iter_mut().enumerate() {
         let (mut zaya, mut optim, mut state, layout) = one_step_state(model)?;
-        let biases: Vec<Vec<f32>> = (0..model.num_blocks).map(|_| vec![0.0; zaya.routes()]).collect();
+        let biases: Vec<Vec<f32>> = (0..model.num_blocks)
+            .map(|_| vec![0.0; zaya.routes()])
+            .collect();
         let root = dir.join(format!("mode-{mode}"));
         let emit: crate::protocol::Emit = std::sync::Arc::new(|_| {});
-        let mut saver = crate::saver::Saver::new(root, 0, 1, 1, mode == 1, Default::default(), emit);
+        let mut saver =
+            crate::saver::Saver::new(root, 0, 1, 1, mode == 1, Default::default(), emit);
         let t = Instant::now();
         for step in 1..=steps {
-            let (inputs, targets) = crate::trainer::batch_tensors::<B>(&rows, batch, seq_len, &device);
-            let (m, _) = train_step(zaya, &mut optim, vec![(inputs, targets)], &biases, 1e-3, 1.0, &mut Group::single(), None)?;
+            let (inputs, targets) =
+                crate::trainer::batch_tensors::<B>(&rows, batch, seq_len, &device);
+            let (m, _) = train_step(
+                zaya,
+                &mut optim,
+                vec![(inputs, targets)],
+                &biases,
+                1e-3,
+                1.0,
+                &mut Group::single(),
+                None,
+            )?;
             zaya = m;
             state.step = step;
             if mode > 0 && step % every == 0 {
-                saver.save(crate::trainer::snapshot(model, &layout, 0, &zaya, &optim, &state)?, false)?;
+                saver.save(
+                    crate::trainer::snapshot(model, &layout, 0, &zaya, &optim, &state)?,
+                    false,
+                )?;
             }
         }
         saver.wait()?;
@@ -123,7 +179,12 @@ pub fn checkpoint_overhead(model: &ModelConfig, batch: usize, seq_len: usize, st
     Ok(out)
 }
 
-type OneStep = (Zaya<Autodiff<Flex>>, Optimizers<Autodiff<Flex>>, crate::checkpoint::TrainerState, crate::zero::Layout);
+type OneStep = (
+    Zaya<Autodiff<Flex>>,
+    Optimizers<Autodiff<Flex>>,
+    crate::checkpoint::TrainerState,
+    crate::zero::Layout,
+);
 
 /// A model and optimizer after one step (so the optimizer state exists), with trainer state.
 fn one_step_state(model: &ModelConfig) -> anyhow::Result<OneStep> {
@@ -134,10 +195,28 @@ fn one_step_state(model: &ModelConfig) -> anyhow::Result<OneStep> {
     let mut optim = Optimizers::new(&settings, &zaya);
     let layout = crate::zero::Layout::new(&crate::trainer::param_list(&zaya), 1, 1)?;
     let rows: Vec<u32> = (0..2 * 65).map(|i| (i % model.vocab_size) as u32).collect();
-    let biases: Vec<Vec<f32>> = (0..model.num_blocks).map(|_| vec![0.0; zaya.routes()]).collect();
+    let biases: Vec<Vec<f32>> = (0..model.num_blocks)
+        .map(|_| vec![0.0; zaya.routes()])
+        .collect();
     let (inputs, targets) = crate::trainer::batch_tensors::<B>(&rows, 2, 64, &device);
-    let (zaya, _) = train_step(zaya, &mut optim, vec![(inputs, targets)], &biases, 1e-3, 1.0, &mut Group::single(), None)?;
-    let cursor = crate::data::mixture::DataCursor { phase: "bench".into(), sample: 0, fingerprint: String::new() };
-    let state = crate::checkpoint::TrainerState { step: 1, ..crate::checkpoint::TrainerState::new("bench", 1, cursor, Vec::new(), 0, model.rope_base) };
+    let (zaya, _) = train_step(
+        zaya,
+        &mut optim,
+        vec![(inputs, targets)],
+        &biases,
+        1e-3,
+        1.0,
+        &mut Group::single(),
+        None,
+    )?;
+    let cursor = crate::data::mixture::DataCursor {
+        phase: "bench".into(),
+        sample: 0,
+        fingerprint: String::new(),
+    };
+    let state = crate::checkpoint::TrainerState {
+        step: 1,
+        ..crate::checkpoint::TrainerState::new("bench", 1, cursor, Vec::new(), 0, model.rope_base)
+    };
     Ok((zaya, optim, state, layout))
 }

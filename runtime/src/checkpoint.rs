@@ -66,7 +66,14 @@ pub struct TrainerState {
 
 impl TrainerState {
     /// The state at step 0 of `phase`: nothing trained yet, no loss history, no skipped batches.
-    pub fn new(phase: &str, total_steps: u64, cursor: DataCursor, balance: Vec<BalanceState>, seed: u64, rope_base: f64) -> TrainerState {
+    pub fn new(
+        phase: &str,
+        total_steps: u64,
+        cursor: DataCursor,
+        balance: Vec<BalanceState>,
+        seed: u64,
+        rope_base: f64,
+    ) -> TrainerState {
         TrainerState {
             phase: phase.to_string(),
             step: 0,
@@ -118,7 +125,10 @@ pub fn param_names<B: Backend, M: Module<B>>(model: &M) -> Vec<(String, ParamId)
             self.out.push((self.stack.join("."), p.id));
         }
     }
-    let mut v = Names { stack: Vec::new(), out: Vec::new() };
+    let mut v = Names {
+        stack: Vec::new(),
+        out: Vec::new(),
+    };
     model.visit(&mut v);
     v.out
 }
@@ -139,28 +149,45 @@ pub fn weights<B: Backend>(model: &Zaya<B>) -> Vec<(String, Vec<usize>, Vec<f32>
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
             let t = p.val();
             let shape = t.dims().to_vec();
-            let values = t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 weights");
+            let values = t
+                .into_data()
+                .convert::<f32>()
+                .into_vec::<f32>()
+                .expect("f32 weights");
             self.out.push((self.stack.join("."), shape, values));
         }
     }
-    let mut v = Collect { stack: Vec::new(), out: Vec::new() };
+    let mut v = Collect {
+        stack: Vec::new(),
+        out: Vec::new(),
+    };
     model.visit(&mut v);
     v.out
 }
 
 /// Serialises the model's weights as safetensors bytes (f32, little endian). Give at most one
 /// metadata entry: safetensors orders metadata by a randomly seeded hash map.
-pub fn weights_to_safetensors<B: Backend>(model: &Zaya<B>, metadata: BTreeMap<String, String>) -> Result<Vec<u8>> {
+pub fn weights_to_safetensors<B: Backend>(
+    model: &Zaya<B>,
+    metadata: BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
     let tensors = weights(model);
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .into_iter()
-        .map(|(name, shape, values)| (name, shape, values.iter().flat_map(|v| v.to_le_bytes()).collect()))
+        .map(|(name, shape, values)| {
+            (
+                name,
+                shape,
+                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            )
+        })
         .collect();
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
         .iter()
         .map(|(name, shape, data)| {
-            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data)
-                .expect("shape matches data");
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data)
+                    .expect("shape matches data");
             (name.clone(), view)
         })
         .collect();
@@ -171,8 +198,12 @@ pub fn weights_to_safetensors<B: Backend>(model: &Zaya<B>, metadata: BTreeMap<St
 /// Loads weights from safetensors bytes into `model`, by name; every parameter must be present
 /// with its shape. `origin` names the file in errors.
 pub fn load_weights<B: Backend>(model: Zaya<B>, bytes: &[u8], origin: &Path) -> Result<Zaya<B>> {
-    let st = safetensors::SafeTensors::deserialize(bytes).with_context(|| format!("{}: not a safetensors file", origin.display()))?;
-    let names: BTreeMap<ParamId, String> = param_names::<B, _>(&model).into_iter().map(|(n, id)| (id, n)).collect();
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .with_context(|| format!("{}: not a safetensors file", origin.display()))?;
+    let names: BTreeMap<ParamId, String> = param_names::<B, _>(&model)
+        .into_iter()
+        .map(|(n, id)| (id, n))
+        .collect();
     struct Load<'a> {
         st: &'a safetensors::SafeTensors<'a>,
         names: &'a BTreeMap<ParamId, String>,
@@ -184,7 +215,8 @@ pub fn load_weights<B: Backend>(model: Zaya<B>, bytes: &[u8], origin: &Path) -> 
             let view = match self.st.tensor(name) {
                 Ok(v) => v,
                 Err(_) => {
-                    self.error.get_or_insert(format!("tensor `{name}` is missing"));
+                    self.error
+                        .get_or_insert(format!("tensor `{name}` is missing"));
                     return param;
                 }
             };
@@ -198,14 +230,22 @@ pub fn load_weights<B: Backend>(model: Zaya<B>, bytes: &[u8], origin: &Path) -> 
                 ));
                 return Param::initialized(id, old);
             }
-            let values: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let values: Vec<f32> = view
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
             let device = old.device();
             let require_grad = old.is_require_grad();
             let t = Tensor::<B, D>::from_data(TensorData::new(values, old.shape()), &device);
             Param::initialized(id, if require_grad { t.require_grad() } else { t })
         }
     }
-    let mut loader = Load { st: &st, names: &names, error: None };
+    let mut loader = Load {
+        st: &st,
+        names: &names,
+        error: None,
+    };
     let model = model.map(&mut loader);
     if let Some(e) = loader.error {
         bail!("{}: {e}", origin.display());
@@ -235,7 +275,10 @@ pub fn commit_dir(dir: &Path, files: Vec<(String, Vec<u8>)>) -> Result<()> {
 
 /// The temporary directory a checkpoint `dir` is written in before its commit.
 pub fn tmp_dir(dir: &Path) -> PathBuf {
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     dir.with_file_name(format!(".tmp-{name}"))
 }
 
@@ -244,24 +287,42 @@ pub fn tmp_dir(dir: &Path) -> PathBuf {
 /// The bytes go to the page cache first; then the disk flushes (fsync, in a second thread)
 /// while the hashes are computed (blake3 over all cores), so hashing costs almost no time on
 /// top of the disk's own.
-pub fn write_files(tmp: &Path, files: &[(String, Vec<u8>)]) -> Result<BTreeMap<String, (u64, String)>> {
+pub fn write_files(
+    tmp: &Path,
+    files: &[(String, Vec<u8>)],
+) -> Result<BTreeMap<String, (u64, String)>> {
     let mut opened = Vec::with_capacity(files.len());
     for (name, bytes) in files {
         let path = tmp.join(name);
-        let mut f = fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        f.write_all(bytes).with_context(|| format!("writing {}", path.display()))?;
+        let mut f =
+            fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        f.write_all(bytes)
+            .with_context(|| format!("writing {}", path.display()))?;
         opened.push((path, f));
     }
     std::thread::scope(|scope| {
         let syncer = scope.spawn(|| -> Result<()> {
             for (path, f) in &opened {
-                f.sync_all().with_context(|| format!("flushing {}", path.display()))?;
+                f.sync_all()
+                    .with_context(|| format!("flushing {}", path.display()))?;
             }
             Ok(())
         });
         let part = files
             .iter()
-            .map(|(name, bytes)| (name.clone(), (bytes.len() as u64, blake3::Hasher::new().update_rayon(bytes).finalize().to_hex().to_string())))
+            .map(|(name, bytes)| {
+                (
+                    name.clone(),
+                    (
+                        bytes.len() as u64,
+                        blake3::Hasher::new()
+                            .update_rayon(bytes)
+                            .finalize()
+                            .to_hex()
+                            .to_string(),
+                    ),
+                )
+            })
             .collect();
         syncer.join().expect("the fsync thread")?;
         Ok(part)
@@ -275,7 +336,10 @@ pub fn write_part(dir: &Path, rank: usize, files: &[(String, Vec<u8>)]) -> Resul
     let tmp = tmp_dir(dir);
     fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let part = write_files(&tmp, files)?;
-    write_synced(&tmp.join(format!("part-{rank}.json")), &serde_json::to_vec(&part)?)
+    write_synced(
+        &tmp.join(format!("part-{rank}.json")),
+        &serde_json::to_vec(&part)?,
+    )
 }
 
 /// Rank 0's half of a multi-rank commit: waits (up to `timeout`) until all `world` ranks have
@@ -289,9 +353,15 @@ pub fn finish_parts(dir: &Path, world: usize, timeout: std::time::Duration) -> R
         let path = tmp.join(format!("part-{rank}.json"));
         let part: BTreeMap<String, (u64, String)> = loop {
             if let Ok(bytes) = fs::read(&path) {
-                break serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?;
+                break serde_json::from_slice(&bytes)
+                    .with_context(|| format!("parsing {}", path.display()))?;
             }
-            ensure!(started.elapsed() < timeout, "{}: rank {rank} did not write its part within {:?}", dir.display(), timeout);
+            ensure!(
+                started.elapsed() < timeout,
+                "{}: rank {rank} did not write its part within {:?}",
+                dir.display(),
+                timeout
+            );
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
         fs::remove_file(&path)?;
@@ -306,7 +376,10 @@ pub fn finish_with(dir: &Path, files: BTreeMap<String, (u64, String)>) -> Result
     let tmp = tmp_dir(dir);
     let step = trailing_number(dir).unwrap_or(0);
     let manifest = Manifest { step, files };
-    write_synced(&tmp.join("manifest.json"), &serde_json::to_vec_pretty(&manifest)?)?;
+    write_synced(
+        &tmp.join("manifest.json"),
+        &serde_json::to_vec_pretty(&manifest)?,
+    )?;
     fs::File::open(&tmp)?.sync_all()?;
     if dir.exists() {
         // A checkpoint of this step already exists (a rerun after a crash right after commit):
@@ -321,7 +394,11 @@ pub fn finish_with(dir: &Path, files: BTreeMap<String, (u64, String)>) -> Result
 }
 
 fn trailing_number(dir: &Path) -> Option<u64> {
-    dir.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok()
+    dir.file_name()?
+        .to_str()?
+        .strip_prefix("step-")?
+        .parse()
+        .ok()
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -335,14 +412,25 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 /// size and hash. Returns the files' contents.
 pub fn read_verified(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
     let mpath = dir.join("manifest.json");
-    let manifest: Manifest = serde_json::from_slice(&fs::read(&mpath).with_context(|| format!("reading {}", mpath.display()))?)
-        .with_context(|| format!("parsing {}", mpath.display()))?;
+    let manifest: Manifest = serde_json::from_slice(
+        &fs::read(&mpath).with_context(|| format!("reading {}", mpath.display()))?,
+    )
+    .with_context(|| format!("parsing {}", mpath.display()))?;
     let mut out = BTreeMap::new();
     for (name, (size, hash)) in &manifest.files {
         let path = dir.join(name);
         let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        ensure!(bytes.len() as u64 == *size, "{}: {} bytes, the manifest says {size}", path.display(), bytes.len());
-        ensure!(blake3::hash(&bytes).to_hex().as_str() == hash, "{}: checksum mismatch", path.display());
+        ensure!(
+            bytes.len() as u64 == *size,
+            "{}: {} bytes, the manifest says {size}",
+            path.display(),
+            bytes.len()
+        );
+        ensure!(
+            blake3::hash(&bytes).to_hex().as_str() == hash,
+            "{}: checksum mismatch",
+            path.display()
+        );
         out.insert(name.clone(), bytes);
     }
     Ok(out)
@@ -384,18 +472,28 @@ pub fn quarantine_damaged(root: &Path) -> Result<Vec<PathBuf>> {
     let mut moved = Vec::new();
     for entry in fs::read_dir(root).into_iter().flatten().flatten() {
         if entry.file_name().to_string_lossy().starts_with(".tmp-") {
-            fs::remove_dir_all(entry.path()).with_context(|| format!("removing the unfinished checkpoint {}", entry.path().display()))?;
+            fs::remove_dir_all(entry.path()).with_context(|| {
+                format!(
+                    "removing the unfinished checkpoint {}",
+                    entry.path().display()
+                )
+            })?;
         }
     }
     for (_, dir) in list(root) {
         if let Err(e) = read_verified(&dir) {
-            let to = root.join("quarantine").join(dir.file_name().expect("step-N"));
+            let to = root
+                .join("quarantine")
+                .join(dir.file_name().expect("step-N"));
             fs::create_dir_all(to.parent().expect("parent"))?;
             if to.exists() {
                 fs::remove_dir_all(&to)?;
             }
             fs::rename(&dir, &to)?;
-            tracing::warn!("quarantined checkpoint {} (it does not verify: {e:#}); it will not be loaded", to.display());
+            tracing::warn!(
+                "quarantined checkpoint {} (it does not verify: {e:#}); it will not be loaded",
+                to.display()
+            );
             moved.push(to);
         }
     }
@@ -408,7 +506,8 @@ pub fn retain(root: &Path, keep: usize) -> Result<()> {
         return Ok(());
     }
     for (_, dir) in list(root).into_iter().skip(keep) {
-        fs::remove_dir_all(&dir).with_context(|| format!("removing old checkpoint {}", dir.display()))?;
+        fs::remove_dir_all(&dir)
+            .with_context(|| format!("removing old checkpoint {}", dir.display()))?;
     }
     Ok(())
 }
@@ -420,7 +519,12 @@ pub fn inspect(dir: &Path) -> Result<String> {
     let mut out = String::new();
     let files = match read_verified(dir) {
         Ok(files) => {
-            writeln!(out, "{}: manifest verified ({} files)", dir.display(), files.len())?;
+            writeln!(
+                out,
+                "{}: manifest verified ({} files)",
+                dir.display(),
+                files.len()
+            )?;
             files
         }
         Err(e) => {
@@ -437,17 +541,35 @@ pub fn inspect(dir: &Path) -> Result<String> {
     };
     if let Some(b) = files.get("trainer.json") {
         let s: TrainerState = serde_json::from_slice(b).context("trainer.json")?;
-        writeln!(out, "phase {} step {}/{}  tokens {}  seed {}  rope base {}", s.phase, s.step, s.total_steps, s.tokens, s.seed, s.rope_base)?;
-        writeln!(out, "data cursor: sample {} of mixture {}", s.cursor.sample, s.cursor.fingerprint)?;
+        writeln!(
+            out,
+            "phase {} step {}/{}  tokens {}  seed {}  rope base {}",
+            s.phase, s.step, s.total_steps, s.tokens, s.seed, s.rope_base
+        )?;
+        writeln!(
+            out,
+            "data cursor: sample {} of mixture {}",
+            s.cursor.sample, s.cursor.fingerprint
+        )?;
         for (layer, b) in s.balance.iter().enumerate() {
             let biases: Vec<String> = b.biases.iter().map(|v| format!("{v:+.3}")).collect();
-            writeln!(out, "routing biases, MoE layer {layer}: [{}]", biases.join(" "))?;
+            writeln!(
+                out,
+                "routing biases, MoE layer {layer}: [{}]",
+                biases.join(" ")
+            )?;
         }
     }
     if let Some(b) = files.get("layout.json") {
         let layout: crate::zero::Layout = serde_json::from_slice(b).context("layout.json")?;
         let load: Vec<String> = layout.load().iter().map(|n| n.to_string()).collect();
-        writeln!(out, "layout: optimizer state sharded over {} data-parallel rank(s) (ZeRO-1; parameters per shard: {}), experts over {} expert-parallel rank(s)", layout.dp, load.join(" / "), layout.ep)?;
+        writeln!(
+            out,
+            "layout: optimizer state sharded over {} data-parallel rank(s) (ZeRO-1; parameters per shard: {}), experts over {} expert-parallel rank(s)",
+            layout.dp,
+            load.join(" / "),
+            layout.ep
+        )?;
     }
     for (name, bytes) in &files {
         if name.ends_with(".bin") {

@@ -64,12 +64,30 @@ impl Placement {
     /// Reads the placement from the environment; `None` when `ZFLOW_WORLD` is unset (a
     /// single-rank run).
     pub fn from_env() -> Result<Option<Placement>> {
-        let Ok(world) = std::env::var(env::WORLD) else { return Ok(None) };
-        let get = |name: &str| std::env::var(name).with_context(|| format!("{} is set but {name} is not", env::WORLD));
-        let world: usize = world.parse().with_context(|| format!("{}={world:?} is not a number", env::WORLD))?;
-        let rank: usize = get(env::RANK)?.parse().with_context(|| format!("{} is not a number", env::RANK))?;
-        ensure!(world >= 1 && rank < world, "{}={rank} is not below {}={world}", env::RANK, env::WORLD);
-        Ok(Some(Placement { rank, world, rendezvous: get(env::RENDEZVOUS)?, data_address: get(env::DATA_ADDRESS)? }))
+        let Ok(world) = std::env::var(env::WORLD) else {
+            return Ok(None);
+        };
+        let get = |name: &str| {
+            std::env::var(name).with_context(|| format!("{} is set but {name} is not", env::WORLD))
+        };
+        let world: usize = world
+            .parse()
+            .with_context(|| format!("{}={world:?} is not a number", env::WORLD))?;
+        let rank: usize = get(env::RANK)?
+            .parse()
+            .with_context(|| format!("{} is not a number", env::RANK))?;
+        ensure!(
+            world >= 1 && rank < world,
+            "{}={rank} is not below {}={world}",
+            env::RANK,
+            env::WORLD
+        );
+        Ok(Some(Placement {
+            rank,
+            world,
+            rendezvous: get(env::RENDEZVOUS)?,
+            data_address: get(env::DATA_ADDRESS)?,
+        }))
     }
 
     /// The environment variables that give a worker this placement.
@@ -86,14 +104,24 @@ impl Placement {
     pub fn local(world: usize) -> Result<Vec<Placement>> {
         let rendezvous = format!("127.0.0.1:{}", free_port()?);
         (0..world)
-            .map(|rank| Ok(Placement { rank, world, rendezvous: rendezvous.clone(), data_address: format!("127.0.0.1:{}", free_port()?) }))
+            .map(|rank| {
+                Ok(Placement {
+                    rank,
+                    world,
+                    rendezvous: rendezvous.clone(),
+                    data_address: format!("127.0.0.1:{}", free_port()?),
+                })
+            })
             .collect()
     }
 }
 
 /// A port nothing listens on right now (the OS picks it; the worker binds it moments later).
 pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0").context("finding a free port")?.local_addr()?.port())
+    Ok(TcpListener::bind("127.0.0.1:0")
+        .context("finding a free port")?
+        .local_addr()?
+        .port())
 }
 
 /// This process's membership of the data-parallel group.
@@ -115,7 +143,11 @@ struct Ring {
 impl Group {
     /// A group of one: every collective is the identity.
     pub fn single() -> Group {
-        Group { rank: 0, world: 1, ring: None }
+        Group {
+            rank: 0,
+            world: 1,
+            ring: None,
+        }
     }
 
     /// Joins the group described by `placement`; returns once the ring is closed.
@@ -124,10 +156,16 @@ impl Group {
         if world == 1 {
             return Ok(Group::single());
         }
-        let listener = TcpListener::bind(&placement.data_address).with_context(|| format!("rank {rank}: listening on {}", placement.data_address))?;
+        let listener = TcpListener::bind(&placement.data_address)
+            .with_context(|| format!("rank {rank}: listening on {}", placement.data_address))?;
         // The rendezvous: everyone learns everyone's ring address.
         let table: Vec<String> = if rank == 0 {
-            let hub = TcpListener::bind(&placement.rendezvous).with_context(|| format!("rank 0: listening for the other ranks on {}", placement.rendezvous))?;
+            let hub = TcpListener::bind(&placement.rendezvous).with_context(|| {
+                format!(
+                    "rank 0: listening for the other ranks on {}",
+                    placement.rendezvous
+                )
+            })?;
             let mut table = vec![String::new(); world];
             table[0] = placement.data_address.clone();
             let mut members = Vec::new();
@@ -136,9 +174,15 @@ impl Group {
                 let mut reader = BufReader::new(stream.try_clone()?);
                 let mut line = String::new();
                 reader.read_line_exact(&mut line)?;
-                let (r, address) = line.trim().split_once(' ').context("a bad rendezvous message")?;
+                let (r, address) = line
+                    .trim()
+                    .split_once(' ')
+                    .context("a bad rendezvous message")?;
                 let r: usize = r.parse().context("a bad rank in a rendezvous message")?;
-                ensure!(r > 0 && r < world && table[r].is_empty(), "rendezvous: rank {r} is out of range or came twice");
+                ensure!(
+                    r > 0 && r < world && table[r].is_empty(),
+                    "rendezvous: rank {r} is out of range or came twice"
+                );
                 table[r] = address.to_string();
                 members.push(stream);
             }
@@ -153,14 +197,28 @@ impl Group {
             BufReader::new(stream).read_line_exact(&mut line)?;
             line.split_whitespace().map(str::to_string).collect()
         };
-        ensure!(table.len() == world, "rendezvous: expected {world} addresses, got {}", table.len());
+        ensure!(
+            table.len() == world,
+            "rendezvous: expected {world} addresses, got {}",
+            table.len()
+        );
         // Close the ring: connect forward, accept from behind.
-        let next = connect(&table[(rank + 1) % world], &format!("rank {}", (rank + 1) % world))?;
+        let next = connect(
+            &table[(rank + 1) % world],
+            &format!("rank {}", (rank + 1) % world),
+        )?;
         let (prev, _) = listener.accept()?;
         for s in [&next, &prev] {
             s.set_nodelay(true)?;
         }
-        Ok(Group { rank, world, ring: Some(Ring { next: BufWriter::with_capacity(1 << 20, next), prev: BufReader::with_capacity(1 << 20, prev) }) })
+        Ok(Group {
+            rank,
+            world,
+            ring: Some(Ring {
+                next: BufWriter::with_capacity(1 << 20, next),
+                prev: BufReader::with_capacity(1 << 20, prev),
+            }),
+        })
     }
 
     /// Sums `buf` over all ranks, in place; every rank ends with the same bytes.
@@ -177,8 +235,14 @@ impl Group {
     /// are left holding partial sums).
     pub fn reduce_scatter(&mut self, buf: &mut [f32], blocks: &[Range<usize>]) -> Result<()> {
         let (rank, world) = (self.rank, self.world);
-        let Some(ring) = self.ring.as_mut() else { return Ok(()) };
-        ensure!(blocks.len() == world, "{} blocks for {world} ranks", blocks.len());
+        let Some(ring) = self.ring.as_mut() else {
+            return Ok(());
+        };
+        ensure!(
+            blocks.len() == world,
+            "{} blocks for {world} ranks",
+            blocks.len()
+        );
         for s in 0..world - 1 {
             // Block rank-s-1 leaves here first, so the chain for block r ends at rank r.
             let send = (rank + 2 * world - s - 1) % world;
@@ -194,8 +258,14 @@ impl Group {
     /// Copies block `blocks[r]` of rank r's `buf` into every rank's `buf`.
     pub fn all_gather(&mut self, buf: &mut [f32], blocks: &[Range<usize>]) -> Result<()> {
         let (rank, world) = (self.rank, self.world);
-        let Some(ring) = self.ring.as_mut() else { return Ok(()) };
-        ensure!(blocks.len() == world, "{} blocks for {world} ranks", blocks.len());
+        let Some(ring) = self.ring.as_mut() else {
+            return Ok(());
+        };
+        ensure!(
+            blocks.len() == world,
+            "{} blocks for {world} ranks",
+            blocks.len()
+        );
         for s in 0..world - 1 {
             let send = (rank + world - s) % world;
             let recv = (rank + world - s - 1) % world;
@@ -209,12 +279,16 @@ impl Group {
     /// pieces of 1 MiB so that all links carry data at once (pipelined).
     pub fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<()> {
         let (rank, world) = (self.rank, self.world);
-        let Some(ring) = self.ring.as_mut() else { return Ok(()) };
+        let Some(ring) = self.ring.as_mut() else {
+            return Ok(());
+        };
         let last = (root + world - 1) % world;
         const PIECE: usize = 1 << 18;
         for piece in buf.chunks_mut(PIECE) {
             if rank != root {
-                ring.prev.read_exact(bytemuck::cast_slice_mut(piece)).context("receiving a broadcast (did the previous rank die?)")?;
+                ring.prev
+                    .read_exact(bytemuck::cast_slice_mut(piece))
+                    .context("receiving a broadcast (did the previous rank die?)")?;
             }
             if rank != last {
                 ring.next.write_all(bytemuck::cast_slice(piece))?;
@@ -245,7 +319,10 @@ impl Ring {
             });
             let mut incoming = vec![0.0f32; len];
             let received = prev.read_exact(bytemuck::cast_slice_mut(&mut incoming));
-            sender.join().expect("sender thread").context("sending to the next rank (did it die?)")?;
+            sender
+                .join()
+                .expect("sender thread")
+                .context("sending to the next rank (did it die?)")?;
             received.context("receiving from the previous rank (did it die?)")?;
             Ok(incoming)
         })
@@ -254,7 +331,9 @@ impl Ring {
 
 /// `len` elements in `parts` contiguous blocks as equal as can be.
 pub fn even_blocks(len: usize, parts: usize) -> Vec<Range<usize>> {
-    (0..parts).map(|i| len * i / parts..len * (i + 1) / parts).collect()
+    (0..parts)
+        .map(|i| len * i / parts..len * (i + 1) / parts)
+        .collect()
 }
 
 fn connect(address: &str, what: &str) -> Result<TcpStream> {
@@ -277,7 +356,10 @@ trait ReadLineExact {
 
 impl<R: std::io::BufRead> ReadLineExact for R {
     fn read_line_exact(&mut self, line: &mut String) -> Result<()> {
-        ensure!(self.read_line(line)? > 0, "the connection closed during the rendezvous");
+        ensure!(
+            self.read_line(line)? > 0,
+            "the connection closed during the rendezvous"
+        );
         Ok(())
     }
 }
@@ -287,7 +369,10 @@ mod tests {
     use super::*;
 
     /// Runs `f` on `world` ranks (threads of this process, over real loopback sockets).
-    fn on_ranks<T: Send + 'static>(world: usize, f: impl Fn(&mut Group) -> T + Send + Sync + Clone + 'static) -> Vec<T> {
+    fn on_ranks<T: Send + 'static>(
+        world: usize,
+        f: impl Fn(&mut Group) -> T + Send + Sync + Clone + 'static,
+    ) -> Vec<T> {
         let placements = Placement::local(world).unwrap();
         let handles: Vec<_> = placements
             .into_iter()
@@ -313,7 +398,11 @@ mod tests {
             });
             let factor: usize = (1..=world).sum();
             for (buf, again) in &results {
-                assert_eq!(buf, &(0..1001).map(|i| (i * factor) as f32).collect::<Vec<_>>(), "world {world}");
+                assert_eq!(
+                    buf,
+                    &(0..1001).map(|i| (i * factor) as f32).collect::<Vec<_>>(),
+                    "world {world}"
+                );
                 assert_eq!(again, &vec![world as f32; 7]);
             }
         }
@@ -323,12 +412,19 @@ mod tests {
     fn broadcast_from_any_root() {
         for root in 0..3 {
             let results = on_ranks(3, move |g| {
-                let mut buf: Vec<f32> = if g.rank == root { (0..700_000).map(|i| i as f32).collect() } else { vec![0.0; 700_000] };
+                let mut buf: Vec<f32> = if g.rank == root {
+                    (0..700_000).map(|i| i as f32).collect()
+                } else {
+                    vec![0.0; 700_000]
+                };
                 g.broadcast(&mut buf, root).unwrap();
                 buf
             });
             for buf in results {
-                assert!(buf.iter().enumerate().all(|(i, &x)| x == i as f32), "root {root}");
+                assert!(
+                    buf.iter().enumerate().all(|(i, &x)| x == i as f32),
+                    "root {root}"
+                );
             }
         }
     }
@@ -353,7 +449,17 @@ mod tests {
             let range = [0..5, 5..6, 6..20][rank].clone();
             let expected: Vec<f32> = range.map(|i| 3.0 * i as f32 + 300.0).collect();
             assert_eq!(mine, expected, "rank {rank}");
-            let owners: Vec<f32> = (0..20).map(|i| if i < 5 { 0.0 } else if i < 6 { 1.0 } else { 2.0 }).collect();
+            let owners: Vec<f32> = (0..20)
+                .map(|i| {
+                    if i < 5 {
+                        0.0
+                    } else if i < 6 {
+                        1.0
+                    } else {
+                        2.0
+                    }
+                })
+                .collect();
             assert_eq!(gathered, owners);
         }
     }

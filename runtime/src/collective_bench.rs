@@ -26,7 +26,12 @@ pub enum Op {
 
 impl Op {
     /// All of them, in report order.
-    pub const ALL: [Op; 4] = [Op::AllReduce, Op::ReduceScatter, Op::AllGather, Op::Broadcast];
+    pub const ALL: [Op; 4] = [
+        Op::AllReduce,
+        Op::ReduceScatter,
+        Op::AllGather,
+        Op::Broadcast,
+    ];
 
     /// The nccl-tests name.
     pub fn name(self) -> &'static str {
@@ -78,7 +83,9 @@ impl Point {
 
 /// Message sizes: powers of two from 1 KiB to `max_bytes`.
 pub fn sizes(max_bytes: u64) -> Vec<u64> {
-    std::iter::successors(Some(1024u64), |s| Some(s * 2)).take_while(|s| *s <= max_bytes.max(1024)).collect()
+    std::iter::successors(Some(1024u64), |s| Some(s * 2))
+        .take_while(|s| *s <= max_bytes.max(1024))
+        .collect()
 }
 
 /// Runs every operation at every size on `group` (all ranks call this together); returns
@@ -109,7 +116,12 @@ pub fn measure(group: &mut Group, max_bytes: u64) -> Result<Vec<Point>> {
             // A broadcast's root is done once its bytes are in the socket: the closing barrier
             // makes every operation's time run until the last rank has its result.
             group.barrier()?;
-            out.push(Point { op, ranks: group.world, bytes, time_s: t.elapsed().as_secs_f64() / reps as f64 });
+            out.push(Point {
+                op,
+                ranks: group.world,
+                bytes,
+                time_s: t.elapsed().as_secs_f64() / reps as f64,
+            });
         }
     }
     Ok(out)
@@ -122,10 +134,20 @@ mod tests {
     #[test]
     fn bus_bandwidth_by_the_nccl_tests_definitions() {
         // 1 GB all-reduce on 4 ranks in 0.5 s: algbw 2 GB/s, busbw 2 x 2 x 3/4 = 3 GB/s.
-        let p = Point { op: Op::AllReduce, ranks: 4, bytes: 1_000_000_000, time_s: 0.5 };
+        let p = Point {
+            op: Op::AllReduce,
+            ranks: 4,
+            bytes: 1_000_000_000,
+            time_s: 0.5,
+        };
         assert!((p.algbw_gbps() - 2.0).abs() < 1e-12 && (p.busbw_gbps() - 3.0).abs() < 1e-12);
         // All-gather of 1 GB on 2 ranks in 1 s: busbw 0.5 GB/s; broadcast: busbw = algbw.
-        let p = Point { op: Op::AllGather, ranks: 2, bytes: 1_000_000_000, time_s: 1.0 };
+        let p = Point {
+            op: Op::AllGather,
+            ranks: 2,
+            bytes: 1_000_000_000,
+            time_s: 1.0,
+        };
         assert!((p.busbw_gbps() - 0.5).abs() < 1e-12);
         assert_eq!(Op::Broadcast.bus_factor(8), 1.0);
         assert_eq!(Op::ReduceScatter.bus_factor(8), 7.0 / 8.0);

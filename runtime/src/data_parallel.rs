@@ -58,7 +58,13 @@ impl Plan {
             }
             blocks.push(start..at);
         }
-        Plan { owner, sizes, offsets, blocks, total: at }
+        Plan {
+            owner,
+            sizes,
+            offsets,
+            blocks,
+            total: at,
+        }
     }
 
     fn range(&self, i: usize) -> Range<usize> {
@@ -77,7 +83,13 @@ pub struct StepSums {
 /// Turns this rank's accumulated gradients into the mean gradients over all ranks of the
 /// parameters this rank owns (the rest are dropped), and sums what the step measured.
 /// Returns them with the global gradient norm.
-pub fn exchange_gradients<B: AutodiffBackend>(group: &mut Group, plan: &Plan, model: &Zaya<B>, grads: GradientsParams, sums: StepSums) -> Result<(GradientsParams, StepSums, f64)> {
+pub fn exchange_gradients<B: AutodiffBackend>(
+    group: &mut Group,
+    plan: &Plan,
+    model: &Zaya<B>,
+    grads: GradientsParams,
+    sums: StepSums,
+) -> Result<(GradientsParams, StepSums, f64)> {
     let world = group.world;
     // 1. Flat gradients (zeros where a parameter got none) and the measurements.
     struct Flatten<'a, B: AutodiffBackend> {
@@ -94,15 +106,28 @@ pub fn exchange_gradients<B: AutodiffBackend>(group: &mut Group, plan: &Plan, mo
             let got = self.grads.remove::<B::InnerBackend, D>(p.id);
             self.flags.push(f32::from(u8::from(got.is_some())));
             if let Some(g) = got {
-                let values = g.into_data().convert::<f32>().into_vec::<f32>().expect("f32 gradients");
+                let values = g
+                    .into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .expect("f32 gradients");
                 self.buf[range].copy_from_slice(&values);
             }
             self.index += 1;
         }
     }
-    let mut flat = Flatten::<B> { plan, grads, buf: vec![0.0; plan.total], flags: Vec::new(), index: 0, _b: std::marker::PhantomData };
+    let mut flat = Flatten::<B> {
+        plan,
+        grads,
+        buf: vec![0.0; plan.total],
+        flags: Vec::new(),
+        index: 0,
+        _b: std::marker::PhantomData,
+    };
     model.visit(&mut flat);
-    let Flatten { mut buf, mut flags, .. } = flat;
+    let Flatten {
+        mut buf, mut flags, ..
+    } = flat;
 
     // Counts travel as two parts below 2^12, exact in f32 up to 2^36 tokens per route.
     let params = flags.len();
@@ -131,7 +156,11 @@ pub fn exchange_gradients<B: AutodiffBackend>(group: &mut Group, plan: &Plan, mo
     buf[mine.clone()].iter_mut().for_each(|x| *x *= scale);
 
     // 3. The global norm: each rank's sum of squares, gathered and added in rank order.
-    let own_sq: f64 = (0..params).filter(|&i| plan.owner[i] == group.rank && flags[i] > 0.0).flat_map(|i| buf[plan.range(i)].iter()).map(|&x| x as f64 * x as f64).sum();
+    let own_sq: f64 = (0..params)
+        .filter(|&i| plan.owner[i] == group.rank && flags[i] > 0.0)
+        .flat_map(|i| buf[plan.range(i)].iter())
+        .map(|&x| x as f64 * x as f64)
+        .sum();
     let mut norms = vec![0.0f32; 2 * world];
     let hi = own_sq as f32;
     norms[2 * group.rank] = hi;
@@ -159,17 +188,32 @@ pub fn exchange_gradients<B: AutodiffBackend>(group: &mut Group, plan: &Plan, mo
             }
             let value = p.val().inner();
             let values = self.buf[self.plan.range(i)].to_vec();
-            let g = Tensor::<B::InnerBackend, D>::from_data(TensorData::new(values, value.shape()), &value.device());
+            let g = Tensor::<B::InnerBackend, D>::from_data(
+                TensorData::new(values, value.shape()),
+                &value.device(),
+            );
             self.out.register::<B::InnerBackend, D>(p.id, g);
         }
     }
-    let mut un = Unflatten::<B> { plan, buf: &buf, flags: &flags, rank: group.rank, index: 0, out: GradientsParams::new(), _b: std::marker::PhantomData };
+    let mut un = Unflatten::<B> {
+        plan,
+        buf: &buf,
+        flags: &flags,
+        rank: group.rank,
+        index: 0,
+        out: GradientsParams::new(),
+        _b: std::marker::PhantomData,
+    };
     model.visit(&mut un);
     Ok((un.out, StepSums { loss, counts }, norm))
 }
 
 /// Gives every rank every owner's updated parameters.
-pub fn all_gather_parameters<B: AutodiffBackend>(group: &mut Group, plan: &Plan, model: Zaya<B>) -> Result<Zaya<B>> {
+pub fn all_gather_parameters<B: AutodiffBackend>(
+    group: &mut Group,
+    plan: &Plan,
+    model: Zaya<B>,
+) -> Result<Zaya<B>> {
     struct Flatten<'a, B: AutodiffBackend> {
         plan: &'a Plan,
         rank: usize,
@@ -182,12 +226,24 @@ pub fn all_gather_parameters<B: AutodiffBackend>(group: &mut Group, plan: &Plan,
             let i = self.index;
             self.index += 1;
             if self.plan.owner[i] == self.rank {
-                let values = p.val().inner().into_data().convert::<f32>().into_vec::<f32>().expect("f32 weights");
+                let values = p
+                    .val()
+                    .inner()
+                    .into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .expect("f32 weights");
                 self.buf[self.plan.range(i)].copy_from_slice(&values);
             }
         }
     }
-    let mut flat = Flatten::<B> { plan, rank: group.rank, buf: vec![0.0; plan.total], index: 0, _b: std::marker::PhantomData };
+    let mut flat = Flatten::<B> {
+        plan,
+        rank: group.rank,
+        buf: vec![0.0; plan.total],
+        index: 0,
+        _b: std::marker::PhantomData,
+    };
     model.visit(&mut flat);
     let mut buf = flat.buf;
     group.all_gather(&mut buf, &plan.blocks)?;
@@ -208,13 +264,29 @@ pub fn all_gather_parameters<B: AutodiffBackend>(group: &mut Group, plan: &Plan,
             let (id, old, _) = param.consume();
             let values = self.buf[self.plan.range(i)].to_vec();
             let t = Tensor::<B, D>::from_data(TensorData::new(values, old.shape()), &old.device());
-            Param::initialized(id, if old.is_require_grad() { t.require_grad() } else { t })
+            Param::initialized(
+                id,
+                if old.is_require_grad() {
+                    t.require_grad()
+                } else {
+                    t
+                },
+            )
         }
     }
-    Ok(model.map(&mut Scatter { plan, rank: group.rank, buf: &buf, index: 0 }))
+    Ok(model.map(&mut Scatter {
+        plan,
+        rank: group.rank,
+        buf: &buf,
+        index: 0,
+    }))
 }
 
 /// The ids of the parameters `rank` owns.
 pub fn owned_ids(layout: &Layout, rank: usize) -> BTreeSet<ParamId> {
-    layout.owned_by(rank).into_iter().map(ParamId::from).collect()
+    layout
+        .owned_by(rank)
+        .into_iter()
+        .map(ParamId::from)
+        .collect()
 }

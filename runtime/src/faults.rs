@@ -66,51 +66,81 @@ impl Faults {
         for item in spec.split(';').map(str::trim).filter(|s| !s.is_empty()) {
             let mut parts = item.split(':');
             let head = parts.next().expect("split yields one part");
-            let (kind, step) = head.split_once('@').with_context(|| format!("{FAULTS}: `{item}`: expected kind@step"))?;
-            let step: u64 = step.parse().with_context(|| format!("{FAULTS}: `{item}`: bad step"))?;
+            let (kind, step) = head
+                .split_once('@')
+                .with_context(|| format!("{FAULTS}: `{item}`: expected kind@step"))?;
+            let step: u64 = step
+                .parse()
+                .with_context(|| format!("{FAULTS}: `{item}`: bad step"))?;
             let (mut rank, mut attempt, mut ms) = (0usize, 1u32, None);
             for opt in parts {
-                let (k, v) = opt.split_once('=').with_context(|| format!("{FAULTS}: `{item}`: expected key=value, got `{opt}`"))?;
+                let (k, v) = opt.split_once('=').with_context(|| {
+                    format!("{FAULTS}: `{item}`: expected key=value, got `{opt}`")
+                })?;
                 let bad = || format!("{FAULTS}: `{item}`: bad value for {k}");
                 match k {
                     "rank" => rank = v.parse().with_context(bad)?,
                     "attempt" => attempt = v.parse().with_context(bad)?,
                     "ms" => ms = Some(v.parse().with_context(bad)?),
-                    _ => bail!("{FAULTS}: `{item}`: unknown option `{k}` (expected rank, attempt or ms)"),
+                    _ => bail!(
+                        "{FAULTS}: `{item}`: unknown option `{k}` (expected rank, attempt or ms)"
+                    ),
                 }
             }
             let kind = match kind {
                 "crash" => Kind::Crash,
                 "hang" => Kind::Hang,
-                "slow" => Kind::Slow { ms: ms.with_context(|| format!("{FAULTS}: `{item}`: slow needs ms=N"))? },
+                "slow" => Kind::Slow {
+                    ms: ms.with_context(|| format!("{FAULTS}: `{item}`: slow needs ms=N"))?,
+                },
                 "kill-in-checkpoint" => Kind::KillInCheckpoint,
                 "corrupt-checkpoint" => Kind::CorruptCheckpoint,
                 "spike" => Kind::Spike,
-                _ => bail!("{FAULTS}: `{item}`: unknown fault `{kind}` (expected crash, hang, slow, kill-in-checkpoint, corrupt-checkpoint or spike)"),
+                _ => bail!(
+                    "{FAULTS}: `{item}`: unknown fault `{kind}` (expected crash, hang, slow, kill-in-checkpoint, corrupt-checkpoint or spike)"
+                ),
             };
-            out.push(Fault { kind, step, rank, attempt });
+            out.push(Fault {
+                kind,
+                step,
+                rank,
+                attempt,
+            });
         }
         Ok(Faults(out))
     }
 
     /// The faults in the environment that apply to `rank` in this attempt.
     pub fn from_env(rank: usize) -> Result<Faults> {
-        let attempt: u32 = std::env::var(ATTEMPT).ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+        let attempt: u32 = std::env::var(ATTEMPT)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
         let all = Faults::parse(&std::env::var(FAULTS).unwrap_or_default())?;
-        Ok(Faults(all.0.into_iter().filter(|f| f.rank == rank && f.attempt == attempt).collect()))
+        Ok(Faults(
+            all.0
+                .into_iter()
+                .filter(|f| f.rank == rank && f.attempt == attempt)
+                .collect(),
+        ))
     }
 
     /// Whether a fault of `kind`'s variant fires at `step`.
     pub fn at(&self, kind: Kind, step: u64) -> bool {
-        self.0.iter().any(|f| std::mem::discriminant(&f.kind) == std::mem::discriminant(&kind) && f.step == step)
+        self.0.iter().any(|f| {
+            std::mem::discriminant(&f.kind) == std::mem::discriminant(&kind) && f.step == step
+        })
     }
 
     /// Extra milliseconds a step takes at `step` (slow-rank faults).
     pub fn delay_ms(&self, step: u64) -> u64 {
-        self.0.iter().filter_map(|f| match f.kind {
-            Kind::Slow { ms } if step >= f.step => Some(ms),
-            _ => None,
-        }).sum()
+        self.0
+            .iter()
+            .filter_map(|f| match f.kind {
+                Kind::Slow { ms } if step >= f.step => Some(ms),
+                _ => None,
+            })
+            .sum()
     }
 }
 
@@ -139,13 +169,28 @@ mod tests {
     #[test]
     fn parses_the_documented_forms_and_rejects_bad_ones() {
         let f = Faults::parse("crash@7:rank=1; hang@12 ;slow@3:ms=400:rank=1;kill-in-checkpoint@10:attempt=2;corrupt-checkpoint@10;spike@15").unwrap();
-        assert_eq!(f.0[0], Fault { kind: Kind::Crash, step: 7, rank: 1, attempt: 1 });
+        assert_eq!(
+            f.0[0],
+            Fault {
+                kind: Kind::Crash,
+                step: 7,
+                rank: 1,
+                attempt: 1
+            }
+        );
         assert_eq!(f.0[2].kind, Kind::Slow { ms: 400 });
         assert_eq!(f.0[3].attempt, 2);
         assert!(f.at(Kind::Spike, 15) && !f.at(Kind::Spike, 14));
         assert_eq!(Faults(vec![f.0[2]]).delay_ms(5), 400);
         assert_eq!(Faults(vec![f.0[2]]).delay_ms(2), 0);
-        for bad in ["crash", "crash@x", "boom@3", "slow@3", "crash@3:rank", "crash@3:color=red"] {
+        for bad in [
+            "crash",
+            "crash@x",
+            "boom@3",
+            "slow@3",
+            "crash@3:rank",
+            "crash@3:color=red",
+        ] {
             assert!(Faults::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(Faults::parse("").unwrap(), Faults::default());

@@ -76,7 +76,10 @@ pub struct ExportOptions {
 
 impl Default for ExportOptions {
     fn default() -> Self {
-        ExportOptions { tokenizer: None, max_position_embeddings: DEFAULT_MAX_POSITIONS }
+        ExportOptions {
+            tokenizer: None,
+            max_position_embeddings: DEFAULT_MAX_POSITIONS,
+        }
     }
 }
 
@@ -96,7 +99,11 @@ struct Spec {
 
 impl Spec {
     fn hf_shape(&self) -> Vec<usize> {
-        if self.linear { vec![self.shape[1], self.shape[0]] } else { self.shape.clone() }
+        if self.linear {
+            vec![self.shape[1], self.shape[0]]
+        } else {
+            self.shape.clone()
+        }
     }
 }
 
@@ -107,7 +114,12 @@ impl Specs {
     fn add(&mut self, ours: String, shape: Vec<usize>, linear: bool) {
         // Every parameter path has a reference name (`model_grad.rs` checks it on a real model).
         let hf = reference_name(&ours).unwrap_or_else(|| panic!("no reference name for `{ours}`"));
-        self.0.push(Spec { ours, shape, hf, linear });
+        self.0.push(Spec {
+            ours,
+            shape,
+            hf,
+            linear,
+        });
     }
 
     fn linear(&mut self, path: &str, d_in: usize, d_out: usize, bias: bool) {
@@ -131,7 +143,13 @@ impl Specs {
 /// never build the model, so a full-size checkpoint costs no more memory than its tensors.
 /// `tests::specs_match_the_model` checks this against real models.
 fn specs(c: &ModelConfig) -> Vec<Spec> {
-    let (h, lq, lk, hd, d) = (c.hidden_size, c.q_latent(), c.kv_latent(), c.head_dim, c.router_dim);
+    let (h, lq, lk, hd, d) = (
+        c.hidden_size,
+        c.q_latent(),
+        c.kv_latent(),
+        c.head_dim,
+        c.router_dim,
+    );
     let ch = lq + lk;
     let routes = c.num_experts + usize::from(c.mod_skip);
     let mut s = Specs(Vec::new());
@@ -147,9 +165,17 @@ fn specs(c: &ModelConfig) -> Vec<Spec> {
         s.linear(&format!("{q}.linear_k"), h, lk, false);
         s.linear(&format!("{q}.val_proj1"), h, lk / 2, false);
         s.linear(&format!("{q}.val_proj2"), h, lk - lk / 2, false);
-        s.add(format!("{q}.conv0_weight"), vec![ch, 1, c.conv_kernel], false);
+        s.add(
+            format!("{q}.conv0_weight"),
+            vec![ch, 1, c.conv_kernel],
+            false,
+        );
         s.add(format!("{q}.conv0_bias"), vec![ch], false);
-        s.add(format!("{q}.conv1_weight"), vec![ch, hd, c.conv_kernel], false);
+        s.add(
+            format!("{q}.conv1_weight"),
+            vec![ch, hd, c.conv_kernel],
+            false,
+        );
         s.add(format!("{q}.conv1_bias"), vec![ch], false);
         s.add(format!("{q}.temp"), vec![c.num_kv_heads], false);
         s.linear(&format!("{b}.self_attn.o_proj"), lq, h, false);
@@ -166,7 +192,12 @@ fn specs(c: &ModelConfig) -> Vec<Spec> {
         for k in 0..c.router_mlp_layers {
             let last = k + 1 == c.router_mlp_layers;
             // Our Vec holds only the linears; `reference_name` maps index k to the Sequential's 2k.
-            s.linear(&format!("{r}.router_mlp.{k}"), d, if last { routes } else { d }, !last);
+            s.linear(
+                &format!("{r}.router_mlp.{k}"),
+                d,
+                if last { routes } else { d },
+                !last,
+            );
         }
         for e in 0..c.num_experts {
             let x = format!("{b}.moe.local_experts.{e}");
@@ -184,7 +215,10 @@ fn specs(c: &ModelConfig) -> Vec<Spec> {
 /// The reference's name of MoE layer `block`'s balancing-bias buffer (`ZayaRouter`'s
 /// `register_buffer("balancing_biases", ...)`).
 fn biases_name(block: usize) -> String {
-    format!("model.layers.{}.zaya_block.router.balancing_biases", 2 * block + 1)
+    format!(
+        "model.layers.{}.zaya_block.router.balancing_biases",
+        2 * block + 1
+    )
 }
 
 /// `[rows, cols]` row-major f32 bytes -> `[cols, rows]`. Moves 4-byte elements whole, so every
@@ -209,8 +243,24 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 /// bf16 and f16 value is an f32 value).
 fn widen(data: &[u8], dtype: Dtype) -> Cow<'_, [u8]> {
     match dtype {
-        Dtype::BF16 => Cow::Owned(data.chunks_exact(2).flat_map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes()).collect()),
-        Dtype::F16 => Cow::Owned(data.chunks_exact(2).flat_map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes()).collect()),
+        Dtype::BF16 => Cow::Owned(
+            data.chunks_exact(2)
+                .flat_map(|c| {
+                    half::bf16::from_le_bytes([c[0], c[1]])
+                        .to_f32()
+                        .to_le_bytes()
+                })
+                .collect(),
+        ),
+        Dtype::F16 => Cow::Owned(
+            data.chunks_exact(2)
+                .flat_map(|c| {
+                    half::f16::from_le_bytes([c[0], c[1]])
+                        .to_f32()
+                        .to_le_bytes()
+                })
+                .collect(),
+        ),
         _ => Cow::Borrowed(data),
     }
 }
@@ -251,16 +301,39 @@ impl View for Lazy<'_> {
 /// Refuses a model the reference implementation cannot express (or that zflow's model does not
 /// actually implement as configured), naming the `model:` field.
 fn check_exportable(c: &ModelConfig) -> Result<()> {
-    ensure!(c.router_mlp_layers == 3, "model.router_mlp_layers is {}; the reference implementation's router MLP has exactly 3 layers", c.router_mlp_layers);
-    ensure!(c.top_k == 1, "model.top_k is {}; zflow's ZAYA1 routes each token to one expert, so its checkpoints are top-1 models", c.top_k);
-    ensure!(c.tie_embeddings, "model.tie_embeddings is false, but zflow's ZAYA1 always ties the output head to the embedding");
-    ensure!(c.num_kv_heads > 0 && c.num_query_heads.is_multiple_of(c.num_kv_heads), "model.num_query_heads ({}) must be a multiple of model.num_kv_heads ({})", c.num_query_heads, c.num_kv_heads);
+    ensure!(
+        c.router_mlp_layers == 3,
+        "model.router_mlp_layers is {}; the reference implementation's router MLP has exactly 3 layers",
+        c.router_mlp_layers
+    );
+    ensure!(
+        c.top_k == 1,
+        "model.top_k is {}; zflow's ZAYA1 routes each token to one expert, so its checkpoints are top-1 models",
+        c.top_k
+    );
+    ensure!(
+        c.tie_embeddings,
+        "model.tie_embeddings is false, but zflow's ZAYA1 always ties the output head to the embedding"
+    );
+    ensure!(
+        c.num_kv_heads > 0 && c.num_query_heads.is_multiple_of(c.num_kv_heads),
+        "model.num_query_heads ({}) must be a multiple of model.num_kv_heads ({})",
+        c.num_query_heads,
+        c.num_kv_heads
+    );
     // The reference's two value projections are each `latent_k // 2` wide.
-    ensure!(c.kv_latent().is_multiple_of(2), "model.num_kv_heads x model.head_dim ({}) must be even: the reference splits it between two value projections", c.kv_latent());
+    ensure!(
+        c.kv_latent().is_multiple_of(2),
+        "model.num_kv_heads x model.head_dim ({}) must be even: the reference splits it between two value projections",
+        c.kv_latent()
+    );
     // Ours rotates `floor(head_dim * fraction)` rounded down to even channels; the reference's
     // default RoPE rotates `int(head_dim * partial_rotary_factor)`.
     let rotated = (c.head_dim as f64 * c.rope_fraction) as usize;
-    ensure!(rotated.is_multiple_of(2), "model.head_dim x model.rope_fraction = {rotated} RoPE channels; the reference needs an even number");
+    ensure!(
+        rotated.is_multiple_of(2),
+        "model.head_dim x model.rope_fraction = {rotated} RoPE channels; the reference needs an even number"
+    );
     Ok(())
 }
 
@@ -331,7 +404,12 @@ fn hf_config(c: &ModelConfig, rope_theta: f64, max_positions: usize, specials: &
         ("swa_rotary_base", Value::Null),
         ("torch_dtype", json!("float32")),
     ];
-    Value::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+    Value::Object(
+        fields
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+    )
 }
 
 /// Typed reads of `config.json` fields whose errors name the file and the field.
@@ -351,7 +429,9 @@ impl Fields<'_> {
     }
 
     fn usize_of(&self, key: &str, v: &Value) -> Result<usize> {
-        v.as_u64().map(|n| n as usize).ok_or_else(|| self.error(key, format!("expected a non-negative integer, found {v}")))
+        v.as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| self.error(key, format!("expected a non-negative integer, found {v}")))
     }
 
     fn usize(&self, key: &str) -> Result<Option<usize>> {
@@ -373,7 +453,10 @@ impl Fields<'_> {
                 for v in items {
                     let n = self.usize_of(key, v)?;
                     if n != 0 && found.is_some_and(|f| f != n) {
-                        return Err(self.error(key, "per-layer values differ; zflow's ZAYA1 uses one value for every layer"));
+                        return Err(self.error(
+                            key,
+                            "per-layer values differ; zflow's ZAYA1 uses one value for every layer",
+                        ));
                     }
                     if n != 0 {
                         found = Some(n);
@@ -388,19 +471,28 @@ impl Fields<'_> {
     fn f64(&self, key: &str, default: f64) -> Result<f64> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v.as_f64().ok_or_else(|| self.error(key, format!("expected a number, found {v}"))),
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| self.error(key, format!("expected a number, found {v}"))),
         }
     }
 
     fn bool(&self, key: &str, default: bool) -> Result<bool> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| self.error(key, format!("expected true or false, found {v}"))),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| self.error(key, format!("expected true or false, found {v}"))),
         }
     }
 
     fn str(&self, key: &str) -> Result<Option<&str>> {
-        self.get(key).map(|v| v.as_str().ok_or_else(|| self.error(key, format!("expected a string, found {v}")))).transpose()
+        self.get(key)
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| self.error(key, format!("expected a string, found {v}")))
+            })
+            .transpose()
     }
 
     /// Fails unless boolean `key` is `want` (default `default`): a feature zflow's model lacks.
@@ -418,11 +510,18 @@ impl Fields<'_> {
 /// heads), which is what SGLang's `ZayaConfig` reads from the released ZAYA1-base; fields the
 /// reference gives defaults to default as there. Rejects what zflow's model cannot represent.
 pub fn model_config_from_hf(v: &Value, file: &Path) -> Result<ModelConfig> {
-    let map = v.as_object().ok_or_else(|| anyhow!("{}: not a JSON object", file.display()))?;
+    let map = v
+        .as_object()
+        .ok_or_else(|| anyhow!("{}: not a JSON object", file.display()))?;
     let f = Fields { map, file };
     match f.str("model_type")? {
         Some("zaya") => {}
-        Some(other) => return Err(f.error("model_type", format!("`{other}` is not a ZAYA1 model (expected `zaya`)"))),
+        Some(other) => {
+            return Err(f.error(
+                "model_type",
+                format!("`{other}` is not a ZAYA1 model (expected `zaya`)"),
+            ));
+        }
         None => return Err(f.error("model_type", "missing (expected `zaya`)")),
     }
     let hidden_size = f.required("hidden_size")?;
@@ -451,7 +550,9 @@ pub fn model_config_from_hf(v: &Value, file: &Path) -> Result<ModelConfig> {
             }
             items.len()
         }
-        Some(other) => return Err(f.error("zaya_layers", format!("expected a list, found {other}"))),
+        Some(other) => {
+            return Err(f.error("zaya_layers", format!("expected a list, found {other}")));
+        }
         None => f.required("num_hidden_layers")?,
     };
     if layers == 0 || layers % 2 != 0 {
@@ -466,69 +567,146 @@ pub fn model_config_from_hf(v: &Value, file: &Path) -> Result<ModelConfig> {
         Some(n) => n,
         None => num_attention_heads.ok_or_else(|| f.error("num_attention_heads", "missing"))?,
     };
-    let groups = f.usize_or_list("num_query_groups")?.or(f.usize_or_list("num_query_groups_list")?);
+    let groups = f
+        .usize_or_list("num_query_groups")?
+        .or(f.usize_or_list("num_query_groups_list")?);
     let kv = f.usize("num_key_value_heads")?;
     let num_kv_heads = match (groups, kv) {
-        (Some(g), Some(k)) if g != k => return Err(f.error("num_query_groups", format!("{g}, but num_key_value_heads is {k}; ZAYA1 needs them equal"))),
+        (Some(g), Some(k)) if g != k => {
+            return Err(f.error(
+                "num_query_groups",
+                format!("{g}, but num_key_value_heads is {k}; ZAYA1 needs them equal"),
+            ));
+        }
         (Some(n), _) | (None, Some(n)) => n,
         (None, None) => 2, // the reference's default
     };
     // `head_dim`, else `kv_channels`, else (older form only) hidden_size / num_attention_heads,
     // where `num_attention_heads` counts the uncompressed heads, twice the CCA query heads.
-    let head_dim = match (f.usize("head_dim")?, f.usize("kv_channels")?, cca_num_q_heads.and(num_attention_heads)) {
+    let head_dim = match (
+        f.usize("head_dim")?,
+        f.usize("kv_channels")?,
+        cca_num_q_heads.and(num_attention_heads),
+    ) {
         (Some(d), _, _) | (None, Some(d), _) => d,
         (None, None, Some(n)) if n > 0 && hidden_size % n == 0 => hidden_size / n,
         _ => return Err(f.error("head_dim", "missing")),
     };
     let num_experts = match (f.usize("num_experts")?, layer_experts) {
-        (Some(n), Some(e)) if n != e => return Err(f.error("num_experts", format!("{n}, but zaya_layers says {e}"))),
+        (Some(n), Some(e)) if n != e => {
+            return Err(f.error("num_experts", format!("{n}, but zaya_layers says {e}")));
+        }
         (Some(n), _) | (None, Some(n)) => n,
         (None, None) => return Err(f.error("num_experts", "missing")),
     };
-    let ffn = match f.usize_or_list("ffn_hidden_size")?.or(f.usize_or_list("ffn_hidden_size_list")?) {
+    let ffn = match f
+        .usize_or_list("ffn_hidden_size")?
+        .or(f.usize_or_list("ffn_hidden_size_list")?)
+    {
         Some(n) => n,
         None => return Err(f.error("ffn_hidden_size", "missing")),
     };
     if ffn % 2 != 0 {
-        return Err(f.error("ffn_hidden_size", format!("{ffn} is odd; with gated_linear_unit it holds gate and up, two equal halves")));
+        return Err(f.error(
+            "ffn_hidden_size",
+            format!("{ffn} is odd; with gated_linear_unit it holds gate and up, two equal halves"),
+        ));
     }
     let top_k = f.usize("moe_router_topk")?.unwrap_or(1);
     if top_k != 1 {
-        return Err(f.error("moe_router_topk", format!("{top_k} is not supported: zflow's ZAYA1 routes top-1")));
+        return Err(f.error(
+            "moe_router_topk",
+            format!("{top_k} is not supported: zflow's ZAYA1 routes top-1"),
+        ));
     }
-    let (t0, t1) = (f.usize("cca_time0")?.unwrap_or(2), f.usize("cca_time1")?.unwrap_or(2));
+    let (t0, t1) = (
+        f.usize("cca_time0")?.unwrap_or(2),
+        f.usize("cca_time1")?.unwrap_or(2),
+    );
     if t0 != t1 || t0 == 0 {
-        return Err(f.error("cca_time1", format!("{t1} with cca_time0 {t0}; zflow's ZAYA1 uses one kernel size for both convolutions")));
+        return Err(f.error(
+            "cca_time1",
+            format!(
+                "{t1} with cca_time0 {t0}; zflow's ZAYA1 uses one kernel size for both convolutions"
+            ),
+        ));
     }
 
     f.expect_bool("cca", true, true, "zflow's ZAYA1 uses CCA attention")?;
-    f.expect_bool("attention_bias", false, false, "zflow's attention linears have no bias")?;
-    f.expect_bool("add_bias_linear", false, false, "zflow's experts have no bias")?;
-    f.expect_bool("lm_head_bias", false, false, "zflow's output head has no bias")?;
-    f.expect_bool("gated_linear_unit", true, true, "zflow's experts are SwiGLU")?;
-    f.expect_bool("tie_word_embeddings", true, true, "zflow's ZAYA1 ties the output head to the embedding")?;
+    f.expect_bool(
+        "attention_bias",
+        false,
+        false,
+        "zflow's attention linears have no bias",
+    )?;
+    f.expect_bool(
+        "add_bias_linear",
+        false,
+        false,
+        "zflow's experts have no bias",
+    )?;
+    f.expect_bool(
+        "lm_head_bias",
+        false,
+        false,
+        "zflow's output head has no bias",
+    )?;
+    f.expect_bool(
+        "gated_linear_unit",
+        true,
+        true,
+        "zflow's experts are SwiGLU",
+    )?;
+    f.expect_bool(
+        "tie_word_embeddings",
+        true,
+        true,
+        "zflow's ZAYA1 ties the output head to the embedding",
+    )?;
     if let Some(a) = f.str("activation_func")?.filter(|a| *a != "swiglu") {
-        return Err(f.error("activation_func", format!("`{a}` is not supported: zflow's experts are SwiGLU")));
+        return Err(f.error(
+            "activation_func",
+            format!("`{a}` is not supported: zflow's experts are SwiGLU"),
+        ));
     }
     if let Some(n) = f.str("normalization")?.filter(|n| *n != "RMSNorm") {
-        return Err(f.error("normalization", format!("`{n}` is not supported: zflow's ZAYA1 uses RMSNorm")));
+        return Err(f.error(
+            "normalization",
+            format!("`{n}` is not supported: zflow's ZAYA1 uses RMSNorm"),
+        ));
     }
     if let Some(r) = f.get("rope_scaling") {
-        return Err(f.error("rope_scaling", format!("{r} is not supported: zflow's RoPE is the default (unscaled) one")));
+        return Err(f.error(
+            "rope_scaling",
+            format!("{r} is not supported: zflow's RoPE is the default (unscaled) one"),
+        ));
     }
     if let Some(Value::Array(w)) = f.get("swa_layers")
         && w.iter().any(|x| x.as_u64() != Some(0))
     {
-        return Err(f.error("swa_layers", "sliding-window layers are not supported: zflow's ZAYA1 attends over the whole context"));
+        return Err(f.error(
+            "swa_layers",
+            "sliding-window layers are not supported: zflow's ZAYA1 attends over the whole context",
+        ));
     }
     // `rope_parameters` (newer transformers) carries theta and the partial factor too.
     let rope = f.get("rope_parameters").and_then(Value::as_object);
     let rope_theta = match rope.and_then(|r| r.get("rope_theta")) {
-        Some(v) => v.as_f64().ok_or_else(|| f.error("rope_parameters.rope_theta", format!("expected a number, found {v}")))?,
+        Some(v) => v.as_f64().ok_or_else(|| {
+            f.error(
+                "rope_parameters.rope_theta",
+                format!("expected a number, found {v}"),
+            )
+        })?,
         None => f.f64("rope_theta", 10_000.0)?,
     };
     let rope_fraction = match rope.and_then(|r| r.get("partial_rotary_factor")) {
-        Some(v) => v.as_f64().ok_or_else(|| f.error("rope_parameters.partial_rotary_factor", format!("expected a number, found {v}")))?,
+        Some(v) => v.as_f64().ok_or_else(|| {
+            f.error(
+                "rope_parameters.partial_rotary_factor",
+                format!("expected a number, found {v}"),
+            )
+        })?,
         None => f.f64("partial_rotary_factor", 0.5)?,
     };
 
@@ -554,7 +732,8 @@ pub fn model_config_from_hf(v: &Value, file: &Path) -> Result<ModelConfig> {
         tie_embeddings: true,
         rms_norm_eps: f.f64("norm_epsilon", 1e-5)?,
     };
-    check_exportable(&c).with_context(|| format!("{}: a ZAYA1 model zflow cannot represent", file.display()))?;
+    check_exportable(&c)
+        .with_context(|| format!("{}: a ZAYA1 model zflow cannot represent", file.display()))?;
     Ok(c)
 }
 
@@ -578,35 +757,78 @@ impl TokenizerFiles {
     /// `tokenizer` stage recorded in its `tokenizer_info.json` next to it, else the added tokens
     /// `<bos>`, `<eos>`, `<pad>` (the names zflow's trained tokenizers and Gemma3's use).
     fn read(path: &Path) -> Result<TokenizerFiles> {
-        let (file, info) = if path.is_dir() { (path.join("tokenizer.json"), Some(path.join("tokenizer_info.json"))) } else { (path.to_path_buf(), None) };
-        let json = fs::read(&file).with_context(|| format!("reading the tokenizer {}", file.display()))?;
-        let v: Value = serde_json::from_slice(&json).with_context(|| format!("{}: not JSON", file.display()))?;
+        let (file, info) = if path.is_dir() {
+            (
+                path.join("tokenizer.json"),
+                Some(path.join("tokenizer_info.json")),
+            )
+        } else {
+            (path.to_path_buf(), None)
+        };
+        let json =
+            fs::read(&file).with_context(|| format!("reading the tokenizer {}", file.display()))?;
+        let v: Value = serde_json::from_slice(&json)
+            .with_context(|| format!("{}: not JSON", file.display()))?;
         let mut added: BTreeMap<u32, String> = BTreeMap::new();
-        for t in v.get("added_tokens").and_then(Value::as_array).into_iter().flatten() {
-            if let (Some(id), Some(content)) = (t.get("id").and_then(Value::as_u64), t.get("content").and_then(Value::as_str)) {
+        for t in v
+            .get("added_tokens")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let (Some(id), Some(content)) = (
+                t.get("id").and_then(Value::as_u64),
+                t.get("content").and_then(Value::as_str),
+            ) {
                 added.insert(id as u32, content.to_string());
             }
         }
         let vocab = v.get("model").and_then(|m| m.get("vocab"));
         let model_size = match vocab {
             // BPE / WordPiece: token -> id.
-            Some(Value::Object(m)) => m.values().filter_map(Value::as_u64).max().map_or(0, |n| n as usize + 1),
+            Some(Value::Object(m)) => m
+                .values()
+                .filter_map(Value::as_u64)
+                .max()
+                .map_or(0, |n| n as usize + 1),
             // Unigram: [piece, score] in id order.
             Some(Value::Array(a)) => a.len(),
-            _ => bail!("{}: no model.vocab; not a Hugging Face tokenizer.json", file.display()),
+            _ => bail!(
+                "{}: no model.vocab; not a Hugging Face tokenizer.json",
+                file.display()
+            ),
         };
         let size = model_size.max(added.keys().next_back().map_or(0, |&id| id as usize + 1));
         let named = |id: u32| Some((id, added.get(&id).cloned()));
-        let by_text = |text: &str| added.iter().find(|(_, c)| c.as_str() == text).map(|(&id, c)| (id, Some(c.clone())));
+        let by_text = |text: &str| {
+            added
+                .iter()
+                .find(|(_, c)| c.as_str() == text)
+                .map(|(&id, c)| (id, Some(c.clone())))
+        };
         let specials = match info.filter(|p| p.exists()) {
             Some(info) => {
-                let i: Value = serde_json::from_slice(&fs::read(&info)?).with_context(|| format!("parsing {}", info.display()))?;
+                let i: Value = serde_json::from_slice(&fs::read(&info)?)
+                    .with_context(|| format!("parsing {}", info.display()))?;
                 let id = |k: &str| i.get(k).and_then(Value::as_u64).map(|n| n as u32);
-                Specials { bos: id("bos_id").and_then(named), eos: id("eos_id").and_then(named), pad: id("pad_id").and_then(named) }
+                Specials {
+                    bos: id("bos_id").and_then(named),
+                    eos: id("eos_id").and_then(named),
+                    pad: id("pad_id").and_then(named),
+                }
             }
-            None => Specials { bos: by_text("<bos>"), eos: by_text("<eos>"), pad: by_text("<pad>") },
+            None => Specials {
+                bos: by_text("<bos>"),
+                eos: by_text("<eos>"),
+                pad: by_text("<pad>"),
+            },
         };
-        Ok(TokenizerFiles { json, path: file, size, specials })
+        Ok(TokenizerFiles {
+            json,
+            path: file,
+            size,
+            specials,
+        })
     }
 
     /// `tokenizer_config.json` and `special_tokens_map.json`: what `AutoTokenizer` needs to load
@@ -614,7 +836,11 @@ impl TokenizerFiles {
     /// text is known are named.
     fn configs(&self, max_positions: usize) -> (Value, Value) {
         let mut map = Map::new();
-        for (key, t) in [("bos_token", &self.specials.bos), ("eos_token", &self.specials.eos), ("pad_token", &self.specials.pad)] {
+        for (key, t) in [
+            ("bos_token", &self.specials.bos),
+            ("eos_token", &self.specials.eos),
+            ("pad_token", &self.specials.pad),
+        ] {
             if let Some((_, Some(text))) = t {
                 map.insert(key.into(), Value::String(text.clone()));
             }
@@ -637,13 +863,19 @@ impl TokenizerFiles {
 pub fn checkpoint_model(dir: &Path) -> Result<ModelConfig> {
     let own = dir.join("model.json");
     if own.exists() {
-        return serde_json::from_slice(&fs::read(&own)?).with_context(|| format!("parsing {}", own.display()));
+        return serde_json::from_slice(&fs::read(&own)?)
+            .with_context(|| format!("parsing {}", own.display()));
     }
     let job = dir.join("..").join("job.json");
     if job.exists() {
-        let v: Value = serde_json::from_slice(&fs::read(&job)?).with_context(|| format!("parsing {}", job.display()))?;
-        let model = v.get("model").cloned().ok_or_else(|| anyhow!("{}: no `model` field", job.display()))?;
-        return serde_json::from_value(model).with_context(|| format!("{}: `model`", job.display()));
+        let v: Value = serde_json::from_slice(&fs::read(&job)?)
+            .with_context(|| format!("parsing {}", job.display()))?;
+        let model = v
+            .get("model")
+            .cloned()
+            .ok_or_else(|| anyhow!("{}: no `model` field", job.display()))?;
+        return serde_json::from_value(model)
+            .with_context(|| format!("{}: `model`", job.display()));
     }
     bail!(
         "{}: no model.json in the checkpoint and no job.json next to it, so the model's sizes are unknown; \
@@ -658,12 +890,19 @@ pub fn checkpoint_model(dir: &Path) -> Result<ModelConfig> {
 /// manifest's file names.
 fn verify(dir: &Path) -> Result<BTreeSet<String>> {
     let mpath = dir.join("manifest.json");
-    let manifest: Manifest = serde_json::from_slice(&fs::read(&mpath).with_context(|| format!("reading {}", mpath.display()))?)
-        .with_context(|| format!("parsing {}", mpath.display()))?;
+    let manifest: Manifest = serde_json::from_slice(
+        &fs::read(&mpath).with_context(|| format!("reading {}", mpath.display()))?,
+    )
+    .with_context(|| format!("parsing {}", mpath.display()))?;
     for (name, (size, hash)) in &manifest.files {
         let path = dir.join(name);
-        let (len, digest) = hash_file(&path).with_context(|| format!("reading {}", path.display()))?;
-        ensure!(len == *size, "{}: {len} bytes, the manifest says {size}", path.display());
+        let (len, digest) =
+            hash_file(&path).with_context(|| format!("reading {}", path.display()))?;
+        ensure!(
+            len == *size,
+            "{}: {len} bytes, the manifest says {size}",
+            path.display()
+        );
         ensure!(digest == *hash, "{}: checksum mismatch", path.display());
     }
     Ok(manifest.files.into_keys().collect())
@@ -688,16 +927,34 @@ fn map(path: &Path) -> Result<memmap2::Mmap> {
 /// folder `out` for the reference implementation; see the module docs for what it holds.
 /// Refuses a checkpoint that does not verify against its manifest, and a folder `out` that
 /// exists and is not empty.
-pub fn export_hf(checkpoint: &Path, model: &ModelConfig, opts: &ExportOptions, out: &Path) -> Result<()> {
+pub fn export_hf(
+    checkpoint: &Path,
+    model: &ModelConfig,
+    opts: &ExportOptions,
+    out: &Path,
+) -> Result<()> {
     check_exportable(model)?;
-    let listed = verify(checkpoint)
-        .with_context(|| format!("{} does not verify against its manifest; refusing to export a damaged checkpoint", checkpoint.display()))?;
+    let listed = verify(checkpoint).with_context(|| {
+        format!(
+            "{} does not verify against its manifest; refusing to export a damaged checkpoint",
+            checkpoint.display()
+        )
+    })?;
     for name in ["model.safetensors", "trainer.json"] {
-        ensure!(listed.contains(name), "{}: the manifest lists no {name}", checkpoint.display());
+        ensure!(
+            listed.contains(name),
+            "{}: the manifest lists no {name}",
+            checkpoint.display()
+        );
     }
     let state_path = checkpoint.join("trainer.json");
-    let state: TrainerState = serde_json::from_slice(&fs::read(&state_path)?).with_context(|| format!("parsing {}", state_path.display()))?;
-    let tokenizer = opts.tokenizer.as_deref().map(TokenizerFiles::read).transpose()?;
+    let state: TrainerState = serde_json::from_slice(&fs::read(&state_path)?)
+        .with_context(|| format!("parsing {}", state_path.display()))?;
+    let tokenizer = opts
+        .tokenizer
+        .as_deref()
+        .map(TokenizerFiles::read)
+        .transpose()?;
     if let Some(t) = &tokenizer {
         ensure!(
             t.size <= model.vocab_size,
@@ -711,23 +968,37 @@ pub fn export_hf(checkpoint: &Path, model: &ModelConfig, opts: &ExportOptions, o
     // ZAYA1's own when the vocabulary is Gemma3's; otherwise unknown (null).
     let specials = match &tokenizer {
         Some(t) => t.specials.clone(),
-        None if model.vocab_size == GEMMA3_VOCAB => Specials { bos: Some((2, None)), eos: Some((1, None)), pad: Some((0, None)) },
+        None if model.vocab_size == GEMMA3_VOCAB => Specials {
+            bos: Some((2, None)),
+            eos: Some((1, None)),
+            pad: Some((0, None)),
+        },
         None => Specials::default(),
     };
 
     let origin = checkpoint.join("model.safetensors");
     let weights = map(&origin)?;
-    let st = SafeTensors::deserialize(&weights).with_context(|| format!("{}: not a safetensors file", origin.display()))?;
+    let st = SafeTensors::deserialize(&weights)
+        .with_context(|| format!("{}: not a safetensors file", origin.display()))?;
     let specs = specs(model);
     let known: BTreeSet<&str> = specs.iter().map(|s| s.ours.as_str()).collect();
     let mut names = st.names();
     names.sort();
     if let Some(extra) = names.iter().find(|n| !known.contains(**n)) {
-        bail!("{}: tensor `{extra}` is not a parameter of the given model config; is it the checkpoint's model?", origin.display());
+        bail!(
+            "{}: tensor `{extra}` is not a parameter of the given model config; is it the checkpoint's model?",
+            origin.display()
+        );
     }
     let mut tensors: Vec<(String, Lazy<'_>)> = Vec::with_capacity(specs.len() + model.num_blocks);
     for s in &specs {
-        let view = st.tensor(&s.ours).map_err(|_| anyhow!("{}: tensor `{}` is missing (the model config has it)", origin.display(), s.ours))?;
+        let view = st.tensor(&s.ours).map_err(|_| {
+            anyhow!(
+                "{}: tensor `{}` is missing (the model config has it)",
+                origin.display(),
+                s.ours
+            )
+        })?;
         ensure!(
             view.dtype() == Dtype::F32 && view.shape() == s.shape.as_slice(),
             "{}: tensor `{}` is {:?} {:?}, the model config implies F32 {:?}; is it the checkpoint's model?",
@@ -738,7 +1009,15 @@ pub fn export_hf(checkpoint: &Path, model: &ModelConfig, opts: &ExportOptions, o
             s.shape
         );
         let transpose = s.linear.then(|| (s.shape[0], s.shape[1]));
-        tensors.push((s.hf.clone(), Lazy { source: Cow::Borrowed(view.data()), dtype: Dtype::F32, shape: s.hf_shape(), transpose }));
+        tensors.push((
+            s.hf.clone(),
+            Lazy {
+                source: Cow::Borrowed(view.data()),
+                dtype: Dtype::F32,
+                shape: s.hf_shape(),
+                transpose,
+            },
+        ));
     }
     let routes = model.num_experts + usize::from(model.mod_skip);
     ensure!(
@@ -749,21 +1028,43 @@ pub fn export_hf(checkpoint: &Path, model: &ModelConfig, opts: &ExportOptions, o
         model.num_blocks
     );
     for (i, b) in state.balance.iter().enumerate() {
-        ensure!(b.biases.len() == routes, "{}/trainer.json: MoE layer {i} has {} balancing biases, the model routes to {routes}", checkpoint.display(), b.biases.len());
-        let biases = Lazy { source: Cow::Owned(f32_bytes(&b.biases)), dtype: Dtype::F32, shape: vec![routes], transpose: None };
+        ensure!(
+            b.biases.len() == routes,
+            "{}/trainer.json: MoE layer {i} has {} balancing biases, the model routes to {routes}",
+            checkpoint.display(),
+            b.biases.len()
+        );
+        let biases = Lazy {
+            source: Cow::Owned(f32_bytes(&b.biases)),
+            dtype: Dtype::F32,
+            shape: vec![routes],
+            transpose: None,
+        };
         tensors.push((biases_name(i), biases));
     }
 
-    let config = hf_config(model, state.rope_base, opts.max_position_embeddings, &specials);
+    let config = hf_config(
+        model,
+        state.rope_base,
+        opts.max_position_embeddings,
+        &specials,
+    );
     publish(out, |dir| {
         fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-        safetensors::serialize_to_file(tensors, Some(meta), &dir.join("model.safetensors")).context("writing model.safetensors")?;
+        safetensors::serialize_to_file(tensors, Some(meta), &dir.join("model.safetensors"))
+            .context("writing model.safetensors")?;
         if let Some(t) = &tokenizer {
             fs::write(dir.join("tokenizer.json"), &t.json)?;
             let (config, map) = t.configs(opts.max_position_embeddings);
-            fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec_pretty(&config)?)?;
-            fs::write(dir.join("special_tokens_map.json"), serde_json::to_vec_pretty(&map)?)?;
+            fs::write(
+                dir.join("tokenizer_config.json"),
+                serde_json::to_vec_pretty(&config)?,
+            )?;
+            fs::write(
+                dir.join("special_tokens_map.json"),
+                serde_json::to_vec_pretty(&map)?,
+            )?;
         }
         Ok(())
     })
@@ -787,14 +1088,24 @@ impl HfFiles {
         let paths: Vec<PathBuf> = if single.exists() {
             vec![single]
         } else if index.exists() {
-            let v: Value = serde_json::from_slice(&fs::read(&index)?).with_context(|| format!("parsing {}", index.display()))?;
-            let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| anyhow!("{}: no `weight_map`", index.display()))?;
+            let v: Value = serde_json::from_slice(&fs::read(&index)?)
+                .with_context(|| format!("parsing {}", index.display()))?;
+            let map = v
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| anyhow!("{}: no `weight_map`", index.display()))?;
             let shards: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
             shards.into_iter().map(|s| dir.join(s)).collect()
         } else {
-            bail!("{}: neither model.safetensors nor model.safetensors.index.json", dir.display());
+            bail!(
+                "{}: neither model.safetensors nor model.safetensors.index.json",
+                dir.display()
+            );
         };
-        let files = paths.into_iter().map(|p| Ok((map(&p)?, p))).collect::<Result<_>>()?;
+        let files = paths
+            .into_iter()
+            .map(|p| Ok((map(&p)?, p)))
+            .collect::<Result<_>>()?;
         Ok(HfFiles { files })
     }
 }
@@ -803,7 +1114,10 @@ impl HfFiles {
 fn to_f32<'a>(view: &TensorView<'a>, name: &str, file: &Path) -> Result<Cow<'a, [u8]>> {
     match view.dtype() {
         Dtype::F32 | Dtype::BF16 | Dtype::F16 => Ok(widen(view.data(), view.dtype())),
-        other => bail!("{}: tensor `{name}` is {other:?}; zflow reads F32, BF16 and F16", file.display()),
+        other => bail!(
+            "{}: tensor `{name}` is {other:?}; zflow reads F32, BF16 and F16",
+            file.display()
+        ),
     }
 }
 
@@ -814,14 +1128,20 @@ fn to_f32<'a>(view: &TensorView<'a>, name: &str, file: &Path) -> Result<Cow<'a, 
 /// cursor or optimizer state), `model.json` and `manifest.json`. Returns the model config.
 pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
     let cpath = hf.join("config.json");
-    let v: Value = serde_json::from_slice(&fs::read(&cpath).with_context(|| format!("reading {}", cpath.display()))?)
-        .with_context(|| format!("{}: not JSON", cpath.display()))?;
+    let v: Value = serde_json::from_slice(
+        &fs::read(&cpath).with_context(|| format!("reading {}", cpath.display()))?,
+    )
+    .with_context(|| format!("{}: not JSON", cpath.display()))?;
     let model = model_config_from_hf(&v, &cpath)?;
 
     let files = HfFiles::open(hf)?;
     let mut tables: Vec<(&Path, SafeTensors<'_>)> = Vec::new();
     for (map, p) in &files.files {
-        tables.push((p, SafeTensors::deserialize(map).with_context(|| format!("{}: not a safetensors file", p.display()))?));
+        tables.push((
+            p,
+            SafeTensors::deserialize(map)
+                .with_context(|| format!("{}: not a safetensors file", p.display()))?,
+        ));
     }
     // Every tensor name -> the file holding it.
     let mut at: BTreeMap<String, usize> = BTreeMap::new();
@@ -833,7 +1153,12 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
         }
     }
     let get = |name: &str| -> Result<(TensorView<'_>, &Path)> {
-        let &i = at.get(name).ok_or_else(|| anyhow!("{}: tensor `{name}` is missing (config.json implies it)", hf.display()))?;
+        let &i = at.get(name).ok_or_else(|| {
+            anyhow!(
+                "{}: tensor `{name}` is missing (config.json implies it)",
+                hf.display()
+            )
+        })?;
         let (p, t) = &tables[i];
         Ok((t.tensor(name)?, p))
     };
@@ -842,49 +1167,100 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
     let routes = model.num_experts + usize::from(model.mod_skip);
     let mut expected: BTreeSet<String> = specs.iter().map(|s| s.hf.clone()).collect();
     expected.extend((0..model.num_blocks).map(biases_name));
-    if let Some(extra) = at.keys().find(|n| !expected.contains(*n) && n.as_str() != "lm_head.weight") {
-        bail!("{}: unexpected tensor `{extra}` (not part of the ZAYA1 model config.json describes)", hf.display());
+    if let Some(extra) = at
+        .keys()
+        .find(|n| !expected.contains(*n) && n.as_str() != "lm_head.weight")
+    {
+        bail!(
+            "{}: unexpected tensor `{extra}` (not part of the ZAYA1 model config.json describes)",
+            hf.display()
+        );
     }
 
     let mut tensors: Vec<(String, Lazy<'_>)> = Vec::with_capacity(specs.len());
     for s in &specs {
         let (view, file) = get(&s.hf)?;
         let want = s.hf_shape();
-        ensure!(view.shape() == want.as_slice(), "{}: tensor `{}` is {:?}, config.json implies {:?}", file.display(), s.hf, view.shape(), want);
+        ensure!(
+            view.shape() == want.as_slice(),
+            "{}: tensor `{}` is {:?}, config.json implies {:?}",
+            file.display(),
+            s.hf,
+            view.shape(),
+            want
+        );
         to_f32(&view, &s.hf, file)?; // the dtype check, before anything is written
         let transpose = s.linear.then(|| (want[0], want[1]));
-        tensors.push((s.ours.clone(), Lazy { source: Cow::Borrowed(view.data()), dtype: view.dtype(), shape: s.shape.clone(), transpose }));
+        tensors.push((
+            s.ours.clone(),
+            Lazy {
+                source: Cow::Borrowed(view.data()),
+                dtype: view.dtype(),
+                shape: s.shape.clone(),
+                transpose,
+            },
+        ));
     }
     // A saved tied head duplicates the embedding; anything else is a model zflow cannot hold.
     if at.contains_key("lm_head.weight") {
         let (head, file) = get("lm_head.weight")?;
         let (embed, efile) = get("model.embed_tokens.weight")?;
-        let same = head.shape() == embed.shape() && to_f32(&head, "lm_head.weight", file)? == to_f32(&embed, "model.embed_tokens.weight", efile)?;
-        ensure!(same, "{}: `lm_head.weight` differs from the embedding; zflow's ZAYA1 ties the output head to it", file.display());
+        let same = head.shape() == embed.shape()
+            && to_f32(&head, "lm_head.weight", file)?
+                == to_f32(&embed, "model.embed_tokens.weight", efile)?;
+        ensure!(
+            same,
+            "{}: `lm_head.weight` differs from the embedding; zflow's ZAYA1 ties the output head to it",
+            file.display()
+        );
     }
     let mut balance = Vec::with_capacity(model.num_blocks);
     for i in 0..model.num_blocks {
         let name = biases_name(i);
         let (view, file) = get(&name)?;
-        ensure!(view.shape() == [routes], "{}: tensor `{name}` is {:?}, config.json implies [{routes}]", file.display(), view.shape());
-        let biases = to_f32(&view, &name, file)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        ensure!(
+            view.shape() == [routes],
+            "{}: tensor `{name}` is {:?}, config.json implies [{routes}]",
+            file.display(),
+            view.shape()
+        );
+        let biases = to_f32(&view, &name, file)?
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
         // A fresh controller around the imported biases (its gains' state is not exported).
-        balance.push(BalanceState { biases, ..BalanceState::new(routes, model.mod_skip) });
+        balance.push(BalanceState {
+            biases,
+            ..BalanceState::new(routes, model.mod_skip)
+        });
     }
-    let cursor = DataCursor { phase: IMPORTED_PHASE.into(), sample: 0, fingerprint: String::new() };
+    let cursor = DataCursor {
+        phase: IMPORTED_PHASE.into(),
+        sample: 0,
+        fingerprint: String::new(),
+    };
     let state = TrainerState::new(IMPORTED_PHASE, 0, cursor, balance, 0, model.rope_base);
 
     publish(out, |dir| {
         let meta = HashMap::from([("format".to_string(), CHECKPOINT_FORMAT.to_string())]);
-        safetensors::serialize_to_file(tensors, Some(meta), &dir.join("model.safetensors")).context("writing model.safetensors")?;
+        safetensors::serialize_to_file(tensors, Some(meta), &dir.join("model.safetensors"))
+            .context("writing model.safetensors")?;
         fs::write(dir.join("trainer.json"), serde_json::to_vec_pretty(&state)?)?;
         fs::write(dir.join("model.json"), serde_json::to_vec_pretty(&model)?)?;
         // The manifest, as `checkpoint::commit` writes it (step, size and blake3 per file), last.
-        let mut manifest = Manifest { step: 0, files: BTreeMap::new() };
+        let mut manifest = Manifest {
+            step: 0,
+            files: BTreeMap::new(),
+        };
         for name in ["model.safetensors", "trainer.json", "model.json"] {
-            manifest.files.insert(name.to_string(), hash_file(&dir.join(name))?);
+            manifest
+                .files
+                .insert(name.to_string(), hash_file(&dir.join(name))?);
         }
-        fs::write(dir.join("manifest.json"), serde_json::to_vec_pretty(&manifest)?)?;
+        fs::write(
+            dir.join("manifest.json"),
+            serde_json::to_vec_pretty(&manifest)?,
+        )?;
         Ok(())
     })
     .with_context(|| format!("writing {}", out.display()))?;
@@ -900,10 +1276,20 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
 /// `out` either does not exist or is complete. `out` may exist only as an empty folder.
 fn publish(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     if out.exists() {
-        let empty = fs::read_dir(out).map(|mut d| d.next().is_none()).unwrap_or(false);
-        ensure!(empty, "{} already exists; remove it or choose another folder", out.display());
+        let empty = fs::read_dir(out)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        ensure!(
+            empty,
+            "{} already exists; remove it or choose another folder",
+            out.display()
+        );
     }
-    let name = out.file_name().ok_or_else(|| anyhow!("{}: not a folder name", out.display()))?.to_string_lossy().into_owned();
+    let name = out
+        .file_name()
+        .ok_or_else(|| anyhow!("{}: not a folder name", out.display()))?
+        .to_string_lossy()
+        .into_owned();
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -928,7 +1314,8 @@ fn publish(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     if out.exists() {
         fs::remove_dir(out)?;
     }
-    fs::rename(&tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
+    fs::rename(&tmp, out)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
     fs::File::open(&parent)?.sync_all()?;
     Ok(())
 }
@@ -969,8 +1356,14 @@ mod tests {
             phase: "p1".into(),
             step: 7,
             total_steps: 7,
-            cursor: DataCursor { phase: "p1".into(), sample: 56, fingerprint: "f".into() },
-            balance: (0..c.num_blocks).map(|_| BalanceState::new(routes, c.mod_skip)).collect(),
+            cursor: DataCursor {
+                phase: "p1".into(),
+                sample: 56,
+                fingerprint: "f".into(),
+            },
+            balance: (0..c.num_blocks)
+                .map(|_| BalanceState::new(routes, c.mod_skip))
+                .collect(),
             tokens: 448,
             seed,
             rope_base: c.rope_base,
@@ -985,9 +1378,18 @@ mod tests {
         }
         let meta = BTreeMap::from([("format".to_string(), CHECKPOINT_FORMAT.to_string())]);
         let files = vec![
-            ("model.safetensors".to_string(), weights_to_safetensors(&m, meta).unwrap()),
-            ("trainer.json".to_string(), serde_json::to_vec_pretty(&state).unwrap()),
-            ("model.json".to_string(), serde_json::to_vec_pretty(c).unwrap()),
+            (
+                "model.safetensors".to_string(),
+                weights_to_safetensors(&m, meta).unwrap(),
+            ),
+            (
+                "trainer.json".to_string(),
+                serde_json::to_vec_pretty(&state).unwrap(),
+            ),
+            (
+                "model.json".to_string(),
+                serde_json::to_vec_pretty(c).unwrap(),
+            ),
         ];
         (commit(root, 7, files).unwrap(), state)
     }
@@ -996,12 +1398,26 @@ mod tests {
     fn specs_match_the_model() {
         let variants = [
             tiny(),
-            ModelConfig { eda: false, residual_scaling: false, ..tiny() },
-            ModelConfig { mod_skip: false, router_mlp_layers: 2, num_kv_heads: 1, conv_kernel: 3, ..tiny() },
+            ModelConfig {
+                eda: false,
+                residual_scaling: false,
+                ..tiny()
+            },
+            ModelConfig {
+                mod_skip: false,
+                router_mlp_layers: 2,
+                num_kv_heads: 1,
+                conv_kernel: 3,
+                ..tiny()
+            },
         ];
         for c in variants {
-            let got: Vec<(String, Vec<usize>)> = specs(&c).into_iter().map(|s| (s.ours, s.shape)).collect();
-            let want: Vec<(String, Vec<usize>)> = weights(&model(&c, 1)).into_iter().map(|(n, shape, _)| (n, shape)).collect();
+            let got: Vec<(String, Vec<usize>)> =
+                specs(&c).into_iter().map(|s| (s.ours, s.shape)).collect();
+            let want: Vec<(String, Vec<usize>)> = weights(&model(&c, 1))
+                .into_iter()
+                .map(|(n, shape, _)| (n, shape))
+                .collect();
             assert_eq!(got, want, "{c:?}");
         }
     }
@@ -1020,38 +1436,96 @@ mod tests {
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let ours = fs::read(ckpt.join("model.safetensors")).unwrap();
         let ours = SafeTensors::deserialize(&ours).unwrap();
-        let q = st.tensor("model.layers.2.self_attn.qkv.linear_q.weight").unwrap();
+        let q = st
+            .tensor("model.layers.2.self_attn.qkv.linear_q.weight")
+            .unwrap();
         assert_eq!(q.shape(), [16, 8]); // [out, in] as nn.Linear
-        let q0 = ours.tensor("blocks.1.self_attn.qkv.linear_q.weight").unwrap();
-        let at = |v: &TensorView<'_>, i: usize| f32::from_le_bytes(v.data()[4 * i..4 * i + 4].try_into().unwrap());
+        let q0 = ours
+            .tensor("blocks.1.self_attn.qkv.linear_q.weight")
+            .unwrap();
+        let at = |v: &TensorView<'_>, i: usize| {
+            f32::from_le_bytes(v.data()[4 * i..4 * i + 4].try_into().unwrap())
+        };
         assert_eq!(at(&q, 3 * 8 + 5).to_bits(), at(&q0, 5 * 16 + 3).to_bits()); // hf[o=3][i=5] = ours[i=5][o=3]
-        assert_eq!(st.tensor("model.layers.3.zaya_block.router.router_mlp.4.weight").unwrap().shape(), [4, 4]);
-        let b = st.tensor("model.layers.3.zaya_block.router.balancing_biases").unwrap();
+        assert_eq!(
+            st.tensor("model.layers.3.zaya_block.router.router_mlp.4.weight")
+                .unwrap()
+                .shape(),
+            [4, 4]
+        );
+        let b = st
+            .tensor("model.layers.3.zaya_block.router.balancing_biases")
+            .unwrap();
         assert_eq!(b.data(), f32_bytes(&state.balance[1].biases).as_slice());
-        assert!(st.names().iter().all(|n| !n.starts_with("blocks.")) && st.tensor("lm_head.weight").is_err());
-        let config: Value = serde_json::from_slice(&fs::read(hf.join("config.json")).unwrap()).unwrap();
-        assert_eq!((config["model_type"].as_str(), config["rope_theta"].as_f64(), config["num_hidden_layers"].as_u64()), (Some("zaya"), Some(5.0e5), Some(4)));
-        assert_eq!(config["bos_token_id"], Value::Null, "no tokenizer and not Gemma3's vocabulary: unknown");
+        assert!(
+            st.names().iter().all(|n| !n.starts_with("blocks."))
+                && st.tensor("lm_head.weight").is_err()
+        );
+        let config: Value =
+            serde_json::from_slice(&fs::read(hf.join("config.json")).unwrap()).unwrap();
+        assert_eq!(
+            (
+                config["model_type"].as_str(),
+                config["rope_theta"].as_f64(),
+                config["num_hidden_layers"].as_u64()
+            ),
+            (Some("zaya"), Some(5.0e5), Some(4))
+        );
+        assert_eq!(
+            config["bos_token_id"],
+            Value::Null,
+            "no tokenizer and not Gemma3's vocabulary: unknown"
+        );
 
         let back = dir.path().join("back");
         assert_eq!(import_hf(&hf, &back).unwrap(), c);
         // The same bytes the trainer wrote, a checkpoint that verifies, and the same biases.
-        assert_eq!(fs::read(back.join("model.safetensors")).unwrap(), fs::read(ckpt.join("model.safetensors")).unwrap());
+        assert_eq!(
+            fs::read(back.join("model.safetensors")).unwrap(),
+            fs::read(ckpt.join("model.safetensors")).unwrap()
+        );
         let files = checkpoint::read_verified(&back).unwrap();
         let imported: TrainerState = serde_json::from_slice(&files["trainer.json"]).unwrap();
-        assert_eq!(imported.balance.iter().map(|b| b.biases.clone()).collect::<Vec<_>>(), state.balance.iter().map(|b| b.biases.clone()).collect::<Vec<_>>());
-        assert_eq!((imported.rope_base, imported.phase.as_str()), (5.0e5, IMPORTED_PHASE));
+        assert_eq!(
+            imported
+                .balance
+                .iter()
+                .map(|b| b.biases.clone())
+                .collect::<Vec<_>>(),
+            state
+                .balance
+                .iter()
+                .map(|b| b.biases.clone())
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            (imported.rope_base, imported.phase.as_str()),
+            (5.0e5, IMPORTED_PHASE)
+        );
         assert_eq!(checkpoint_model(&back).unwrap(), c);
         // The trainer's loader takes it, and gets the original weights.
         let loaded = load_weights(model(&c, 99), &files["model.safetensors"], &back).unwrap();
-        let bits = |m: &Zaya<Flex>| weights(m).into_iter().map(|(n, _, v)| (n, v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())).collect::<Vec<_>>();
+        let bits = |m: &Zaya<Flex>| {
+            weights(m)
+                .into_iter()
+                .map(|(n, _, v)| (n, v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(bits(&loaded), bits(&model(&c, 3)));
-        assert!(checkpoint::inspect(&back).unwrap().contains("manifest verified"));
+        assert!(
+            checkpoint::inspect(&back)
+                .unwrap()
+                .contains("manifest verified")
+        );
         // Exported again: the same folder, byte for byte.
         let again = dir.path().join("again");
         export_hf(&back, &c, &ExportOptions::default(), &again).unwrap();
         for f in ["config.json", "model.safetensors"] {
-            assert_eq!(fs::read(hf.join(f)).unwrap(), fs::read(again.join(f)).unwrap(), "{f}");
+            assert_eq!(
+                fs::read(hf.join(f)).unwrap(),
+                fs::read(again.join(f)).unwrap(),
+                "{f}"
+            );
         }
     }
 
@@ -1069,20 +1543,47 @@ mod tests {
             .tensors()
             .into_iter()
             .map(|(n, v)| {
-                let b = v.data().chunks_exact(4).flat_map(|x| half::bf16::from_f32(f32::from_le_bytes(x.try_into().unwrap())).to_le_bytes()).collect();
+                let b = v
+                    .data()
+                    .chunks_exact(4)
+                    .flat_map(|x| {
+                        half::bf16::from_f32(f32::from_le_bytes(x.try_into().unwrap()))
+                            .to_le_bytes()
+                    })
+                    .collect();
                 (n, v.shape().to_vec(), b)
             })
             .collect();
-        let views: Vec<(&str, TensorView<'_>)> = halves.iter().map(|(n, s, d)| (n.as_str(), TensorView::new(Dtype::BF16, s.clone(), d).unwrap())).collect();
-        fs::write(hf.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+        let views: Vec<(&str, TensorView<'_>)> = halves
+            .iter()
+            .map(|(n, s, d)| {
+                (
+                    n.as_str(),
+                    TensorView::new(Dtype::BF16, s.clone(), d).unwrap(),
+                )
+            })
+            .collect();
+        fs::write(
+            hf.join("model.safetensors"),
+            safetensors::serialize(views, None).unwrap(),
+        )
+        .unwrap();
 
         let back = dir.path().join("back");
         import_hf(&hf, &back).unwrap();
         let got = fs::read(back.join("model.safetensors")).unwrap();
         let got = SafeTensors::deserialize(&got).unwrap();
         let embed = got.tensor("embed_tokens").unwrap();
-        let (_, _, want) = halves.iter().find(|(n, _, _)| n == "model.embed_tokens.weight").unwrap();
-        let widened: Vec<u8> = want.chunks_exact(2).flat_map(|x| (f32::from_bits(u32::from(u16::from_le_bytes([x[0], x[1]])) << 16)).to_le_bytes()).collect();
+        let (_, _, want) = halves
+            .iter()
+            .find(|(n, _, _)| n == "model.embed_tokens.weight")
+            .unwrap();
+        let widened: Vec<u8> = want
+            .chunks_exact(2)
+            .flat_map(|x| {
+                (f32::from_bits(u32::from(u16::from_le_bytes([x[0], x[1]])) << 16)).to_le_bytes()
+            })
+            .collect();
         assert_eq!(embed.dtype(), Dtype::F32);
         assert_eq!(embed.data(), widened.as_slice());
     }
@@ -1091,10 +1592,26 @@ mod tests {
     fn edit_weights(hf: &Path, edit: impl FnOnce(&mut BTreeMap<String, (Vec<usize>, Vec<u8>)>)) {
         let bytes = fs::read(hf.join("model.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
-        let mut map: BTreeMap<String, (Vec<usize>, Vec<u8>)> = st.tensors().into_iter().map(|(n, v)| (n, (v.shape().to_vec(), v.data().to_vec()))).collect();
+        let mut map: BTreeMap<String, (Vec<usize>, Vec<u8>)> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| (n, (v.shape().to_vec(), v.data().to_vec())))
+            .collect();
         edit(&mut map);
-        let views: Vec<(&str, TensorView<'_>)> = map.iter().map(|(n, (s, d))| (n.as_str(), TensorView::new(Dtype::F32, s.clone(), d).unwrap())).collect();
-        fs::write(hf.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+        let views: Vec<(&str, TensorView<'_>)> = map
+            .iter()
+            .map(|(n, (s, d))| {
+                (
+                    n.as_str(),
+                    TensorView::new(Dtype::F32, s.clone(), d).unwrap(),
+                )
+            })
+            .collect();
+        fs::write(
+            hf.join("model.safetensors"),
+            safetensors::serialize(views, None).unwrap(),
+        )
+        .unwrap();
     }
 
     fn import_error(hf: &Path, out: &Path) -> String {
@@ -1123,14 +1640,25 @@ mod tests {
             m.insert(expert.into(), (vec![8, 5], vec![0; 160]));
         });
         let e = import_error(&hf, &out);
-        assert!(e.contains(&format!("tensor `{expert}` is [8, 5], config.json implies [8, 6]")), "{e}");
+        assert!(
+            e.contains(&format!(
+                "tensor `{expert}` is [8, 5], config.json implies [8, 6]"
+            )),
+            "{e}"
+        );
 
         edit_weights(&hf, |m| {
             m.insert(expert.into(), (vec![8, 6], vec![0; 192]));
-            m.insert("model.layers.1.mlp.gate.weight".into(), (vec![2], vec![0; 8]));
+            m.insert(
+                "model.layers.1.mlp.gate.weight".into(),
+                (vec![2], vec![0; 8]),
+            );
         });
         let e = import_error(&hf, &out);
-        assert!(e.contains("unexpected tensor `model.layers.1.mlp.gate.weight`"), "{e}");
+        assert!(
+            e.contains("unexpected tensor `model.layers.1.mlp.gate.weight`"),
+            "{e}"
+        );
 
         let config_path = hf.join("config.json");
         let good = fs::read(&config_path).unwrap();
@@ -1138,7 +1666,12 @@ mod tests {
         v["hidden_size"] = json!("big");
         fs::write(&config_path, serde_json::to_vec(&v).unwrap()).unwrap();
         let e = import_error(&hf, &out);
-        assert!(e.contains("config.json: `hidden_size`: expected a non-negative integer, found \"big\""), "{e}");
+        assert!(
+            e.contains(
+                "config.json: `hidden_size`: expected a non-negative integer, found \"big\""
+            ),
+            "{e}"
+        );
         let mut v: Value = serde_json::from_slice(&good).unwrap();
         v.as_object_mut().unwrap().remove("num_experts");
         fs::write(&config_path, serde_json::to_vec(&v).unwrap()).unwrap();
@@ -1166,15 +1699,30 @@ mod tests {
         tensors.push(("lm_head.weight".into(), embed.clone()));
         let (a, b) = tensors.split_at(tensors.len() / 2);
         let mut weight_map = Map::new();
-        for (file, part) in [("model-00001-of-00002.safetensors", a), ("model-00002-of-00002.safetensors", b)] {
-            fs::write(hf.join(file), safetensors::serialize(part.iter().map(|(n, v)| (n.as_str(), v.clone())), None).unwrap()).unwrap();
+        for (file, part) in [
+            ("model-00001-of-00002.safetensors", a),
+            ("model-00002-of-00002.safetensors", b),
+        ] {
+            fs::write(
+                hf.join(file),
+                safetensors::serialize(part.iter().map(|(n, v)| (n.as_str(), v.clone())), None)
+                    .unwrap(),
+            )
+            .unwrap();
             weight_map.extend(part.iter().map(|(n, _)| (n.clone(), json!(file))));
         }
-        fs::write(hf.join("model.safetensors.index.json"), serde_json::to_vec(&json!({"weight_map": weight_map})).unwrap()).unwrap();
+        fs::write(
+            hf.join("model.safetensors.index.json"),
+            serde_json::to_vec(&json!({"weight_map": weight_map})).unwrap(),
+        )
+        .unwrap();
         fs::remove_file(hf.join("model.safetensors")).unwrap();
         let back = dir.path().join("back");
         import_hf(&hf, &back).unwrap();
-        assert_eq!(fs::read(back.join("model.safetensors")).unwrap(), fs::read(ckpt.join("model.safetensors")).unwrap());
+        assert_eq!(
+            fs::read(back.join("model.safetensors")).unwrap(),
+            fs::read(ckpt.join("model.safetensors")).unwrap()
+        );
 
         // An untied head is refused.
         let mut head = embed.data().to_vec();
@@ -1182,11 +1730,21 @@ mod tests {
         let shard = hf.join("model-00002-of-00002.safetensors");
         let part = fs::read(&shard).unwrap();
         let part = SafeTensors::deserialize(&part).unwrap();
-        let mut rest: Vec<(String, TensorView<'_>)> = part.tensors().into_iter().filter(|(n, _)| n != "lm_head.weight").collect();
-        rest.push(("lm_head.weight".into(), TensorView::new(Dtype::F32, embed.shape().to_vec(), &head).unwrap()));
+        let mut rest: Vec<(String, TensorView<'_>)> = part
+            .tensors()
+            .into_iter()
+            .filter(|(n, _)| n != "lm_head.weight")
+            .collect();
+        rest.push((
+            "lm_head.weight".into(),
+            TensorView::new(Dtype::F32, embed.shape().to_vec(), &head).unwrap(),
+        ));
         fs::write(&shard, safetensors::serialize(rest, None).unwrap()).unwrap();
         let e = import_error(&hf, &dir.path().join("again"));
-        assert!(e.contains("`lm_head.weight` differs from the embedding"), "{e}");
+        assert!(
+            e.contains("`lm_head.weight` differs from the embedding"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1197,15 +1755,45 @@ mod tests {
         let hf = dir.path().join("hf");
         fs::create_dir(&hf).unwrap();
         fs::write(hf.join("keep.txt"), "mine").unwrap();
-        let e = format!("{:#}", export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap_err());
+        let e = format!(
+            "{:#}",
+            export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap_err()
+        );
         assert!(e.contains("already exists"), "{e}");
         assert_eq!(fs::read_to_string(hf.join("keep.txt")).unwrap(), "mine");
 
         // The wrong model config: named, not silently reshaped.
-        let wide = ModelConfig { expert_ffn: 8, ..c.clone() };
-        let e = format!("{:#}", export_hf(&ckpt, &wide, &ExportOptions::default(), &dir.path().join("x")).unwrap_err());
-        assert!(e.contains("linear_fc1.weight` is F32 [8, 12], the model config implies F32 [8, 16]"), "{e}");
-        let e = format!("{:#}", export_hf(&ckpt, &ModelConfig { router_mlp_layers: 2, ..c.clone() }, &ExportOptions::default(), &dir.path().join("x")).unwrap_err());
+        let wide = ModelConfig {
+            expert_ffn: 8,
+            ..c.clone()
+        };
+        let e = format!(
+            "{:#}",
+            export_hf(
+                &ckpt,
+                &wide,
+                &ExportOptions::default(),
+                &dir.path().join("x")
+            )
+            .unwrap_err()
+        );
+        assert!(
+            e.contains("linear_fc1.weight` is F32 [8, 12], the model config implies F32 [8, 16]"),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            export_hf(
+                &ckpt,
+                &ModelConfig {
+                    router_mlp_layers: 2,
+                    ..c.clone()
+                },
+                &ExportOptions::default(),
+                &dir.path().join("x")
+            )
+            .unwrap_err()
+        );
         assert!(e.contains("router_mlp_layers is 2"), "{e}");
 
         let path = ckpt.join("model.safetensors");
@@ -1214,10 +1802,22 @@ mod tests {
         bytes[n - 1] ^= 1;
         fs::write(&path, bytes).unwrap();
         let out = dir.path().join("out");
-        let e = format!("{:#}", export_hf(&ckpt, &c, &ExportOptions::default(), &out).unwrap_err());
-        assert!(e.contains("refusing to export a damaged checkpoint") && e.contains("checksum mismatch"), "{e}");
+        let e = format!(
+            "{:#}",
+            export_hf(&ckpt, &c, &ExportOptions::default(), &out).unwrap_err()
+        );
+        assert!(
+            e.contains("refusing to export a damaged checkpoint")
+                && e.contains("checksum mismatch"),
+            "{e}"
+        );
         assert!(!out.exists());
-        assert!(fs::read_dir(dir.path()).unwrap().flatten().all(|e| !e.file_name().to_string_lossy().contains(".tmp-")));
+        assert!(
+            fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .all(|e| !e.file_name().to_string_lossy().contains(".tmp-"))
+        );
     }
 
     #[test]
@@ -1231,31 +1831,85 @@ mod tests {
             "added_tokens": [{"id": 0, "content": "<pad>"}, {"id": 1, "content": "<eos>"}, {"id": 2, "content": "<bos>"}],
             "model": {"type": "BPE", "vocab": {"<pad>": 0, "<eos>": 1, "<bos>": 2, "a": 3, "b": 4}}
         });
-        fs::write(tok.join("tokenizer.json"), serde_json::to_vec(&tokenizer).unwrap()).unwrap();
+        fs::write(
+            tok.join("tokenizer.json"),
+            serde_json::to_vec(&tokenizer).unwrap(),
+        )
+        .unwrap();
         let hf = dir.path().join("hf");
-        let opts = ExportOptions { tokenizer: Some(tok.clone()), max_position_embeddings: 256 };
+        let opts = ExportOptions {
+            tokenizer: Some(tok.clone()),
+            max_position_embeddings: 256,
+        };
         export_hf(&ckpt, &c, &opts, &hf).unwrap();
-        let read = |f: &str| serde_json::from_slice::<Value>(&fs::read(hf.join(f)).unwrap()).unwrap();
+        let read =
+            |f: &str| serde_json::from_slice::<Value>(&fs::read(hf.join(f)).unwrap()).unwrap();
         let config = read("config.json");
-        assert_eq!((config["bos_token_id"].as_u64(), config["eos_token_id"].as_u64(), config["pad_token_id"].as_u64()), (Some(2), Some(1), Some(0)));
+        assert_eq!(
+            (
+                config["bos_token_id"].as_u64(),
+                config["eos_token_id"].as_u64(),
+                config["pad_token_id"].as_u64()
+            ),
+            (Some(2), Some(1), Some(0))
+        );
         assert_eq!(config["max_position_embeddings"].as_u64(), Some(256));
-        assert_eq!(fs::read(hf.join("tokenizer.json")).unwrap(), fs::read(tok.join("tokenizer.json")).unwrap());
-        assert_eq!(read("special_tokens_map.json"), json!({"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}));
-        assert_eq!(read("tokenizer_config.json")["tokenizer_class"], "PreTrainedTokenizerFast");
+        assert_eq!(
+            fs::read(hf.join("tokenizer.json")).unwrap(),
+            fs::read(tok.join("tokenizer.json")).unwrap()
+        );
+        assert_eq!(
+            read("special_tokens_map.json"),
+            json!({"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"})
+        );
+        assert_eq!(
+            read("tokenizer_config.json")["tokenizer_class"],
+            "PreTrainedTokenizerFast"
+        );
 
         // A tokenizer stage's tokenizer_info.json names the ids.
-        fs::write(tok.join("tokenizer_info.json"), r#"{"vocab_size": 5, "bos_id": 1, "eos_id": 2, "pad_id": 0, "dtype": "u16"}"#).unwrap();
+        fs::write(
+            tok.join("tokenizer_info.json"),
+            r#"{"vocab_size": 5, "bos_id": 1, "eos_id": 2, "pad_id": 0, "dtype": "u16"}"#,
+        )
+        .unwrap();
         let hf2 = dir.path().join("hf2");
-        export_hf(&ckpt, &c, &ExportOptions { tokenizer: Some(tok.clone()), ..Default::default() }, &hf2).unwrap();
-        let config: Value = serde_json::from_slice(&fs::read(hf2.join("config.json")).unwrap()).unwrap();
-        assert_eq!((config["bos_token_id"].as_u64(), config["eos_token_id"].as_u64()), (Some(1), Some(2)));
+        export_hf(
+            &ckpt,
+            &c,
+            &ExportOptions {
+                tokenizer: Some(tok.clone()),
+                ..Default::default()
+            },
+            &hf2,
+        )
+        .unwrap();
+        let config: Value =
+            serde_json::from_slice(&fs::read(hf2.join("config.json")).unwrap()).unwrap();
+        assert_eq!(
+            (
+                config["bos_token_id"].as_u64(),
+                config["eos_token_id"].as_u64()
+            ),
+            (Some(1), Some(2))
+        );
 
         // A tokenizer bigger than the vocabulary is someone else's.
         let mut big = tokenizer.clone();
         big["model"]["vocab"]["z"] = json!(40);
-        fs::write(tok.join("tokenizer.json"), serde_json::to_vec(&big).unwrap()).unwrap();
-        let e = format!("{:#}", export_hf(&ckpt, &c, &opts, &dir.path().join("hf3")).unwrap_err());
-        assert!(e.contains("41 tokens, more than the model's vocabulary of 11"), "{e}");
+        fs::write(
+            tok.join("tokenizer.json"),
+            serde_json::to_vec(&big).unwrap(),
+        )
+        .unwrap();
+        let e = format!(
+            "{:#}",
+            export_hf(&ckpt, &c, &opts, &dir.path().join("hf3")).unwrap_err()
+        );
+        assert!(
+            e.contains("41 tokens, more than the model's vocabulary of 11"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1278,10 +1932,20 @@ mod tests {
             "norm_epsilon": 1e-5, "zaya_use_mod": true, "zaya_use_eda": true, "scale_residual_merge": true,
             "tie_word_embeddings": true, "moe_router_topk": 1, "sliding_window": null, "rope_scaling": null
         });
-        assert_eq!(model_config_from_hf(&v, Path::new("config.json")).unwrap(), ModelConfig::zaya1_base());
+        assert_eq!(
+            model_config_from_hf(&v, Path::new("config.json")).unwrap(),
+            ModelConfig::zaya1_base()
+        );
         // And the scalar form this module writes reads back as the same model.
         let specials = Specials::default();
         let c = ModelConfig::zaya1_base();
-        assert_eq!(model_config_from_hf(&hf_config(&c, c.rope_base, 4096, &specials), Path::new("config.json")).unwrap(), c);
+        assert_eq!(
+            model_config_from_hf(
+                &hf_config(&c, c.rope_base, 4096, &specials),
+                Path::new("config.json")
+            )
+            .unwrap(),
+            c
+        );
     }
 }

@@ -38,8 +38,18 @@ pub fn model_shapes(model: &ModelConfig, tokens: usize) -> Vec<GemmShape> {
     ];
     let mut out = Vec::new();
     for (name, k, n) in base {
-        out.push(GemmShape { name: name.to_string(), m: tokens, n, k });
-        out.push(GemmShape { name: format!("{name} -odd"), m: tokens, n: odd(n), k: odd(k) });
+        out.push(GemmShape {
+            name: name.to_string(),
+            m: tokens,
+            n,
+            k,
+        });
+        out.push(GemmShape {
+            name: format!("{name} -odd"),
+            m: tokens,
+            n: odd(n),
+            k: odd(k),
+        });
     }
     out
 }
@@ -49,7 +59,15 @@ pub fn model_shapes(model: &ModelConfig, tokens: usize) -> Vec<GemmShape> {
 /// for pay off.
 pub fn dimension_sweep(tokens: usize, center: usize, span: usize, step: usize) -> Vec<GemmShape> {
     let lo = center.saturating_sub(span).max(step);
-    (lo..=center + span).step_by(step.max(1)).map(|d| GemmShape { name: format!("d={d}"), m: tokens, n: d, k: d }).collect()
+    (lo..=center + span)
+        .step_by(step.max(1))
+        .map(|d| GemmShape {
+            name: format!("d={d}"),
+            m: tokens,
+            n: d,
+            k: d,
+        })
+        .collect()
 }
 
 /// `x` moved off every power-of-two multiple: the next number of the form 64j + 33.
@@ -114,12 +132,24 @@ pub fn stream_gbps(kernel: Stream, len: usize, threads: usize, reps: usize) -> f
     for _ in 0..reps.max(1) + 1 {
         let t = Instant::now();
         std::thread::scope(|s| {
-            for ((a, b), c) in a.chunks_mut(chunk).zip(b.chunks(chunk)).zip(c.chunks(chunk)) {
+            for ((a, b), c) in a
+                .chunks_mut(chunk)
+                .zip(b.chunks(chunk))
+                .zip(c.chunks(chunk))
+            {
                 s.spawn(move || match kernel {
                     Stream::Copy => a.copy_from_slice(b),
                     Stream::Scale => a.iter_mut().zip(b).for_each(|(a, b)| *a = q * b),
-                    Stream::Add => a.iter_mut().zip(b).zip(c).for_each(|((a, b), c)| *a = b + c),
-                    Stream::Triad => a.iter_mut().zip(b).zip(c).for_each(|((a, b), c)| *a = b + q * c),
+                    Stream::Add => a
+                        .iter_mut()
+                        .zip(b)
+                        .zip(c)
+                        .for_each(|((a, b), c)| *a = b + c),
+                    Stream::Triad => a
+                        .iter_mut()
+                        .zip(b)
+                        .zip(c)
+                        .for_each(|((a, b), c)| *a = b + q * c),
                 });
             }
         });
@@ -137,37 +167,79 @@ mod tests {
     fn shapes_follow_the_model_and_odd_variants_are_misaligned() {
         let m = ModelConfig::zaya1_base();
         let shapes = model_shapes(&m, 4096);
-        let fc1 = shapes.iter().find(|s| s.name == "expert fc1 (gate+up)").unwrap();
+        let fc1 = shapes
+            .iter()
+            .find(|s| s.name == "expert fc1 (gate+up)")
+            .unwrap();
         assert_eq!((fc1.m, fc1.k, fc1.n), (4096, 2048, 4096));
-        let odd_fc1 = shapes.iter().find(|s| s.name == "expert fc1 (gate+up) -odd").unwrap();
+        let odd_fc1 = shapes
+            .iter()
+            .find(|s| s.name == "expert fc1 (gate+up) -odd")
+            .unwrap();
         assert_eq!((odd_fc1.k % 64, odd_fc1.n % 64), (33, 33));
-        assert_eq!(shapes.iter().find(|s| s.name == "lm head (tied embedding)").unwrap().n, 262_272);
-        assert!(gemm_gflops::<burn_flex::Flex>(&GemmShape { name: "t".into(), m: 64, n: 64, k: 64 }, 1, &burn_flex::FlexDevice) > 0.0);
+        assert_eq!(
+            shapes
+                .iter()
+                .find(|s| s.name == "lm head (tied embedding)")
+                .unwrap()
+                .n,
+            262_272
+        );
+        assert!(
+            gemm_gflops::<burn_flex::Flex>(
+                &GemmShape {
+                    name: "t".into(),
+                    m: 64,
+                    n: 64,
+                    k: 64
+                },
+                1,
+                &burn_flex::FlexDevice
+            ) > 0.0
+        );
         assert!(stream_gbps(Stream::Triad, 1 << 16, 2, 1) > 0.0);
         assert_eq!(Stream::Triad.bytes_per_element(), 24);
         let sweep: Vec<usize> = dimension_sweep(16, 64, 16, 8).iter().map(|s| s.n).collect();
         assert_eq!(sweep, [48, 56, 64, 72, 80]);
-        assert_eq!(dimension_sweep(16, 8, 64, 8)[0].k, 8, "never a zero dimension");
+        assert_eq!(
+            dimension_sweep(16, 8, 64, 8)[0].k,
+            8,
+            "never a zero dimension"
+        );
     }
 }
 
 /// [`gemm_gflops`] for every shape on `backend` (`cpu`, `cuda`, `rocm`) device `device`;
 /// returns the device description and the GFLOP/s in `shapes`' order.
-pub fn gemm_sweep(backend: &str, device: usize, shapes: &[GemmShape], reps: usize) -> anyhow::Result<(String, Vec<f64>)> {
+pub fn gemm_sweep(
+    backend: &str,
+    device: usize,
+    shapes: &[GemmShape],
+    reps: usize,
+) -> anyhow::Result<(String, Vec<f64>)> {
     use crate::backend::BackendKind;
     let kind = BackendKind::parse(backend)?;
     let description = crate::backend::probe(kind, device)?;
     let results = match kind {
-        BackendKind::Cpu => shapes.iter().map(|s| gemm_gflops::<burn_flex::Flex>(s, reps, &burn_flex::FlexDevice)).collect(),
+        BackendKind::Cpu => shapes
+            .iter()
+            .map(|s| gemm_gflops::<burn_flex::Flex>(s, reps, &burn_flex::FlexDevice))
+            .collect(),
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
             let d = burn::backend::cuda::CudaDevice::new(device);
-            shapes.iter().map(|s| gemm_gflops::<burn::backend::Cuda>(s, reps, &d)).collect()
+            shapes
+                .iter()
+                .map(|s| gemm_gflops::<burn::backend::Cuda>(s, reps, &d))
+                .collect()
         }
         #[cfg(feature = "rocm")]
         BackendKind::Rocm => {
             let d = burn::backend::rocm::RocmDevice::new(device);
-            shapes.iter().map(|s| gemm_gflops::<burn::backend::Rocm>(s, reps, &d)).collect()
+            shapes
+                .iter()
+                .map(|s| gemm_gflops::<burn::backend::Rocm>(s, reps, &d))
+                .collect()
         }
         #[allow(unreachable_patterns)]
         _ => unreachable!("probe rejects backends that are not compiled in"),

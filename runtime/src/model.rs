@@ -95,19 +95,48 @@ impl<B: Backend> Zaya<B> {
             .map(|i| {
                 let scaled = config.residual_scaling;
                 Block {
-                    attn_res_scale: scaled.then(|| ResidualScaling::new(&mut init, &format!("blocks.{i}.attn_res_scale"), h, i > 0)),
+                    attn_res_scale: scaled.then(|| {
+                        ResidualScaling::new(
+                            &mut init,
+                            &format!("blocks.{i}.attn_res_scale"),
+                            h,
+                            i > 0,
+                        )
+                    }),
                     attn_norm: RmsNorm::new(&mut init, &format!("blocks.{i}.attn_norm"), h),
-                    self_attn: Attention::new(&mut init, &format!("blocks.{i}.self_attn"), config, std, out_std),
-                    moe_res_scale: scaled.then(|| ResidualScaling::new(&mut init, &format!("blocks.{i}.moe_res_scale"), h, true)),
+                    self_attn: Attention::new(
+                        &mut init,
+                        &format!("blocks.{i}.self_attn"),
+                        config,
+                        std,
+                        out_std,
+                    ),
+                    moe_res_scale: scaled.then(|| {
+                        ResidualScaling::new(
+                            &mut init,
+                            &format!("blocks.{i}.moe_res_scale"),
+                            h,
+                            true,
+                        )
+                    }),
                     moe_norm: RmsNorm::new(&mut init, &format!("blocks.{i}.moe_norm"), h),
-                    moe: Moe::new(&mut init, &format!("blocks.{i}.moe"), config, i > 0 && config.eda, std, out_std),
+                    moe: Moe::new(
+                        &mut init,
+                        &format!("blocks.{i}.moe"),
+                        config,
+                        i > 0 && config.eda,
+                        std,
+                        out_std,
+                    ),
                 }
             })
             .collect();
         Zaya {
             embed_tokens,
             blocks,
-            res_scale: config.residual_scaling.then(|| ResidualScaling::new(&mut init, "res_scale", h, true)),
+            res_scale: config
+                .residual_scaling
+                .then(|| ResidualScaling::new(&mut init, "res_scale", h, true)),
             final_norm: RmsNorm::new(&mut init, "final_norm", h),
             options: Options {
                 num_query_heads: config.num_query_heads,
@@ -124,11 +153,24 @@ impl<B: Backend> Zaya<B> {
 
     /// The final hidden states `[batch, seq, hidden]` for token ids `[batch, seq]`, and the
     /// routing. `biases[l]` are MoE layer `l`'s balancing biases (one per route).
-    pub fn hidden(&self, tokens: Tensor<B, 2, Int>, biases: &[Vec<f32>]) -> (Tensor<B, 3>, Routing) {
+    pub fn hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        biases: &[Vec<f32>],
+    ) -> (Tensor<B, 3>, Routing) {
         let [batch, seq] = tokens.dims();
         let h = self.embed_tokens.dims()[1];
-        let rope = Rope::new(seq, self.options.rope_dim, self.options.rope_base, &tokens.device());
-        let mut hidden = self.embed_tokens.val().select(0, tokens.reshape([batch * seq])).reshape([batch, seq, h]);
+        let rope = Rope::new(
+            seq,
+            self.options.rope_dim,
+            self.options.rope_base,
+            &tokens.device(),
+        );
+        let mut hidden = self
+            .embed_tokens
+            .val()
+            .select(0, tokens.reshape([batch * seq]))
+            .reshape([batch, seq, h]);
         // The reference keeps two streams: `residual` (the running sum) and `hidden` (the last
         // sub-layer's output); residual scaling gates both before they are added.
         let mut residual: Option<Tensor<B, 3>> = None;
@@ -137,11 +179,20 @@ impl<B: Backend> Zaya<B> {
         let eps = self.options.eps;
         for (i, block) in self.blocks.iter().enumerate() {
             let x = merge(&block.attn_res_scale, residual.take(), hidden);
-            hidden = block.self_attn.forward(block.attn_norm.forward(x.clone(), eps), &rope, &self.options);
+            hidden = block.self_attn.forward(
+                block.attn_norm.forward(x.clone(), eps),
+                &rope,
+                &self.options,
+            );
             residual = Some(x);
 
             let x = merge(&block.moe_res_scale, residual.take(), hidden);
-            let (out, state, counts) = block.moe.forward(block.moe_norm.forward(x.clone(), eps), router_state, &biases[i], &self.options);
+            let (out, state, counts) = block.moe.forward(
+                block.moe_norm.forward(x.clone(), eps),
+                router_state,
+                &biases[i],
+                &self.options,
+            );
             hidden = out;
             router_state = Some(state);
             routing.counts.push(counts);
@@ -152,22 +203,38 @@ impl<B: Backend> Zaya<B> {
     }
 
     /// Logits `[batch, seq, vocab]` through the tied head.
-    pub fn logits(&self, tokens: Tensor<B, 2, Int>, biases: &[Vec<f32>]) -> (Tensor<B, 3>, Routing) {
+    pub fn logits(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        biases: &[Vec<f32>],
+    ) -> (Tensor<B, 3>, Routing) {
         let (hidden, routing) = self.hidden(tokens, biases);
         let [b, s, h] = hidden.dims();
-        let logits = hidden.reshape([b * s, h]).matmul(self.embed_tokens.val().transpose());
+        let logits = hidden
+            .reshape([b * s, h])
+            .matmul(self.embed_tokens.val().transpose());
         let v = logits.dims()[1];
         (logits.reshape([b, s, v]), routing)
     }
 
     /// Mean next-token cross-entropy (nats) of `targets` given `tokens`, both `[batch, seq]`.
-    pub fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>, biases: &[Vec<f32>]) -> (Tensor<B, 1>, Routing) {
+    pub fn loss(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        targets: Tensor<B, 2, Int>,
+        biases: &[Vec<f32>],
+    ) -> (Tensor<B, 1>, Routing) {
         let (nll, routing) = self.token_losses(tokens, targets, biases);
         (nll.mean(), routing)
     }
 
     /// Per-token negative log-likelihood `[batch * seq]` (nats).
-    pub fn token_losses(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>, biases: &[Vec<f32>]) -> (Tensor<B, 1>, Routing) {
+    pub fn token_losses(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        targets: Tensor<B, 2, Int>,
+        biases: &[Vec<f32>],
+    ) -> (Tensor<B, 1>, Routing) {
         let (logits, routing) = self.logits(tokens, biases);
         let [b, s, v] = logits.dims();
         let logp = log_softmax(logits.reshape([b * s, v]), 1);
@@ -183,7 +250,11 @@ impl<B: Backend> Zaya<B> {
 
 /// Gates the two residual streams (if scaling is on) and adds them: the input of the next
 /// sub-layer's norm, and the new running residual.
-fn merge<B: Backend>(scale: &Option<ResidualScaling<B>>, residual: Option<Tensor<B, 3>>, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+fn merge<B: Backend>(
+    scale: &Option<ResidualScaling<B>>,
+    residual: Option<Tensor<B, 3>>,
+    hidden: Tensor<B, 3>,
+) -> Tensor<B, 3> {
     let (residual, hidden) = match scale {
         Some(s) => s.forward(residual, hidden),
         None => (residual, hidden),
@@ -273,15 +344,23 @@ impl<B: Backend> Attention<B> {
         let scores = query.matmul(key.transpose()).div_scalar((hd as f64).sqrt());
         // burn's `tril_mask` is true *outside* the lower triangle: exactly the future positions.
         let mask = Tensor::<B, 2, burn::tensor::Bool>::tril_mask([s, s], 0, &scores.device());
-        let scores = scores.mask_fill(mask.unsqueeze::<4>().expand([b, nq, s, s]), f32::NEG_INFINITY);
+        let scores = scores.mask_fill(
+            mask.unsqueeze::<4>().expand([b, nq, s, s]),
+            f32::NEG_INFINITY,
+        );
         let out = softmax(scores, 3).matmul(value); // [b, nq, s, hd]
-        self.o_proj.forward(out.swap_dims(1, 2).reshape([b, s, nq * hd]))
+        self.o_proj
+            .forward(out.swap_dims(1, 2).reshape([b, s, nq * hd]))
     }
 }
 
 impl<B: Backend> Cca<B> {
     /// The CCA query, key and value heads `[batch, seq, heads, head_dim]`, before RoPE.
-    pub fn forward(&self, x: Tensor<B, 3>, o: &Options) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        o: &Options,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
         let [b, s, _] = x.dims();
         let (nq, nkv, hd) = (o.num_query_heads, o.num_kv_heads, o.head_dim);
         let lq = nq * hd;
@@ -291,9 +370,17 @@ impl<B: Backend> Cca<B> {
         // QK-mean skip: per query head, the mean of its pre-conv query and its (GQA-repeated)
         // pre-conv key; keys get the mean of that term over their query group.
         let q_heads = q.clone().reshape([b, s, nq, hd]);
-        let k_heads = k.clone().reshape([b, s, nkv, 1, hd]).repeat_dim(3, nq / nkv).reshape([b, s, nq, hd]);
+        let k_heads = k
+            .clone()
+            .reshape([b, s, nkv, 1, hd])
+            .repeat_dim(3, nq / nkv)
+            .reshape([b, s, nq, hd]);
         let mean_q = (q_heads + k_heads).div_scalar(2.0);
-        let mean_k = mean_q.clone().reshape([b, s, nkv, nq / nkv, hd]).mean_dim(3).reshape([b, s, nkv, hd]);
+        let mean_k = mean_q
+            .clone()
+            .reshape([b, s, nkv, nq / nkv, hd])
+            .mean_dim(3)
+            .reshape([b, s, nkv, hd]);
 
         let qk = causal_conv(
             Tensor::cat(vec![q, k], 2),
@@ -303,8 +390,15 @@ impl<B: Backend> Cca<B> {
             self.conv1_bias.val(),
             nq + nkv,
         );
-        let query = qk.clone().slice([0..b, 0..s, 0..lq]).reshape([b, s, nq, hd]) + mean_q;
-        let key = qk.slice([0..b, 0..s, lq..lq + nkv * hd]).reshape([b, s, nkv, hd]) + mean_k;
+        let query = qk
+            .clone()
+            .slice([0..b, 0..s, 0..lq])
+            .reshape([b, s, nq, hd])
+            + mean_q;
+        let key = qk
+            .slice([0..b, 0..s, lq..lq + nkv * hd])
+            .reshape([b, s, nkv, hd])
+            + mean_k;
 
         // Values: the first half from token t, the second from token t-1 (zero before the start).
         let v1 = self.val_proj1.forward(x.clone());
@@ -347,8 +441,16 @@ pub fn causal_conv<B: Backend>(
     let mut y = b1.reshape([1, 1, c]).expand([b, s, c]);
     for t in 0..k1 {
         // [C_out, cg_in] -> [groups, cg_out, cg_in] -> [groups, cg_in, cg_out]
-        let w = w1.clone().slice([0..c, 0..cg, t..t + 1]).reshape([groups, cg, cg]).swap_dims(1, 2);
-        let zt = z.clone().slice([0..b, t..t + s, 0..c]).reshape([b * s, groups, cg]).swap_dims(0, 1);
+        let w = w1
+            .clone()
+            .slice([0..c, 0..cg, t..t + 1])
+            .reshape([groups, cg, cg])
+            .swap_dims(1, 2);
+        let zt = z
+            .clone()
+            .slice([0..b, t..t + s, 0..c])
+            .reshape([b * s, groups, cg])
+            .swap_dims(0, 1);
         let yt = zt.matmul(w).swap_dims(0, 1).reshape([b, s, c]);
         y = y + yt;
     }
@@ -364,7 +466,12 @@ pub fn shift_right<B: Backend>(x: Tensor<B, 3>) -> Tensor<B, 3> {
 
 /// Divides the last dimension by its L2 norm.
 fn l2_normalize<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
-    let norm = x.clone().powf_scalar(2.0).sum_dim(3).add_scalar(1e-12).sqrt();
+    let norm = x
+        .clone()
+        .powf_scalar(2.0)
+        .sum_dim(3)
+        .add_scalar(1e-12)
+        .sqrt();
     x / norm
 }
 
@@ -374,7 +481,9 @@ fn repeat_kv<B: Backend>(x: Tensor<B, 4>, group: usize) -> Tensor<B, 4> {
         return x;
     }
     let [b, h, s, d] = x.dims();
-    x.reshape([b, h, 1, s, d]).repeat_dim(2, group).reshape([b, h * group, s, d])
+    x.reshape([b, h, 1, s, d])
+        .repeat_dim(2, group)
+        .reshape([b, h * group, s, d])
 }
 
 /// Partial rotary position embedding: the first `dim` channels of each head rotate
@@ -399,8 +508,15 @@ impl<B: Backend> Rope<B> {
                 sin.push(angle.sin() as f32);
             }
         }
-        let table = |v: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(v, [seq * dim]), device).reshape([1, 1, seq, dim]);
-        Rope { cos: table(cos), sin: table(sin), dim }
+        let table = |v: Vec<f32>| {
+            Tensor::<B, 1>::from_data(TensorData::new(v, [seq * dim]), device)
+                .reshape([1, 1, seq, dim])
+        };
+        Rope {
+            cos: table(cos),
+            sin: table(sin),
+            dim,
+        }
     }
 
     /// Applies the rotation to `x: [batch, heads, seq, head_dim]`.
@@ -444,7 +560,12 @@ pub struct Router<B: Backend> {
 impl<B: Backend> Router<B> {
     /// Route probabilities `[n, routes]` and the pre-norm router state `[n, router_dim]` (the
     /// next MoE layer's EDA input) for tokens `x: [n, hidden]`.
-    pub fn forward(&self, x: Tensor<B, 2>, previous: Option<Tensor<B, 2>>, eps: f64) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    pub fn forward(
+        &self,
+        x: Tensor<B, 2>,
+        previous: Option<Tensor<B, 2>>,
+        eps: f64,
+    ) -> (Tensor<B, 2>, Tensor<B, 2>) {
         let mut r = self.down_proj.forward(x);
         if let (Some(scale), Some(prev)) = (&self.router_states_scale, previous) {
             r = r + prev * scale.val().unsqueeze::<2>();
@@ -492,7 +613,14 @@ pub struct Moe<B: Backend> {
 }
 
 impl<B: Backend> Moe<B> {
-    fn new(init: &mut Init<B>, path: &str, c: &ModelConfig, eda: bool, std: f64, out_std: f64) -> Self {
+    fn new(
+        init: &mut Init<B>,
+        path: &str,
+        c: &ModelConfig,
+        eda: bool,
+        std: f64,
+        out_std: f64,
+    ) -> Self {
         let (h, d) = (c.hidden_size, c.router_dim);
         let routes = c.num_experts + usize::from(c.mod_skip);
         // The router is initialised like PyTorch's nn.Linear (the reference code's modules):
@@ -503,12 +631,26 @@ impl<B: Backend> Moe<B> {
         let mut mlp = Vec::new();
         for i in 0..c.router_mlp_layers {
             let last = i + 1 == c.router_mlp_layers;
-            mlp.push(init.linear(&format!("{path}.router.router_mlp.{}", 2 * i), d, if last { routes } else { d }, !last, router_std(d)));
+            mlp.push(init.linear(
+                &format!("{path}.router.router_mlp.{}", 2 * i),
+                d,
+                if last { routes } else { d },
+                !last,
+                router_std(d),
+            ));
         }
         Moe {
             router: Router {
-                down_proj: init.linear(&format!("{path}.router.down_proj"), h, d, true, router_std(h)),
-                router_states_scale: eda.then(|| init.constant(&format!("{path}.router.router_states_scale"), [d], 1.0)),
+                down_proj: init.linear(
+                    &format!("{path}.router.down_proj"),
+                    h,
+                    d,
+                    true,
+                    router_std(h),
+                ),
+                router_states_scale: eda.then(|| {
+                    init.constant(&format!("{path}.router.router_states_scale"), [d], 1.0)
+                }),
                 rmsnorm_eda: RmsNorm::new(init, &format!("{path}.router.rmsnorm_eda"), d),
                 router_mlp: mlp,
             },
@@ -516,8 +658,20 @@ impl<B: Backend> Moe<B> {
                 .map(|e| {
                     let p = format!("{path}.local_experts.{e}");
                     Expert {
-                        linear_fc1: init.linear(&format!("{p}.linear_fc1"), h, 2 * c.expert_ffn, false, std),
-                        linear_fc2: init.linear(&format!("{p}.linear_fc2"), c.expert_ffn, h, false, out_std),
+                        linear_fc1: init.linear(
+                            &format!("{p}.linear_fc1"),
+                            h,
+                            2 * c.expert_ffn,
+                            false,
+                            std,
+                        ),
+                        linear_fc2: init.linear(
+                            &format!("{p}.linear_fc2"),
+                            c.expert_ffn,
+                            h,
+                            false,
+                            out_std,
+                        ),
                     }
                 })
                 .collect(),
@@ -525,7 +679,13 @@ impl<B: Backend> Moe<B> {
     }
 
     /// `x: [batch, seq, hidden]` (normed) -> (output, pre-norm router state, tokens per route).
-    pub fn forward(&self, x: Tensor<B, 3>, router_state: Option<Tensor<B, 2>>, biases: &[f32], o: &Options) -> (Tensor<B, 3>, Tensor<B, 2>, Vec<u64>) {
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        router_state: Option<Tensor<B, 2>>,
+        biases: &[f32],
+        o: &Options,
+    ) -> (Tensor<B, 3>, Tensor<B, 2>, Vec<u64>) {
         let [b, s, h] = x.dims();
         let n = b * s;
         let x = x.reshape([n, h]);
@@ -535,7 +695,13 @@ impl<B: Backend> Moe<B> {
         // Choice = argmax of the *detached* probabilities plus the balancing biases; the biases
         // steer the choice but never the output scale. Done on the host: it is a tiny [n, routes]
         // array, and the counting sort below needs it there anyway.
-        let host: Vec<f32> = probs.clone().detach().into_data().convert::<f32>().into_vec().expect("f32 probabilities");
+        let host: Vec<f32> = probs
+            .clone()
+            .detach()
+            .into_data()
+            .convert::<f32>()
+            .into_vec()
+            .expect("f32 probabilities");
         let mut choice = vec![0usize; n];
         let mut counts = vec![0u64; routes];
         for (t, row) in host.chunks_exact(routes).enumerate() {
@@ -574,12 +740,19 @@ impl<B: Backend> Moe<B> {
             }
             let rows = sorted.clone().narrow(0, start[r], len);
             // Route `num_experts` is the MoD skip: the token passes through unchanged.
-            outputs.push(if r < o.num_experts { self.local_experts[r].forward(rows) } else { rows });
+            outputs.push(if r < o.num_experts {
+                self.local_experts[r].forward(rows)
+            } else {
+                rows
+            });
         }
         let out = Tensor::cat(outputs, 0).select(0, index(inverse));
 
         // Scale by the chosen route's (unbiased, differentiable) probability.
-        let chosen = Tensor::<B, 2, Int>::from_data(TensorData::new(choice.iter().map(|&c| c as i64).collect::<Vec<_>>(), [n, 1]), &device);
+        let chosen = Tensor::<B, 2, Int>::from_data(
+            TensorData::new(choice.iter().map(|&c| c as i64).collect::<Vec<_>>(), [n, 1]),
+            &device,
+        );
         let prob = probs.gather(1, chosen);
         ((out * prob).reshape([b, s, h]), state, counts)
     }
@@ -599,12 +772,19 @@ pub struct RmsNorm<B: Backend> {
 
 impl<B: Backend> RmsNorm<B> {
     fn new(init: &mut Init<B>, path: &str, dim: usize) -> Self {
-        RmsNorm { weight: init.constant(&format!("{path}.weight"), [dim], 1.0) }
+        RmsNorm {
+            weight: init.constant(&format!("{path}.weight"), [dim], 1.0),
+        }
     }
 
     /// Normalises the last dimension.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>, eps: f64) -> Tensor<B, D> {
-        let rms = x.clone().powf_scalar(2.0).mean_dim(D - 1).add_scalar(eps).sqrt();
+        let rms = x
+            .clone()
+            .powf_scalar(2.0)
+            .mean_dim(D - 1)
+            .add_scalar(eps)
+            .sqrt();
         (x / rms) * self.weight.val().unsqueeze::<D>()
     }
 }
@@ -628,13 +808,19 @@ impl<B: Backend> ResidualScaling<B> {
         ResidualScaling {
             hidden_states_scale: init.constant(&format!("{path}.hidden_states_scale"), [dim], 1.0),
             hidden_states_bias: init.constant(&format!("{path}.hidden_states_bias"), [dim], 0.0),
-            residual_scale: with_residual.then(|| init.constant(&format!("{path}.residual_scale"), [dim], 1.0)),
-            residual_bias: with_residual.then(|| init.constant(&format!("{path}.residual_bias"), [dim], 0.0)),
+            residual_scale: with_residual
+                .then(|| init.constant(&format!("{path}.residual_scale"), [dim], 1.0)),
+            residual_bias: with_residual
+                .then(|| init.constant(&format!("{path}.residual_bias"), [dim], 0.0)),
         }
     }
 
     /// Gates `(residual, hidden)`.
-    pub fn forward(&self, residual: Option<Tensor<B, 3>>, hidden: Tensor<B, 3>) -> (Option<Tensor<B, 3>>, Tensor<B, 3>) {
+    pub fn forward(
+        &self,
+        residual: Option<Tensor<B, 3>>,
+        hidden: Tensor<B, 3>,
+    ) -> (Option<Tensor<B, 3>>, Tensor<B, 3>) {
         let gate = |x: Tensor<B, 3>, bias: &Param<Tensor<B, 1>>, scale: &Param<Tensor<B, 1>>| {
             (x + bias.val().unsqueeze::<3>()) * scale.val().unsqueeze::<3>()
         };
@@ -657,21 +843,39 @@ struct Init<'a, B: Backend> {
 
 impl<'a, B: Backend> Init<'a, B> {
     fn new(seed: u64, device: &'a B::Device) -> Self {
-        Init { rng: SplitMix64(seed ^ 0x5a59_4131), device }
+        Init {
+            rng: SplitMix64(seed ^ 0x5a59_4131),
+            device,
+        }
     }
 
-    fn param<const D: usize>(&self, path: &str, values: Vec<f32>, shape: [usize; D]) -> Param<Tensor<B, D>> {
+    fn param<const D: usize>(
+        &self,
+        path: &str,
+        values: Vec<f32>,
+        shape: [usize; D],
+    ) -> Param<Tensor<B, D>> {
         let tensor = Tensor::<B, D>::from_data(TensorData::new(values, shape), self.device);
         Param::initialized(param_id(path), tensor.require_grad())
     }
 
-    fn normal<const D: usize>(&mut self, path: &str, shape: [usize; D], std: f64) -> Param<Tensor<B, D>> {
+    fn normal<const D: usize>(
+        &mut self,
+        path: &str,
+        shape: [usize; D],
+        std: f64,
+    ) -> Param<Tensor<B, D>> {
         let n = shape.iter().product();
         let values = (0..n).map(|_| (self.rng.normal() * std) as f32).collect();
         self.param(path, values, shape)
     }
 
-    fn constant<const D: usize>(&mut self, path: &str, shape: [usize; D], value: f32) -> Param<Tensor<B, D>> {
+    fn constant<const D: usize>(
+        &mut self,
+        path: &str,
+        shape: [usize; D],
+        value: f32,
+    ) -> Param<Tensor<B, D>> {
         self.param(path, vec![value; shape.iter().product()], shape)
     }
 
@@ -684,7 +888,13 @@ impl<'a, B: Backend> Init<'a, B> {
 
     /// A causal conv weight `[c, c_in_per_group, k]` that starts as (mostly) the identity on the
     /// newest tap, plus small noise.
-    fn conv_near_identity(&mut self, path: &str, c: usize, per_group: usize, k: usize) -> Param<Tensor<B, 3>> {
+    fn conv_near_identity(
+        &mut self,
+        path: &str,
+        c: usize,
+        per_group: usize,
+        k: usize,
+    ) -> Param<Tensor<B, 3>> {
         let mut values = vec![0f32; c * per_group * k];
         for o in 0..c {
             for i in 0..per_group {
@@ -740,7 +950,10 @@ pub fn reference_name(name: &str) -> Option<String> {
     } else if let Some(r) = rest.strip_prefix("moe.router.router_mlp.") {
         // Our Vec holds the linears only; the reference's Sequential has GELUs at 1 and 3.
         let (k, tail) = r.split_once('.')?;
-        format!("{moe}.zaya_block.router.router_mlp.{}.{tail}", 2 * k.parse::<usize>().ok()?)
+        format!(
+            "{moe}.zaya_block.router.router_mlp.{}.{tail}",
+            2 * k.parse::<usize>().ok()?
+        )
     } else if let Some(r) = rest.strip_prefix("moe.router.") {
         format!("{moe}.zaya_block.router.{r}")
     } else if let Some(r) = rest.strip_prefix("moe.local_experts.") {
@@ -754,5 +967,7 @@ pub fn reference_name(name: &str) -> Option<String> {
 /// A parameter id that is a pure function of the parameter's path.
 pub fn param_id(path: &str) -> ParamId {
     let hash = blake3::hash(path.as_bytes());
-    ParamId::from(u64::from_le_bytes(hash.as_bytes()[..8].try_into().expect("8 bytes")))
+    ParamId::from(u64::from_le_bytes(
+        hash.as_bytes()[..8].try_into().expect("8 bytes"),
+    ))
 }

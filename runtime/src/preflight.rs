@@ -34,7 +34,10 @@ pub fn probe<B: Backend>(device: &B::Device, slow_ms: u64) -> Probe {
     let add = best_of(3, slow_ms, || {
         let _ = (x.clone() + y.clone()).slice(0..1).into_data();
     });
-    Probe { gemm_gflops: 2.0 * (n as f64).powi(3) / gemm / 1e9, membw_gbps: 3.0 * 4.0 * len as f64 / add / 1e9 }
+    Probe {
+        gemm_gflops: 2.0 * (n as f64).powi(3) / gemm / 1e9,
+        membw_gbps: 3.0 * 4.0 * len as f64 / add / 1e9,
+    }
 }
 
 fn best_of(reps: usize, slow_ms: u64, mut f: impl FnMut()) -> f64 {
@@ -52,16 +55,24 @@ fn best_of(reps: usize, slow_ms: u64, mut f: impl FnMut()) -> f64 {
 /// [`probe`] on `backend` (`cpu`, `cuda`, `rocm`) device `device`: the device description and
 /// its probe (`zflow bench probe-rank`, which the `preflight` stage starts once per rank).
 /// `slow_ms` as in [`probe`].
-pub fn probe_backend(backend: &str, device: usize, slow_ms: u64) -> anyhow::Result<(String, Probe)> {
+pub fn probe_backend(
+    backend: &str,
+    device: usize,
+    slow_ms: u64,
+) -> anyhow::Result<(String, Probe)> {
     use crate::backend::BackendKind;
     let kind = BackendKind::parse(backend)?;
     let description = crate::backend::probe(kind, device)?;
     let probe = match kind {
         BackendKind::Cpu => probe::<burn_flex::Flex>(&burn_flex::FlexDevice, slow_ms),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => probe::<burn::backend::Cuda>(&burn::backend::cuda::CudaDevice::new(device), slow_ms),
+        BackendKind::Cuda => {
+            probe::<burn::backend::Cuda>(&burn::backend::cuda::CudaDevice::new(device), slow_ms)
+        }
         #[cfg(feature = "rocm")]
-        BackendKind::Rocm => probe::<burn::backend::Rocm>(&burn::backend::rocm::RocmDevice::new(device), slow_ms),
+        BackendKind::Rocm => {
+            probe::<burn::backend::Rocm>(&burn::backend::rocm::RocmDevice::new(device), slow_ms)
+        }
         #[allow(unreachable_patterns)]
         _ => unreachable!("probe rejects backends that are not compiled in"),
     };
@@ -90,7 +101,10 @@ mod tests {
 
     #[test]
     fn finds_the_slow_rank_against_the_median() {
-        let p = |g, b| Probe { gemm_gflops: g, membw_gbps: b };
+        let p = |g, b| Probe {
+            gemm_gflops: g,
+            membw_gbps: b,
+        };
         let probes = [p(40.0, 10.0), p(41.0, 11.0), p(12.0, 10.5), p(39.0, 2.0)];
         let slow: Vec<usize> = outliers(&probes, 0.5).into_iter().map(|(r, _)| r).collect();
         assert_eq!(slow, vec![2, 3]);

@@ -36,13 +36,25 @@ impl Hardware {
     /// AMD Instinct MI300X: 1307.4 TFLOP/s dense bf16, 5.3 TB/s HBM3 (AMD datasheet); one
     /// 400 Gb/s Pollara NIC per GPU, as in ZAYA1's cluster (report: 8 NICs per node) = 50 GB/s.
     pub fn mi300x() -> Hardware {
-        Hardware { name: "MI300X".into(), bf16_tflops: 1307.4, hbm_gbps: 5300.0, link_gbps: 50.0, source: "AMD MI300X datasheet; 400 Gb/s NIC per GPU".into() }
+        Hardware {
+            name: "MI300X".into(),
+            bf16_tflops: 1307.4,
+            hbm_gbps: 5300.0,
+            link_gbps: 50.0,
+            source: "AMD MI300X datasheet; 400 Gb/s NIC per GPU".into(),
+        }
     }
 
     /// NVIDIA H200 SXM: 989.4 TFLOP/s dense bf16, 4.8 TB/s HBM3e (NVIDIA datasheet); one
     /// 400 Gb/s NDR InfiniBand NIC per GPU = 50 GB/s.
     pub fn h200() -> Hardware {
-        Hardware { name: "H200".into(), bf16_tflops: 989.4, hbm_gbps: 4800.0, link_gbps: 50.0, source: "NVIDIA H200 SXM datasheet; 400 Gb/s NIC per GPU".into() }
+        Hardware {
+            name: "H200".into(),
+            bf16_tflops: 989.4,
+            hbm_gbps: 4800.0,
+            link_gbps: 50.0,
+            source: "NVIDIA H200 SXM datasheet; 400 Gb/s NIC per GPU".into(),
+        }
     }
 
     /// A named profile (`mi300x`, `h200`).
@@ -72,7 +84,13 @@ pub struct Assumptions {
 
 impl Default for Assumptions {
     fn default() -> Self {
-        Assumptions { gemm_efficiency: 0.5, param_bytes: 2.0, grad_bytes: 2.0, optimizer_bytes: 12.0, overlap: 0.0 }
+        Assumptions {
+            gemm_efficiency: 0.5,
+            param_bytes: 2.0,
+            grad_bytes: 2.0,
+            optimizer_bytes: 12.0,
+            overlap: 0.0,
+        }
     }
 }
 
@@ -97,18 +115,39 @@ pub struct StepProjection {
 
 /// Projects one step of `global_batch` sequences of `seq_len` tokens, `micro_batch` sequences
 /// per GPU per pass, on `gpus` GPUs of `hw`.
-pub fn step(model: &ModelConfig, seq_len: usize, global_batch: usize, micro_batch: usize, gpus: usize, hw: &Hardware, a: &Assumptions) -> StepProjection {
+pub fn step(
+    model: &ModelConfig,
+    seq_len: usize,
+    global_batch: usize,
+    micro_batch: usize,
+    gpus: usize,
+    hw: &Hardware,
+    a: &Assumptions,
+) -> StepProjection {
     let gpus = gpus.max(1) as f64;
     let tokens = (global_batch * seq_len) as f64;
     let flops = model.flops(seq_len).total as f64 * tokens;
     let compute_s = flops / gpus / (hw.bf16_tflops * 1e12 * a.gemm_efficiency);
     let params = model.params().total_with_embeddings as f64;
-    let passes = (global_batch as f64 / (gpus * micro_batch.max(1) as f64)).ceil().max(1.0);
-    let traffic = passes * 3.0 * params * a.param_bytes + params * a.grad_bytes + 2.0 * params * a.optimizer_bytes / gpus;
+    let passes = (global_batch as f64 / (gpus * micro_batch.max(1) as f64))
+        .ceil()
+        .max(1.0);
+    let traffic = passes * 3.0 * params * a.param_bytes
+        + params * a.grad_bytes
+        + 2.0 * params * a.optimizer_bytes / gpus;
     let memory_s = traffic / (hw.hbm_gbps * 1e9);
-    let comm_s = (gpus - 1.0) / gpus * params * (a.grad_bytes + a.param_bytes) / (hw.link_gbps * 1e9);
+    let comm_s =
+        (gpus - 1.0) / gpus * params * (a.grad_bytes + a.param_bytes) / (hw.link_gbps * 1e9);
     let step_s = compute_s.max(memory_s) + (1.0 - a.overlap) * comm_s;
-    StepProjection { tokens, compute_s, memory_s, comm_s, step_s, tokens_per_s: tokens / step_s, mfu: flops / step_s / (gpus * hw.bf16_tflops * 1e12) }
+    StepProjection {
+        tokens,
+        compute_s,
+        memory_s,
+        comm_s,
+        step_s,
+        tokens_per_s: tokens / step_s,
+        mfu: flops / step_s / (gpus * hw.bf16_tflops * 1e12),
+    }
 }
 
 /// A phase of `tokens` tokens at `step`'s pace on `gpus` GPUs: (steps, hours, GPU-hours, days).
@@ -125,7 +164,13 @@ mod tests {
     #[test]
     fn the_roofline_arithmetic_by_hand() {
         // A made-up device: 100 TFLOP/s, 1000 GB/s HBM, 10 GB/s link; GEMMs at 50%.
-        let hw = Hardware { name: "toy".into(), bf16_tflops: 100.0, hbm_gbps: 1000.0, link_gbps: 10.0, source: "test".into() };
+        let hw = Hardware {
+            name: "toy".into(),
+            bf16_tflops: 100.0,
+            hbm_gbps: 1000.0,
+            link_gbps: 10.0,
+            source: "test".into(),
+        };
         let a = Assumptions::default();
         let m = ModelConfig::zaya1_base();
         let s = step(&m, 4096, 64, 1, 8, &hw, &a);
@@ -134,14 +179,21 @@ mod tests {
         // compute: flops / 8 GPUs / 50 TFLOP/s.
         assert!((s.compute_s - flops / 8.0 / 50e12).abs() < 1e-9 * s.compute_s);
         // memory: 8 passes x 3 reads x 2 B + 2 B of gradients + 2 x 12 B / 8 of optimizer shard.
-        assert!((s.memory_s - (8.0 * 3.0 * 2.0 + 2.0 + 24.0 / 8.0) * p / 1e12).abs() < 1e-9 * s.memory_s);
+        assert!(
+            (s.memory_s - (8.0 * 3.0 * 2.0 + 2.0 + 24.0 / 8.0) * p / 1e12).abs()
+                < 1e-9 * s.memory_s
+        );
         // communication: 7/8 x (2 + 2) B per parameter at 10 GB/s.
         assert!((s.comm_s - 7.0 / 8.0 * 4.0 * p / 10e9).abs() < 1e-9 * s.comm_s);
         assert!((s.step_s - (s.compute_s.max(s.memory_s) + s.comm_s)).abs() < 1e-12);
         assert!((s.mfu - flops / s.step_s / (8.0 * 100e12)).abs() < 1e-12);
         let (steps, hours, gpu_hours, days) = phase(&s, 64.0 * 4096.0 * 10.5, 8);
         assert_eq!(steps, 11.0);
-        assert!((hours - 11.0 * s.step_s / 3600.0).abs() < 1e-12 && (gpu_hours - 8.0 * hours).abs() < 1e-9 && (days - hours / 24.0).abs() < 1e-12);
+        assert!(
+            (hours - 11.0 * s.step_s / 3600.0).abs() < 1e-12
+                && (gpu_hours - 8.0 * hours).abs() < 1e-9
+                && (days - hours / 24.0).abs() < 1e-12
+        );
         // Full overlap hides the exchange.
         let hidden = step(&m, 4096, 64, 1, 8, &hw, &Assumptions { overlap: 1.0, ..a });
         assert_eq!(hidden.step_s, s.compute_s.max(s.memory_s));

@@ -123,9 +123,15 @@ mod tests {
 
     #[test]
     fn round_trips_as_tagged_json_lines() {
-        let m = WorkerMessage::CheckpointCommitted { step: 7, path: "/x".into() };
+        let m = WorkerMessage::CheckpointCommitted {
+            step: 7,
+            path: "/x".into(),
+        };
         let line = m.to_line();
-        assert_eq!(line, r#"{"type":"checkpoint_committed","step":7,"path":"/x"}"#);
+        assert_eq!(
+            line,
+            r#"{"type":"checkpoint_committed","step":7,"path":"/x"}"#
+        );
         assert_eq!(WorkerMessage::parse(&line), Some(m));
         assert_eq!(WorkerMessage::parse("warning: something"), None);
     }

@@ -43,18 +43,46 @@ pub struct Saver {
 
 impl Saver {
     /// A saver for checkpoints under `root`, keeping the newest `keep`.
-    pub fn new(root: PathBuf, rank: usize, world: usize, keep: usize, asynchronous: bool, faults: Faults, emit: Emit) -> Saver {
-        Saver { root, rank, world, keep: keep.max(1), asynchronous, faults, emit, in_flight: None }
+    pub fn new(
+        root: PathBuf,
+        rank: usize,
+        world: usize,
+        keep: usize,
+        asynchronous: bool,
+        faults: Faults,
+        emit: Emit,
+    ) -> Saver {
+        Saver {
+            root,
+            rank,
+            world,
+            keep: keep.max(1),
+            asynchronous,
+            faults,
+            emit,
+            in_flight: None,
+        }
     }
 
     /// Starts saving `snapshot` (after the previous save finished); with `asynchronous` off,
     /// or when `wait` is set, returns only once it is committed.
     pub fn save(&mut self, snapshot: Snapshot, wait: bool) -> Result<()> {
         self.wait()?;
-        let (root, rank, world, keep, faults, emit) = (self.root.clone(), self.rank, self.world, self.keep, self.faults.clone(), self.emit.clone());
+        let (root, rank, world, keep, faults, emit) = (
+            self.root.clone(),
+            self.rank,
+            self.world,
+            self.keep,
+            self.faults.clone(),
+            self.emit.clone(),
+        );
         let work = move || write(&root, rank, world, keep, &faults, &emit, snapshot);
         if self.asynchronous && !wait {
-            self.in_flight = Some(std::thread::Builder::new().name("checkpoint-writer".into()).spawn(work)?);
+            self.in_flight = Some(
+                std::thread::Builder::new()
+                    .name("checkpoint-writer".into())
+                    .spawn(work)?,
+            );
             Ok(())
         } else {
             work()
@@ -64,20 +92,33 @@ impl Saver {
     /// Waits for the save in flight, if any, and returns its result.
     pub fn wait(&mut self) -> Result<()> {
         match self.in_flight.take() {
-            Some(h) => h.join().map_err(|_| anyhow!("the checkpoint writer thread panicked"))?,
+            Some(h) => h
+                .join()
+                .map_err(|_| anyhow!("the checkpoint writer thread panicked"))?,
             None => Ok(()),
         }
     }
 }
 
-fn write(root: &std::path::Path, rank: usize, world: usize, keep: usize, faults: &Faults, emit: &Emit, s: Snapshot) -> Result<()> {
+fn write(
+    root: &std::path::Path,
+    rank: usize,
+    world: usize,
+    keep: usize,
+    faults: &Faults,
+    emit: &Emit,
+    s: Snapshot,
+) -> Result<()> {
     let dir = root.join(checkpoint::dir_name(s.step));
     let tmp = checkpoint::tmp_dir(&dir);
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     if faults.at(Kind::KillInCheckpoint, s.step) {
         // Die with half of the files on disk: the commit must never happen.
         checkpoint::write_files(&tmp, &s.files[..s.files.len() / 2])?;
-        faults::abort(&format!("killed while writing the step-{} checkpoint", s.step));
+        faults::abort(&format!(
+            "killed while writing the step-{} checkpoint",
+            s.step
+        ));
     }
     if world == 1 {
         let part = checkpoint::write_files(&tmp, &s.files)?;
@@ -93,7 +134,10 @@ fn write(root: &std::path::Path, rank: usize, world: usize, keep: usize, faults:
             corrupt(&dir.join("model.safetensors"))?;
         }
         checkpoint::retain(root, keep)?;
-        emit(WorkerMessage::CheckpointCommitted { step: s.step, path: dir.display().to_string() });
+        emit(WorkerMessage::CheckpointCommitted {
+            step: s.step,
+            path: dir.display().to_string(),
+        });
     }
     Ok(())
 }

@@ -49,16 +49,26 @@ impl WsdSchedule {
     /// Checks the settings, naming the bad field.
     pub fn validate(&self) -> Result<(), String> {
         let frac = |name: &str, v: f64| {
-            if (0.0..=1.0).contains(&v) { Ok(()) } else { Err(format!("`{name}` must be in [0, 1], got {v}")) }
+            if (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("`{name}` must be in [0, 1], got {v}"))
+            }
         };
         frac("warmup", self.warmup)?;
         frac("decay", self.decay)?;
         frac("min_lr_ratio", self.min_lr_ratio)?;
         if self.warmup + self.decay > 1.0 {
-            return Err(format!("`warmup` + `decay` must be at most 1, got {}", self.warmup + self.decay));
+            return Err(format!(
+                "`warmup` + `decay` must be at most 1, got {}",
+                self.warmup + self.decay
+            ));
         }
         if !(self.peak_lr > 0.0 && self.peak_lr.is_finite()) {
-            return Err(format!("`peak_lr` must be a positive number, got {}", self.peak_lr));
+            return Err(format!(
+                "`peak_lr` must be a positive number, got {}",
+                self.peak_lr
+            ));
         }
         Ok(())
     }
@@ -93,7 +103,13 @@ mod tests {
 
     #[test]
     fn warms_up_holds_then_decays_to_the_floor() {
-        let s = WsdSchedule { peak_lr: 1.0, warmup: 0.1, decay: 0.2, min_lr_ratio: 0.1, decay_shape: DecayShape::Linear };
+        let s = WsdSchedule {
+            peak_lr: 1.0,
+            warmup: 0.1,
+            decay: 0.2,
+            min_lr_ratio: 0.1,
+            decay_shape: DecayShape::Linear,
+        };
         assert!((s.lr(0, 100) - 0.1).abs() < 1e-12);
         assert!((s.lr(9, 100) - 1.0).abs() < 1e-12);
         assert_eq!(s.lr(50, 100), 1.0);
@@ -102,7 +118,10 @@ mod tests {
         assert!((s.lr(99, 100) - 0.1).abs() < 1e-12);
         // Monotone non-increasing after warmup for every shape.
         for shape in [DecayShape::Linear, DecayShape::Cosine, DecayShape::Sqrt] {
-            let s = WsdSchedule { decay_shape: shape, ..s.clone() };
+            let s = WsdSchedule {
+                decay_shape: shape,
+                ..s.clone()
+            };
             let lrs: Vec<f64> = (10..100).map(|i| s.lr(i, 100)).collect();
             assert!(lrs.windows(2).all(|w| w[1] <= w[0] + 1e-15), "{shape:?}");
         }
@@ -110,9 +129,16 @@ mod tests {
 
     #[test]
     fn rejects_bad_fractions_by_name() {
-        let s = WsdSchedule { warmup: 0.9, decay: 0.2, ..Default::default() };
+        let s = WsdSchedule {
+            warmup: 0.9,
+            decay: 0.2,
+            ..Default::default()
+        };
         assert!(s.validate().unwrap_err().contains("`warmup` + `decay`"));
-        let s = WsdSchedule { min_lr_ratio: 2.0, ..Default::default() };
+        let s = WsdSchedule {
+            min_lr_ratio: 2.0,
+            ..Default::default()
+        };
         assert!(s.validate().unwrap_err().contains("min_lr_ratio"));
     }
 }

@@ -25,7 +25,14 @@ pub struct SpikeGuard {
 
 impl Default for SpikeGuard {
     fn default() -> Self {
-        SpikeGuard { enabled: true, window: 20, z: 6.0, min_jump: 0.5, min_history: 8, max_rollbacks: 5 }
+        SpikeGuard {
+            enabled: true,
+            window: 20,
+            z: 6.0,
+            min_jump: 0.5,
+            min_history: 8,
+            max_rollbacks: 5,
+        }
     }
 }
 
@@ -40,7 +47,8 @@ impl SpikeGuard {
         let mean = recent.iter().sum::<f64>() / n;
         let std = (recent.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
         let z = (loss - mean) / std.max(1e-6);
-        (!loss.is_finite() || (z > self.z && loss - mean > self.min_jump)).then_some(if loss.is_finite() { z } else { f64::INFINITY })
+        (!loss.is_finite() || (z > self.z && loss - mean > self.min_jump))
+            .then_some(if loss.is_finite() { z } else { f64::INFINITY })
     }
 
     /// Appends `loss` to `history`, keeping the last `window`.
@@ -67,13 +75,24 @@ mod tests {
         }
         assert_eq!(h.len(), 20);
         // A jump far above the recent losses (8.0 -> 6.1, sd 0.6) is a spike; so is a NaN.
-        assert_eq!(g.check(&h, 9.0), None, "3 sd is within a falling curve's spread");
+        assert_eq!(
+            g.check(&h, 9.0),
+            None,
+            "3 sd is within a falling curve's spread"
+        );
         let z = g.check(&h, 12.0).unwrap();
         assert!(z > 6.0, "{z}");
         assert_eq!(g.check(&h, f64::NAN), Some(f64::INFINITY));
         // Flat and quiet: a tiny rise is not a spike although its z is huge.
         let flat = vec![5.0; 10];
         assert_eq!(g.check(&flat, 5.01), None);
-        assert!(SpikeGuard { enabled: false, ..g }.check(&h, 12.0).is_none());
+        assert!(
+            SpikeGuard {
+                enabled: false,
+                ..g
+            }
+            .check(&h, 12.0)
+            .is_none()
+        );
     }
 }

@@ -19,7 +19,10 @@ use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamW, AdamWConfig, AdjustLrFn, GradientsAccumulator, GradientsParams, Muon, MuonConfig, Optimizer};
+use burn::optim::{
+    AdamW, AdamWConfig, AdjustLrFn, GradientsAccumulator, GradientsParams, Muon, MuonConfig,
+    Optimizer,
+};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
@@ -27,19 +30,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::balance::{self, BalanceConfig, BalanceState};
 use crate::checkpoint::{self, TrainerState};
+use crate::collective::Group;
 use crate::data::TokenSource;
 use crate::data::megatron::IndexedDataset;
 use crate::data::mixture::MixtureReader;
-use crate::model::Zaya;
-use crate::collective::Group;
 use crate::data_parallel::{self, Plan, StepSums};
 use crate::faults::{self, Faults, Kind};
+use crate::model::Zaya;
 use crate::protocol::{Emit, StepMetrics, WorkerMessage};
 use crate::saver::{Saver, Snapshot};
-use crate::spike::SpikeGuard;
-use crate::zero;
 use crate::schedule::WsdSchedule;
 use crate::size::ModelConfig;
+use crate::spike::SpikeGuard;
+use crate::zero;
 
 /// Muon settings (ZAYA1's are not public).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,7 +60,12 @@ pub struct MuonSettings {
 
 impl Default for MuonSettings {
     fn default() -> Self {
-        MuonSettings { momentum: 0.95, nesterov: true, ns_steps: 5, weight_decay: 0.1 }
+        MuonSettings {
+            momentum: 0.95,
+            nesterov: true,
+            ns_steps: 5,
+            weight_decay: 0.1,
+        }
     }
 }
 
@@ -77,7 +85,12 @@ pub struct AdamWSettings {
 
 impl Default for AdamWSettings {
     fn default() -> Self {
-        AdamWSettings { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0 }
+        AdamWSettings {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
     }
 }
 
@@ -152,9 +165,14 @@ impl TrainSettings {
             return Err("`global_batch` and `micro_batch` must be at least 1".into());
         }
         if self.global_batch % self.micro_batch != 0 {
-            return Err(format!("`global_batch` ({}) must be a multiple of `micro_batch` ({})", self.global_batch, self.micro_batch));
+            return Err(format!(
+                "`global_batch` ({}) must be a multiple of `micro_batch` ({})",
+                self.global_batch, self.micro_batch
+            ));
         }
-        self.schedule.validate().map_err(|e| format!("schedule: {e}"))
+        self.schedule
+            .validate()
+            .map_err(|e| format!("schedule: {e}"))
     }
 }
 
@@ -193,9 +211,17 @@ type AdamOpt<B> = OptimizerAdaptor<AdamW, Zaya<B>, B>;
 
 /// Trains `job` on backend `B` as rank `group.rank` of `group.world`, sending protocol
 /// messages to `emit`; `faults` are the injected faults that apply to this rank.
-pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name: &str, emit: &Emit, faults: &Faults, group: &mut Group) -> Result<()> {
+pub fn train<B: AutodiffBackend>(
+    job: &TrainJob,
+    device: &B::Device,
+    device_name: &str,
+    emit: &Emit,
+    faults: &Faults,
+    group: &mut Group,
+) -> Result<()> {
     let t = &job.train;
-    t.validate().map_err(|e| anyhow::anyhow!("phase `{}`: {e}", job.phase))?;
+    t.validate()
+        .map_err(|e| anyhow::anyhow!("phase `{}`: {e}", job.phase))?;
     let (rank, world) = (group.rank, group.world);
     ensure!(
         t.global_batch % (world * t.micro_batch) == 0,
@@ -208,38 +234,81 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name
 
     let mut sources: Vec<Arc<dyn TokenSource>> = Vec::new();
     for s in &job.sources {
-        sources.push(Arc::new(IndexedDataset::open(&s.tokens).with_context(|| format!("opening the tokens of source `{}`", s.name))?));
+        sources.push(Arc::new(IndexedDataset::open(&s.tokens).with_context(
+            || format!("opening the tokens of source `{}`", s.name),
+        )?));
     }
     let reader = MixtureReader::open(&job.mixture, sources)?;
     let seq_len = reader.seq_len();
     let total_steps = reader.num_samples() / t.global_batch as u64;
-    ensure!(total_steps > 0, "phase `{}`: the mixture has {} samples, fewer than one global batch of {}", job.phase, reader.num_samples(), t.global_batch);
+    ensure!(
+        total_steps > 0,
+        "phase `{}`: the mixture has {} samples, fewer than one global batch of {}",
+        job.phase,
+        reader.num_samples(),
+        t.global_batch
+    );
 
     let shape_model: Zaya<B> = Zaya::new(&job.model, t.seed, device);
     let layout = zero::Layout::new(&param_list(&shape_model), world, 1)?;
     let plan = Plan::new(&layout);
     drop(shape_model);
-    let (mut model, mut optim, mut state) = start::<B>(job, total_steps, &reader, &layout, rank, device)?;
+    let (mut model, mut optim, mut state) =
+        start::<B>(job, total_steps, &reader, &layout, rank, device)?;
 
-    let heldout = if rank == 0 { open_heldout(job)? } else { Vec::new() };
+    let heldout = if rank == 0 {
+        open_heldout(job)?
+    } else {
+        Vec::new()
+    };
     let routes = model.routes();
     let target = balance::target_shares(routes, job.model.mod_skip, &t.balance);
     let params: u64 = model.num_params() as u64;
-    emit(WorkerMessage::Hello { rank, world, device: device_name.to_string(), start_step: state.step, total_steps, params });
-    tracing::debug!("{} parameters; {} weight matrices trained with Muon; rank {rank} owns {} of {} values", params, optim.muon_ids.len(), plan.blocks[rank].len(), plan.total);
+    emit(WorkerMessage::Hello {
+        rank,
+        world,
+        device: device_name.to_string(),
+        start_step: state.step,
+        total_steps,
+        params,
+    });
+    tracing::debug!(
+        "{} parameters; {} weight matrices trained with Muon; rank {rank} owns {} of {} values",
+        params,
+        optim.muon_ids.len(),
+        plan.blocks[rank].len(),
+        plan.total
+    );
 
-    let mut saver = Saver::new(job.checkpoints.clone(), rank, world, t.keep_checkpoints, t.async_checkpoints, faults.clone(), emit.clone());
+    let mut saver = Saver::new(
+        job.checkpoints.clone(),
+        rank,
+        world,
+        t.keep_checkpoints,
+        t.async_checkpoints,
+        faults.clone(),
+        emit.clone(),
+    );
     let mut spike_fired = false;
     let mut last_loss = f64::NAN;
     let mut saved_step = None;
     while state.step < total_steps {
         // Batches skipped after a loss spike are passed over; the phase ends early if that
         // leaves too few samples for a whole batch.
-        while state.skipped_batches.binary_search(&state.cursor.sample).is_ok() {
+        while state
+            .skipped_batches
+            .binary_search(&state.cursor.sample)
+            .is_ok()
+        {
             state.cursor.sample += t.global_batch as u64;
         }
         if state.cursor.sample + t.global_batch as u64 > reader.num_samples() {
-            tracing::warn!("phase {}: out of samples after skipping {} batches; ending at step {}", job.phase, state.skipped_batches.len(), state.step);
+            tracing::warn!(
+                "phase {}: out of samples after skipping {} batches; ending at step {}",
+                job.phase,
+                state.skipped_batches.len(),
+                state.step
+            );
             break;
         }
         let started = Instant::now();
@@ -253,13 +322,30 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name
             if garbage {
                 // Fault injection: this batch is noise, as a corrupt shard would be.
                 let mut rng = crate::rng::SplitMix64(batch_start ^ 0xbad);
-                batch.tokens.iter_mut().for_each(|x| *x = rng.below(job.model.vocab_size as u64) as u32);
+                batch
+                    .tokens
+                    .iter_mut()
+                    .for_each(|x| *x = rng.below(job.model.vocab_size as u64) as u32);
             }
-            micro_batches.push(batch_tensors::<B>(&batch.tokens, t.micro_batch, seq_len, device));
+            micro_batches.push(batch_tensors::<B>(
+                &batch.tokens,
+                t.micro_batch,
+                seq_len,
+                device,
+            ));
             state.cursor = state.cursor.advance(world, t.micro_batch);
         }
         let lr = t.schedule.lr(state.step, total_steps);
-        let (m, out) = train_step(model, &mut optim, micro_batches, &biases, lr, t.grad_clip, group, Some(&plan))?;
+        let (m, out) = train_step(
+            model,
+            &mut optim,
+            micro_batches,
+            &biases,
+            lr,
+            t.grad_clip,
+            group,
+            Some(&plan),
+        )?;
         model = m;
         let (grad_norm, counts) = (out.grad_norm, out.counts);
         let delay = faults.delay_ms(state.step + 1);
@@ -279,16 +365,37 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name
                 skipped.dedup();
                 let rollbacks = state.rollbacks + 1;
                 let spiked_step = state.step + 1;
-                (model, optim, state) = start::<B>(job, total_steps, &reader, &layout, rank, device)?;
+                (model, optim, state) =
+                    start::<B>(job, total_steps, &reader, &layout, rank, device)?;
                 state.skipped_batches = skipped;
                 state.rollbacks = rollbacks;
-                tracing::warn!("loss spike at step {spiked_step} (loss {:.4}, z {z:.1}): back to step {}, skipping samples {batch_start}..", out.loss, state.step);
-                emit(WorkerMessage::LossSpike { step: spiked_step, loss: out.loss, z, rollback_to: state.step, skipped_sample: batch_start });
+                tracing::warn!(
+                    "loss spike at step {spiked_step} (loss {:.4}, z {z:.1}): back to step {}, skipping samples {batch_start}..",
+                    out.loss,
+                    state.step
+                );
+                emit(WorkerMessage::LossSpike {
+                    step: spiked_step,
+                    loss: out.loss,
+                    z,
+                    rollback_to: state.step,
+                    skipped_sample: batch_start,
+                });
                 continue;
             }
-            tracing::warn!("loss spike at step {} (z {z:.1}) but the phase already rolled back {} times; going on", state.step + 1, state.rollbacks);
+            tracing::warn!(
+                "loss spike at step {} (z {z:.1}) but the phase already rolled back {} times; going on",
+                state.step + 1,
+                state.rollbacks
+            );
         }
-        ensure!(out.loss.is_finite(), "phase `{}`: the loss is {} at step {}", job.phase, out.loss, state.step + 1);
+        ensure!(
+            out.loss.is_finite(),
+            "phase `{}`: the loss is {} at step {}",
+            job.phase,
+            out.loss,
+            state.step + 1
+        );
         t.spike.record(&mut state.loss_history, out.loss);
 
         let mut errors = 0.0;
@@ -319,11 +426,24 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name
 
         let last = state.step == total_steps;
         if rank == 0 && ((t.eval_every > 0 && state.step % t.eval_every == 0) || last) {
-            let losses = evaluate(&model.valid(), &heldout, seq_len, t.eval_tokens, t.micro_batch, &biases);
-            emit(WorkerMessage::Eval { step: state.step, losses });
+            let losses = evaluate(
+                &model.valid(),
+                &heldout,
+                seq_len,
+                t.eval_tokens,
+                t.micro_batch,
+                &biases,
+            );
+            emit(WorkerMessage::Eval {
+                step: state.step,
+                losses,
+            });
         }
         if (t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0) || last {
-            saver.save(snapshot(&job.model, &layout, rank, &model, &optim, &state)?, last)?;
+            saver.save(
+                snapshot(&job.model, &layout, rank, &model, &optim, &state)?,
+                last,
+            )?;
             saved_step = Some(state.step);
         }
         if faults.at(Kind::Crash, state.step) {
@@ -335,10 +455,16 @@ pub fn train<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, device_name
     }
     if saved_step != Some(state.step) {
         // The phase ended early (skipped batches): its last state still becomes a checkpoint.
-        saver.save(snapshot(&job.model, &layout, rank, &model, &optim, &state)?, true)?;
+        saver.save(
+            snapshot(&job.model, &layout, rank, &model, &optim, &state)?,
+            true,
+        )?;
     }
     saver.wait()?;
-    emit(WorkerMessage::Done { step: state.step, loss: last_loss });
+    emit(WorkerMessage::Done {
+        step: state.step,
+        loss: last_loss,
+    });
     Ok(())
 }
 
@@ -357,21 +483,58 @@ fn start<B: AutodiffBackend>(
     let rope_base = t.rope_base.unwrap_or(job.model.rope_base);
     let routes = model.routes();
     let mut optim = Optimizers::new(t, &model);
-    let balance = (0..job.model.num_blocks).map(|_| BalanceState::new(routes, job.model.mod_skip)).collect();
-    let mut state = TrainerState::new(&job.phase, total_steps, reader.start(&job.phase), balance, t.seed, rope_base);
+    let balance = (0..job.model.num_blocks)
+        .map(|_| BalanceState::new(routes, job.model.mod_skip))
+        .collect();
+    let mut state = TrainerState::new(
+        &job.phase,
+        total_steps,
+        reader.start(&job.phase),
+        balance,
+        t.seed,
+        rope_base,
+    );
     if let Some((dir, files)) = checkpoint::latest(&job.checkpoints) {
         let (m, o, st) = restore(model, optim, &dir, &files, device, Some((layout, rank)))?;
         (model, optim) = (m, o);
-        ensure!(st.phase == job.phase, "{}: a checkpoint of phase `{}` in phase `{}`'s directory", dir.display(), st.phase, job.phase);
+        ensure!(
+            st.phase == job.phase,
+            "{}: a checkpoint of phase `{}` in phase `{}`'s directory",
+            dir.display(),
+            st.phase,
+            job.phase
+        );
         state = st;
-        tracing::info!("resuming phase {} at step {} from {}", job.phase, state.step, dir.display());
+        tracing::info!(
+            "resuming phase {} at step {} from {}",
+            job.phase,
+            state.step,
+            dir.display()
+        );
     } else if let Some(init) = &job.init {
-        let files = checkpoint::read_verified(init).with_context(|| format!("the previous phase's checkpoint {}", init.display()))?;
-        let (m, o, prev) = restore(model, optim, init, &files, device, t.carry_optimizer.then_some((layout, rank)))?;
+        let files = checkpoint::read_verified(init)
+            .with_context(|| format!("the previous phase's checkpoint {}", init.display()))?;
+        let (m, o, prev) = restore(
+            model,
+            optim,
+            init,
+            &files,
+            device,
+            t.carry_optimizer.then_some((layout, rank)),
+        )?;
         (model, optim) = (m, o);
         // The routing biases are part of the model; the phase's data and step restart.
         state.balance = prev.balance;
-        tracing::info!("phase {} starts from {} (optimizer state {})", job.phase, init.display(), if t.carry_optimizer { "carried" } else { "reset" });
+        tracing::info!(
+            "phase {} starts from {} (optimizer state {})",
+            job.phase,
+            init.display(),
+            if t.carry_optimizer {
+                "carried"
+            } else {
+                "reset"
+            }
+        );
     }
     model.options.rope_base = rope_base;
     Ok((model, optim, state))
@@ -379,8 +542,15 @@ fn start<B: AutodiffBackend>(
 
 /// Every parameter as (name, id, elements), in visiting order: what [`zero::Layout`] shards.
 pub fn param_list<B: Backend>(model: &Zaya<B>) -> Vec<(String, u64, usize)> {
-    let sizes: Vec<usize> = checkpoint::weights(model).iter().map(|(_, shape, _)| shape.iter().product()).collect();
-    checkpoint::param_names::<B, _>(model).into_iter().zip(sizes).map(|((name, id), n)| (name, id.val(), n)).collect()
+    let sizes: Vec<usize> = checkpoint::weights(model)
+        .iter()
+        .map(|(_, shape, _)| shape.iter().product())
+        .collect();
+    checkpoint::param_names::<B, _>(model)
+        .into_iter()
+        .zip(sizes)
+        .map(|((name, id), n)| (name, id.val(), n))
+        .collect()
 }
 
 /// Muon for the 2-D weight matrices, AdamW for everything else, sharing one learning rate
@@ -397,9 +567,16 @@ impl<B: AutodiffBackend> Optimizers<B> {
     pub fn new(t: &TrainSettings, model: &Zaya<B>) -> Self {
         let muon = MuonConfig::new()
             .with_adjust_lr_fn(AdjustLrFn::MatchRmsAdamW)
-            .with_momentum(MomentumConfig { momentum: t.muon.momentum, dampening: 0.0, nesterov: t.muon.nesterov })
+            .with_momentum(MomentumConfig {
+                momentum: t.muon.momentum,
+                dampening: 0.0,
+                nesterov: t.muon.nesterov,
+            })
             .with_ns_steps(t.muon.ns_steps)
-            .with_weight_decay((t.muon.weight_decay > 0.0).then(|| WeightDecayConfig::new(t.muon.weight_decay as f32)))
+            .with_weight_decay(
+                (t.muon.weight_decay > 0.0)
+                    .then(|| WeightDecayConfig::new(t.muon.weight_decay as f32)),
+            )
             .init();
         let adamw = AdamWConfig::new()
             .with_beta_1(t.adamw.beta1 as f32)
@@ -407,7 +584,11 @@ impl<B: AutodiffBackend> Optimizers<B> {
             .with_epsilon(t.adamw.eps as f32)
             .with_weight_decay(t.adamw.weight_decay as f32)
             .init();
-        Optimizers { muon, adamw, muon_ids: matrix_ids(model) }
+        Optimizers {
+            muon,
+            adamw,
+            muon_ids: matrix_ids(model),
+        }
     }
 }
 
@@ -455,7 +636,13 @@ pub fn train_step<B: AutodiffBackend>(
     let mut loss = loss_sum / n as f64;
     let grad_norm = match plan {
         Some(plan) if group.world > 1 => {
-            let (g, sums, norm) = data_parallel::exchange_gradients(group, plan, &model, grads, StepSums { loss, counts })?;
+            let (g, sums, norm) = data_parallel::exchange_gradients(
+                group,
+                plan,
+                &model,
+                grads,
+                StepSums { loss, counts },
+            )?;
             (grads, loss, counts) = (g, sums.loss, sums.counts);
             norm
         }
@@ -470,23 +657,40 @@ pub fn train_step<B: AutodiffBackend>(
     if let Some(plan) = plan.filter(|_| group.world > 1) {
         model = data_parallel::all_gather_parameters(group, plan, model)?;
     }
-    Ok((model, StepOutput { loss, grad_norm, counts }))
+    Ok((
+        model,
+        StepOutput {
+            loss,
+            grad_norm,
+            counts,
+        },
+    ))
 }
 
 /// `[micro_batch, seq_len + 1]` token rows -> (inputs, targets) `[micro_batch, seq_len]`.
-pub fn batch_tensors<B: Backend>(rows: &[u32], micro_batch: usize, seq_len: usize, device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+pub fn batch_tensors<B: Backend>(
+    rows: &[u32],
+    micro_batch: usize,
+    seq_len: usize,
+    device: &B::Device,
+) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
     let mut inputs = Vec::with_capacity(micro_batch * seq_len);
     let mut targets = Vec::with_capacity(micro_batch * seq_len);
     for row in rows.chunks_exact(seq_len + 1) {
         inputs.extend(row[..seq_len].iter().map(|&t| t as i64));
         targets.extend(row[1..].iter().map(|&t| t as i64));
     }
-    let make = |v: Vec<i64>| Tensor::<B, 2, Int>::from_data(TensorData::new(v, [micro_batch, seq_len]), device);
+    let make = |v: Vec<i64>| {
+        Tensor::<B, 2, Int>::from_data(TensorData::new(v, [micro_batch, seq_len]), device)
+    };
     (make(inputs), make(targets))
 }
 
 fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
-    t.into_data().convert::<f64>().into_vec::<f64>().expect("scalar")[0]
+    t.into_data()
+        .convert::<f64>()
+        .into_vec::<f64>()
+        .expect("scalar")[0]
 }
 
 /// The ids of the parameters Muon trains: every 2-D weight matrix except the (tied) embedding.
@@ -502,7 +706,10 @@ fn matrix_ids<B: AutodiffBackend>(model: &Zaya<B>) -> BTreeSet<ParamId> {
             }
         }
     }
-    let mut v = Matrices { embedding: model.embed_tokens.id, out: BTreeSet::new() };
+    let mut v = Matrices {
+        embedding: model.embed_tokens.id,
+        out: BTreeSet::new(),
+    };
     model.visit(&mut v);
     v.out
 }
@@ -534,7 +741,8 @@ fn scale_grads<B: AutodiffBackend>(model: &Zaya<B>, grads: &mut GradientsParams,
     impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
             if let Some(g) = self.grads.remove::<B::InnerBackend, D>(p.id) {
-                self.grads.register::<B::InnerBackend, D>(p.id, g.mul_scalar(self.factor));
+                self.grads
+                    .register::<B::InnerBackend, D>(p.id, g.mul_scalar(self.factor));
             }
         }
     }
@@ -542,7 +750,11 @@ fn scale_grads<B: AutodiffBackend>(model: &Zaya<B>, grads: &mut GradientsParams,
 }
 
 /// Moves the gradients of `ids` out of `grads` into a new set.
-fn split_grads<B: AutodiffBackend>(model: &Zaya<B>, grads: &mut GradientsParams, ids: &BTreeSet<ParamId>) -> GradientsParams {
+fn split_grads<B: AutodiffBackend>(
+    model: &Zaya<B>,
+    grads: &mut GradientsParams,
+    ids: &BTreeSet<ParamId>,
+) -> GradientsParams {
     struct Split<'a> {
         from: &'a mut GradientsParams,
         to: GradientsParams,
@@ -557,7 +769,11 @@ fn split_grads<B: AutodiffBackend>(model: &Zaya<B>, grads: &mut GradientsParams,
             }
         }
     }
-    let mut v = Split { from: grads, to: GradientsParams::new(), ids };
+    let mut v = Split {
+        from: grads,
+        to: GradientsParams::new(),
+        ids,
+    };
     model.visit(&mut v);
     v.to
 }
@@ -567,7 +783,8 @@ fn open_heldout(job: &TrainJob) -> Result<Vec<(String, IndexedDataset)>> {
     let mut out = Vec::new();
     for s in &job.sources {
         if let Some(prefix) = &s.heldout {
-            let ds = IndexedDataset::open(prefix).with_context(|| format!("opening the held-out tokens of `{}`", s.name))?;
+            let ds = IndexedDataset::open(prefix)
+                .with_context(|| format!("opening the held-out tokens of `{}`", s.name))?;
             if ds.num_docs() > 0 {
                 out.push((s.name.clone(), ds));
             }
@@ -578,7 +795,14 @@ fn open_heldout(job: &TrainJob) -> Result<Vec<(String, IndexedDataset)>> {
 
 /// Mean held-out loss per source over the first `tokens` tokens of its held-out stream, in
 /// windows of `seq_len` predictions.
-pub fn evaluate<B: Backend>(model: &Zaya<B>, heldout: &[(String, IndexedDataset)], seq_len: usize, tokens: usize, batch: usize, biases: &[Vec<f32>]) -> Vec<(String, f64)> {
+pub fn evaluate<B: Backend>(
+    model: &Zaya<B>,
+    heldout: &[(String, IndexedDataset)],
+    seq_len: usize,
+    tokens: usize,
+    batch: usize,
+    biases: &[Vec<f32>],
+) -> Vec<(String, f64)> {
     let device = model.embed_tokens.val().device();
     let mut out = Vec::new();
     for (name, ds) in heldout {
@@ -617,22 +841,50 @@ fn read_stream(ds: &IndexedDataset, n: usize) -> Vec<u32> {
 
 /// This rank's files of a checkpoint of the current state: every rank its optimizer shards;
 /// rank 0 also the weights, the trainer state, the layout and the model config.
-pub(crate) fn snapshot<B: AutodiffBackend>(model_config: &ModelConfig, layout: &zero::Layout, rank: usize, model: &Zaya<B>, optim: &Optimizers<B>, state: &TrainerState) -> Result<Snapshot> {
+pub(crate) fn snapshot<B: AutodiffBackend>(
+    model_config: &ModelConfig,
+    layout: &zero::Layout,
+    rank: usize,
+    model: &Zaya<B>,
+    optim: &Optimizers<B>,
+    state: &TrainerState,
+) -> Result<Snapshot> {
     let mut files = vec![
-        (zero::shard_file("muon", rank), optimizer_bytes(optim.muon.to_record())?),
-        (zero::shard_file("adamw", rank), optimizer_bytes(optim.adamw.to_record())?),
+        (
+            zero::shard_file("muon", rank),
+            optimizer_bytes(optim.muon.to_record())?,
+        ),
+        (
+            zero::shard_file("adamw", rank),
+            optimizer_bytes(optim.adamw.to_record())?,
+        ),
     ];
     if rank == 0 {
         // One metadata entry: safetensors keeps metadata in a HashMap, so with two or more the
         // header's byte order would change from process to process.
         let mut meta = BTreeMap::new();
         meta.insert("format".into(), checkpoint::WEIGHTS_FORMAT.into());
-        files.push(("model.safetensors".to_string(), checkpoint::weights_to_safetensors(model, meta)?));
-        files.push(("trainer.json".to_string(), serde_json::to_vec_pretty(state)?));
-        files.push(("layout.json".to_string(), serde_json::to_vec_pretty(layout)?));
-        files.push(("model.json".to_string(), serde_json::to_vec_pretty(model_config)?));
+        files.push((
+            "model.safetensors".to_string(),
+            checkpoint::weights_to_safetensors(model, meta)?,
+        ));
+        files.push((
+            "trainer.json".to_string(),
+            serde_json::to_vec_pretty(state)?,
+        ));
+        files.push((
+            "layout.json".to_string(),
+            serde_json::to_vec_pretty(layout)?,
+        ));
+        files.push((
+            "model.json".to_string(),
+            serde_json::to_vec_pretty(model_config)?,
+        ));
     }
-    Ok(Snapshot { step: state.step, files })
+    Ok(Snapshot {
+        step: state.step,
+        files,
+    })
 }
 
 /// Loads a checkpoint's weights (always), this rank's optimizer shards (if `shard` names the
@@ -645,9 +897,18 @@ fn restore<B: AutodiffBackend>(
     device: &B::Device,
     shard: Option<(&zero::Layout, usize)>,
 ) -> Result<(Zaya<B>, Optimizers<B>, TrainerState)> {
-    let get = |name: &str| files.get(name).with_context(|| format!("{}: no {name} in the checkpoint", dir.display()));
-    let model = checkpoint::load_weights(model, get("model.safetensors")?, &dir.join("model.safetensors"))?;
-    let state: TrainerState = serde_json::from_slice(get("trainer.json")?).with_context(|| format!("{}/trainer.json", dir.display()))?;
+    let get = |name: &str| {
+        files
+            .get(name)
+            .with_context(|| format!("{}: no {name} in the checkpoint", dir.display()))
+    };
+    let model = checkpoint::load_weights(
+        model,
+        get("model.safetensors")?,
+        &dir.join("model.safetensors"),
+    )?;
+    let state: TrainerState = serde_json::from_slice(get("trainer.json")?)
+        .with_context(|| format!("{}/trainer.json", dir.display()))?;
     if let Some((layout, rank)) = shard {
         let saved = zero::read_layout(dir, files)?;
         if saved.dp != layout.dp && rank == 0 {
@@ -660,8 +921,10 @@ fn restore<B: AutodiffBackend>(
         }
         let muon = zero::shard_for(dir, files, &saved, layout, rank, "muon")?;
         let adamw = zero::shard_for(dir, files, &saved, layout, rank, "adamw")?;
-        let muon = optimizer_record(&muon, device).with_context(|| format!("{}: Muon state of rank {rank}", dir.display()))?;
-        let adamw = optimizer_record(&adamw, device).with_context(|| format!("{}: AdamW state of rank {rank}", dir.display()))?;
+        let muon = optimizer_record(&muon, device)
+            .with_context(|| format!("{}: Muon state of rank {rank}", dir.display()))?;
+        let adamw = optimizer_record(&adamw, device)
+            .with_context(|| format!("{}: AdamW state of rank {rank}", dir.display()))?;
         optim.muon = optim.muon.load_record(muon);
         optim.adamw = optim.adamw.load_record(adamw);
     }
@@ -671,17 +934,24 @@ fn restore<B: AutodiffBackend>(
 /// An optimizer record as bytes ([`zero`]'s shard format), entries sorted by parameter id so
 /// the same state always serialises to the same bytes (burn keeps them in a randomly seeded
 /// hash map).
-fn optimizer_bytes<RB: Backend, R: Record<RB>>(record: hashbrown::HashMap<ParamId, R>) -> Result<Vec<u8>> {
+fn optimizer_bytes<RB: Backend, R: Record<RB>>(
+    record: hashbrown::HashMap<ParamId, R>,
+) -> Result<Vec<u8>> {
     let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
     let mut encoded = Vec::with_capacity(record.len());
     for (id, r) in record {
         encoded.push((id.val(), Recorder::<RB>::record(&recorder, r, ())?));
     }
-    Ok(zero::join_entries(encoded.iter().map(|(id, b)| (*id, b.as_slice())).collect()))
+    Ok(zero::join_entries(
+        encoded.iter().map(|(id, b)| (*id, b.as_slice())).collect(),
+    ))
 }
 
 /// Reads what [`optimizer_bytes`] wrote.
-fn optimizer_record<RB: Backend, R: Record<RB>>(bytes: &[u8], device: &RB::Device) -> Result<hashbrown::HashMap<ParamId, R>> {
+fn optimizer_record<RB: Backend, R: Record<RB>>(
+    bytes: &[u8],
+    device: &RB::Device,
+) -> Result<hashbrown::HashMap<ParamId, R>> {
     let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
     let mut out = hashbrown::HashMap::new();
     for (id, record) in zero::entries(bytes)? {

@@ -47,18 +47,25 @@ pub fn run(job_path: &Path, backend: &str, device: usize) -> i32 {
     };
     {
         let (emit, step) = (emit.clone(), step.clone());
-        let every: u64 = std::env::var(HEARTBEAT_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(15);
+        let every: u64 = std::env::var(HEARTBEAT_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(15);
         std::thread::spawn(move || {
             loop {
                 std::thread::sleep(std::time::Duration::from_secs(every.max(1)));
-                emit(WorkerMessage::Heartbeat { step: step.load(Ordering::Relaxed) });
+                emit(WorkerMessage::Heartbeat {
+                    step: step.load(Ordering::Relaxed),
+                });
             }
         });
     }
     match run_inner(job_path, backend, device, &emit) {
         Ok(()) => 0,
         Err(e) => {
-            emit(WorkerMessage::Error { message: format!("{e:#}") });
+            emit(WorkerMessage::Error {
+                message: format!("{e:#}"),
+            });
             eprintln!("error: {e:#}");
             1
         }
@@ -66,8 +73,10 @@ pub fn run(job_path: &Path, backend: &str, device: usize) -> i32 {
 }
 
 fn run_inner(job_path: &Path, backend: &str, device: usize, emit: &Emit) -> Result<()> {
-    let job: TrainJob = serde_json::from_slice(&std::fs::read(job_path).with_context(|| format!("reading {}", job_path.display()))?)
-        .with_context(|| format!("parsing the train job {}", job_path.display()))?;
+    let job: TrainJob = serde_json::from_slice(
+        &std::fs::read(job_path).with_context(|| format!("reading {}", job_path.display()))?,
+    )
+    .with_context(|| format!("parsing the train job {}", job_path.display()))?;
     let kind = BackendKind::parse(backend)?;
     let description = backend::probe(kind, device)?;
     let placement = Placement::from_env()?;
@@ -80,27 +89,58 @@ fn run_inner(job_path: &Path, backend: &str, device: usize, emit: &Emit) -> Resu
     match kind {
         BackendKind::Cpu => {
             let device = burn_flex::FlexDevice;
-            go::<Autodiff<burn_flex::Flex>>(&job, &device, &description, emit, &faults, placement.as_ref())
+            go::<Autodiff<burn_flex::Flex>>(
+                &job,
+                &device,
+                &description,
+                emit,
+                &faults,
+                placement.as_ref(),
+            )
         }
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
             let device = burn::backend::cuda::CudaDevice::new(device);
-            go::<Autodiff<burn::backend::Cuda>>(&job, &device, &description, emit, &faults, placement.as_ref())
+            go::<Autodiff<burn::backend::Cuda>>(
+                &job,
+                &device,
+                &description,
+                emit,
+                &faults,
+                placement.as_ref(),
+            )
         }
         #[cfg(feature = "rocm")]
         BackendKind::Rocm => {
             let device = burn::backend::rocm::RocmDevice::new(device);
-            go::<Autodiff<burn::backend::Rocm>>(&job, &device, &description, emit, &faults, placement.as_ref())
+            go::<Autodiff<burn::backend::Rocm>>(
+                &job,
+                &device,
+                &description,
+                emit,
+                &faults,
+                placement.as_ref(),
+            )
         }
         #[allow(unreachable_patterns)]
         _ => unreachable!("probe rejects backends that are not compiled in"),
     }
 }
 
-fn go<B: AutodiffBackend>(job: &TrainJob, device: &B::Device, description: &str, emit: &Emit, faults: &Faults, placement: Option<&Placement>) -> Result<()> {
+fn go<B: AutodiffBackend>(
+    job: &TrainJob,
+    device: &B::Device,
+    description: &str,
+    emit: &Emit,
+    faults: &Faults,
+    placement: Option<&Placement>,
+) -> Result<()> {
     if std::env::var_os(PREFLIGHT_ENV).is_some() {
         let probe = crate::preflight::probe::<B::InnerBackend>(device, faults.delay_ms(0));
-        emit(WorkerMessage::Preflight { rank: placement.map_or(0, |p| p.rank), probe });
+        emit(WorkerMessage::Preflight {
+            rank: placement.map_or(0, |p| p.rank),
+            probe,
+        });
     }
     let mut group = match placement {
         Some(p) => Group::join(p)?,

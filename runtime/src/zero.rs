@@ -91,21 +91,35 @@ impl Layout {
                 numel: *numel,
                 owner,
                 // Contiguous placement: expert e of each layer on EP rank e / (experts / ep).
-                ep_rank: (ep > 1).then(|| expert_index(name).map(|e| e / (experts / ep))).flatten(),
+                ep_rank: (ep > 1)
+                    .then(|| expert_index(name).map(|e| e / (experts / ep)))
+                    .flatten(),
             })
             .collect();
-        Ok(Layout { dp, ep, params: slots })
+        Ok(Layout {
+            dp,
+            ep,
+            params: slots,
+        })
     }
 
     /// The same parameters laid out for another degree.
     pub fn reshaped(&self, dp: usize, ep: usize) -> Result<Layout> {
-        let params: Vec<(String, u64, usize)> = self.params.iter().map(|s| (s.name.clone(), s.id, s.numel)).collect();
+        let params: Vec<(String, u64, usize)> = self
+            .params
+            .iter()
+            .map(|s| (s.name.clone(), s.id, s.numel))
+            .collect();
         Layout::new(&params, dp, ep)
     }
 
     /// Parameter ids owned by `rank`.
     pub fn owned_by(&self, rank: usize) -> Vec<u64> {
-        self.params.iter().filter(|s| s.owner == rank).map(|s| s.id).collect()
+        self.params
+            .iter()
+            .filter(|s| s.owner == rank)
+            .map(|s| s.id)
+            .collect()
     }
 
     /// Elements of optimizer-owned parameters per rank (how even the shards are).
@@ -125,7 +139,11 @@ fn expert_index(name: &str) -> Option<usize> {
 }
 
 fn experts_per_layer(params: &[(String, u64, usize)]) -> usize {
-    params.iter().filter_map(|(n, _, _)| expert_index(n)).max().map_or(0, |m| m + 1)
+    params
+        .iter()
+        .filter_map(|(n, _, _)| expert_index(n))
+        .max()
+        .map_or(0, |m| m + 1)
 }
 
 /// Splits a shard file into its `(id, record bytes)` entries.
@@ -133,11 +151,17 @@ pub fn entries(bytes: &[u8]) -> Result<Vec<(u64, &[u8])>> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < bytes.len() {
-        ensure!(at + 16 <= bytes.len(), "truncated optimizer state at byte {at}");
+        ensure!(
+            at + 16 <= bytes.len(),
+            "truncated optimizer state at byte {at}"
+        );
         let id = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
         let len = u64::from_le_bytes(bytes[at + 8..at + 16].try_into().expect("8 bytes")) as usize;
         at += 16;
-        ensure!(at + len <= bytes.len(), "truncated optimizer state: entry {id} wants {len} bytes at byte {at}");
+        ensure!(
+            at + len <= bytes.len(),
+            "truncated optimizer state: entry {id} wants {len} bytes at byte {at}"
+        );
         out.push((id, &bytes[at..at + len]));
         at += len;
     }
@@ -161,9 +185,15 @@ pub fn join_entries(mut entries: Vec<(u64, &[u8])>) -> Vec<u8> {
 /// files, `layout.json` is replaced, every other file is copied unchanged. `output` is
 /// written atomically (temporary directory, manifest last, rename).
 pub fn reshape(input: &Path, output: &Path, dp: usize, ep: usize) -> Result<Layout> {
-    let files = checkpoint::read_verified(input).with_context(|| format!("{} does not verify; it cannot be reshaped", input.display()))?;
-    let layout: Layout = serde_json::from_slice(files.get("layout.json").with_context(|| format!("{}: no layout.json (not a zflow training checkpoint?)", input.display()))?)
-        .with_context(|| format!("{}/layout.json", input.display()))?;
+    let files = checkpoint::read_verified(input)
+        .with_context(|| format!("{} does not verify; it cannot be reshaped", input.display()))?;
+    let layout: Layout = serde_json::from_slice(files.get("layout.json").with_context(|| {
+        format!(
+            "{}: no layout.json (not a zflow training checkpoint?)",
+            input.display()
+        )
+    })?)
+    .with_context(|| format!("{}/layout.json", input.display()))?;
     let new = layout.reshaped(dp, ep)?;
     let owner: BTreeMap<u64, usize> = new.params.iter().map(|s| (s.id, s.owner)).collect();
 
@@ -172,9 +202,22 @@ pub fn reshape(input: &Path, output: &Path, dp: usize, ep: usize) -> Result<Layo
         let mut per_rank: Vec<Vec<(u64, &[u8])>> = vec![Vec::new(); dp];
         for rank in 0..layout.dp {
             let name = shard_file(optimizer, rank);
-            let bytes = files.get(&name).with_context(|| format!("{}: the layout has {} ranks but {name} is missing", input.display(), layout.dp))?;
-            for (id, record) in entries(bytes).with_context(|| format!("{}/{name}", input.display()))? {
-                let Some(&rank) = owner.get(&id) else { bail!("{}/{name}: state for parameter id {id}, which the layout does not list", input.display()) };
+            let bytes = files.get(&name).with_context(|| {
+                format!(
+                    "{}: the layout has {} ranks but {name} is missing",
+                    input.display(),
+                    layout.dp
+                )
+            })?;
+            for (id, record) in
+                entries(bytes).with_context(|| format!("{}/{name}", input.display()))?
+            {
+                let Some(&rank) = owner.get(&id) else {
+                    bail!(
+                        "{}/{name}: state for parameter id {id}, which the layout does not list",
+                        input.display()
+                    )
+                };
                 per_rank[rank].push((id, record));
             }
         }
@@ -196,8 +239,19 @@ pub fn reshape(input: &Path, output: &Path, dp: usize, ep: usize) -> Result<Layo
 /// under layout `saved`: the rank's own file when the layouts agree, else the entries it now
 /// owns, picked out of every old shard (a reshape in memory; every rank then reads all shards,
 /// which `zflow ckpt reshape` avoids for big runs).
-pub fn shard_for(dir: &Path, files: &BTreeMap<String, Vec<u8>>, saved: &Layout, new: &Layout, rank: usize, optimizer: &str) -> Result<Vec<u8>> {
-    let get = |name: &str| files.get(name).with_context(|| format!("{}: no {name} in the checkpoint", dir.display()));
+pub fn shard_for(
+    dir: &Path,
+    files: &BTreeMap<String, Vec<u8>>,
+    saved: &Layout,
+    new: &Layout,
+    rank: usize,
+    optimizer: &str,
+) -> Result<Vec<u8>> {
+    let get = |name: &str| {
+        files
+            .get(name)
+            .with_context(|| format!("{}: no {name} in the checkpoint", dir.display()))
+    };
     if saved.dp == new.dp {
         return Ok(get(&shard_file(optimizer, rank))?.clone());
     }
@@ -205,7 +259,9 @@ pub fn shard_for(dir: &Path, files: &BTreeMap<String, Vec<u8>>, saved: &Layout, 
     let mut picked = Vec::new();
     for r in 0..saved.dp {
         let name = shard_file(optimizer, r);
-        for (id, record) in entries(get(&name)?).with_context(|| format!("{}/{name}", dir.display()))? {
+        for (id, record) in
+            entries(get(&name)?).with_context(|| format!("{}/{name}", dir.display()))?
+        {
             if mine.contains(&id) {
                 picked.push((id, record));
             }
@@ -216,14 +272,23 @@ pub fn shard_for(dir: &Path, files: &BTreeMap<String, Vec<u8>>, saved: &Layout, 
 
 /// `dir`'s layout, or an error naming it.
 pub fn read_layout(dir: &Path, files: &BTreeMap<String, Vec<u8>>) -> Result<Layout> {
-    let bytes = files.get("layout.json").with_context(|| format!("{}: no layout.json", dir.display()))?;
+    let bytes = files
+        .get("layout.json")
+        .with_context(|| format!("{}: no layout.json", dir.display()))?;
     serde_json::from_slice(bytes).with_context(|| format!("{}/layout.json", dir.display()))
 }
 
 /// The checkpoint directory a reshape writes by default: `<input>-dpN` next to the input.
 pub fn default_output(input: &Path, dp: usize, ep: usize) -> PathBuf {
-    let name = input.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
-    let suffix = if ep > 1 { format!("-dp{dp}-ep{ep}") } else { format!("-dp{dp}") };
+    let name = input
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "checkpoint".into());
+    let suffix = if ep > 1 {
+        format!("-dp{dp}-ep{ep}")
+    } else {
+        format!("-dp{dp}")
+    };
     input.with_file_name(format!("{name}{suffix}"))
 }
 
@@ -234,7 +299,11 @@ mod tests {
     fn params() -> Vec<(String, u64, usize)> {
         let mut p = vec![("embed_tokens".to_string(), 1, 1000)];
         for e in 0..4 {
-            p.push((format!("blocks.0.moe.local_experts.{e}.linear_fc1.weight"), 10 + e, 300));
+            p.push((
+                format!("blocks.0.moe.local_experts.{e}.linear_fc1.weight"),
+                10 + e,
+                300,
+            ));
         }
         p.push(("final_norm.weight".into(), 99, 10));
         p
@@ -250,7 +319,12 @@ mod tests {
         let l4 = Layout::new(&params(), 2, 4).unwrap();
         let ep: Vec<Option<usize>> = l4.params.iter().map(|s| s.ep_rank).collect();
         assert_eq!(ep, vec![None, Some(0), Some(1), Some(2), Some(3), None]);
-        assert!(Layout::new(&params(), 2, 3).unwrap_err().to_string().contains("evenly"));
+        assert!(
+            Layout::new(&params(), 2, 3)
+                .unwrap_err()
+                .to_string()
+                .contains("evenly")
+        );
     }
 
     #[test]
@@ -259,6 +333,11 @@ mod tests {
         let b = [9u8];
         let joined = join_entries(vec![(7, &a[..]), (3, &b[..])]);
         assert_eq!(entries(&joined).unwrap(), vec![(3, &b[..]), (7, &a[..])]);
-        assert!(entries(&joined[..joined.len() - 1]).unwrap_err().to_string().contains("truncated"));
+        assert!(
+            entries(&joined[..joined.len() - 1])
+                .unwrap_err()
+                .to_string()
+                .contains("truncated")
+        );
     }
 }

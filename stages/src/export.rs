@@ -47,7 +47,12 @@ fn check_format(format: &str, path: &str) -> Result<(), ConfigError> {
     if format == "hf" {
         return Ok(());
     }
-    Err(ConfigError::new(path, format!("`{format}` is not an export format; the one there is: `hf` (Hugging Face, for ZAYA1's reference implementation)")))
+    Err(ConfigError::new(
+        path,
+        format!(
+            "`{format}` is not an export format; the one there is: `hf` (Hugging Face, for ZAYA1's reference implementation)"
+        ),
+    ))
 }
 
 impl Stage for Export {
@@ -59,7 +64,10 @@ impl Stage for Export {
         check_format(&c.format, "format")?;
         for stage in std::iter::once(&c.train).chain(&c.tokenizer) {
             if !needs.contains(stage) {
-                return Err(ConfigError::new("needs", format!("the export reads `{stage}` but does not need it")));
+                return Err(ConfigError::new(
+                    "needs",
+                    format!("the export reads `{stage}` but does not need it"),
+                ));
             }
         }
         Ok(())
@@ -67,8 +75,15 @@ impl Stage for Export {
 
     fn run(&self, c: &ExportConfig, ctx: &StageContext) -> anyhow::Result<()> {
         let checkpoint = ctx.input(&c.train)?.join("final");
-        let tokenizer = c.tokenizer.as_ref().map(|t| ctx.input(t).map(|p| p.to_path_buf())).transpose()?;
-        let opts = ExportOptions { tokenizer, max_position_embeddings: c.max_position_embeddings };
+        let tokenizer = c
+            .tokenizer
+            .as_ref()
+            .map(|t| ctx.input(t).map(|p| p.to_path_buf()))
+            .transpose()?;
+        let opts = ExportOptions {
+            tokenizer,
+            max_position_embeddings: c.max_position_embeddings,
+        };
         hf::export_hf(&checkpoint, &c.model, &opts, &ctx.out_dir().join("hf"))?;
         tracing::info!("exported {} as a Hugging Face folder", checkpoint.display());
         Ok(())
@@ -94,17 +109,30 @@ impl Section for ExportSection {
         let s: ExportSettings = parse_config(value.clone(), "export")?;
         check_format(&s.format, "export.format")?;
         if recipe.get("model").is_none() {
-            return Err(ConfigError::new("export", "there is no model to export: the recipe has no `model:` section"));
+            return Err(ConfigError::new(
+                "export",
+                "there is no model to export: the recipe has no `model:` section",
+            ));
         }
         let model = crate::model::ModelSection::config(recipe)?;
         // `phases:` adds `train.<phase>` for every phase, in recipe order; the last one holds the
         // finished model.
-        let Some((phase, entry)) = recipe.get("phases").and_then(Value::as_object).and_then(|p| p.iter().next_back()) else {
-            return Err(ConfigError::new("export", "there is no model to export: the recipe has no `phases:` to train it"));
+        let Some((phase, entry)) = recipe
+            .get("phases")
+            .and_then(Value::as_object)
+            .and_then(|p| p.iter().next_back())
+        else {
+            return Err(ConfigError::new(
+                "export",
+                "there is no model to export: the recipe has no `phases:` to train it",
+            ));
         };
         let train = format!("train.{phase}");
         let tokenizer = recipe.get("tokenizer").map(|_| "tokenizer".to_string());
-        let positions = entry.get("seq_len").and_then(Value::as_u64).map_or(hf::DEFAULT_MAX_POSITIONS, |n| n as usize);
+        let positions = entry
+            .get("seq_len")
+            .and_then(Value::as_u64)
+            .map_or(hf::DEFAULT_MAX_POSITIONS, |n| n as usize);
         let mut needs = vec![train.clone()];
         needs.extend(tokenizer.clone());
         Ok(vec![NodeSpec {
@@ -133,23 +161,58 @@ mod tests {
         let nodes = ExportSection.expand(&recipe["export"], &recipe).unwrap();
         assert_eq!(nodes.len(), 1);
         let n = &nodes[0];
-        assert_eq!((n.name.as_str(), n.kind.as_str(), n.needs.clone()), ("export", "export", vec!["train.p2".to_string(), "tokenizer".to_string()]));
+        assert_eq!(
+            (n.name.as_str(), n.kind.as_str(), n.needs.clone()),
+            (
+                "export",
+                "export",
+                vec!["train.p2".to_string(), "tokenizer".to_string()]
+            )
+        );
         let c: ExportConfig = serde_json::from_value(n.config.clone()).unwrap();
-        assert_eq!((c.train.as_str(), c.tokenizer.as_deref(), c.max_position_embeddings, c.model.hidden_size), ("train.p2", Some("tokenizer"), 256, 64));
+        assert_eq!(
+            (
+                c.train.as_str(),
+                c.tokenizer.as_deref(),
+                c.max_position_embeddings,
+                c.model.hidden_size
+            ),
+            ("train.p2", Some("tokenizer"), 256, 64)
+        );
         assert!(Export.validate(&c, &n.needs).is_ok());
-        assert!(Export.validate(&c, &["train.p2".to_string()]).unwrap_err().message.contains("`tokenizer`"));
+        assert!(
+            Export
+                .validate(&c, &["train.p2".to_string()])
+                .unwrap_err()
+                .message
+                .contains("`tokenizer`")
+        );
     }
 
     #[test]
     fn the_section_names_what_is_wrong() {
         let recipe = json!({"model": {}, "phases": {"p1": {"seq_len": 64}}});
-        let e = ExportSection.expand(&json!({"format": "onnx"}), &recipe).unwrap_err();
+        let e = ExportSection
+            .expand(&json!({"format": "onnx"}), &recipe)
+            .unwrap_err();
         assert_eq!(e.path, "export.format");
-        assert!(e.message.contains("`onnx` is not an export format"), "{}", e.message);
-        let e = ExportSection.expand(&json!({"format": "hf"}), &json!({"phases": {"p1": {}}})).unwrap_err();
+        assert!(
+            e.message.contains("`onnx` is not an export format"),
+            "{}",
+            e.message
+        );
+        let e = ExportSection
+            .expand(&json!({"format": "hf"}), &json!({"phases": {"p1": {}}}))
+            .unwrap_err();
         assert!(e.message.contains("no `model:`"), "{}", e.message);
-        let e = ExportSection.expand(&json!({"format": "hf"}), &json!({"model": {}})).unwrap_err();
+        let e = ExportSection
+            .expand(&json!({"format": "hf"}), &json!({"model": {}}))
+            .unwrap_err();
         assert!(e.message.contains("no `phases:`"), "{}", e.message);
-        assert!(ExportSection.expand(&json!({"format": "hf", "dtype": "bf16"}), &recipe).is_err());
+        assert!(
+            ExportSection
+                .expand(&json!({"format": "hf", "dtype": "bf16"}), &recipe)
+                .is_err()
+        );
     }
 }

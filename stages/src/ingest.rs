@@ -115,51 +115,82 @@ impl Stage for Ingest {
 
     fn validate(&self, c: &IngestConfig, needs: &[String]) -> Result<(), ConfigError> {
         if needs.len() != 1 {
-            return Err(ConfigError::new("needs", "an ingest stage reads exactly one input (its fetch stage)"));
+            return Err(ConfigError::new(
+                "needs",
+                "an ingest stage reads exactly one input (its fetch stage)",
+            ));
         }
         if c.delimiter.is_some() && c.split_regex.is_some() {
-            return Err(ConfigError::new("split_regex", "set either `delimiter` or `split_regex`, not both"));
+            return Err(ConfigError::new(
+                "split_regex",
+                "set either `delimiter` or `split_regex`, not both",
+            ));
         }
         if let Some(re) = &c.split_regex {
-            regex::Regex::new(re).map_err(|e| ConfigError::new("split_regex", format!("invalid regex: {e}")))?;
+            regex::Regex::new(re)
+                .map_err(|e| ConfigError::new("split_regex", format!("invalid regex: {e}")))?;
         }
         if c.delimiter.as_deref() == Some("") {
             return Err(ConfigError::new("delimiter", "`delimiter` is empty"));
         }
         for (field, globs) in [("files", &c.files), ("exclude", &c.exclude)] {
             for (i, g) in globs.iter().enumerate() {
-                glob::Pattern::new(g).map_err(|e| ConfigError::new(format!("{field}[{i}]"), format!("invalid glob `{g}`: {e}")))?;
+                glob::Pattern::new(g).map_err(|e| {
+                    ConfigError::new(format!("{field}[{i}]"), format!("invalid glob `{g}`: {e}"))
+                })?;
             }
         }
         if let Some(max) = c.max_chars {
             if max < c.min_chars {
-                return Err(ConfigError::new("max_chars", format!("max_chars {max} is below min_chars {}", c.min_chars)));
+                return Err(ConfigError::new(
+                    "max_chars",
+                    format!("max_chars {max} is below min_chars {}", c.min_chars),
+                ));
             }
         }
         Ok(())
     }
 
     fn run(&self, c: &IngestConfig, ctx: &StageContext) -> Result<()> {
-        let input = ctx.inputs().values().next().context("ingest has no input")?.clone();
+        let input = ctx
+            .inputs()
+            .values()
+            .next()
+            .context("ingest has no input")?
+            .clone();
         let files = select_files(&input, c)?;
         if files.is_empty() {
-            bail!("source `{}`: no files to read in {} (files: {:?}, exclude: {:?})", c.source, input.display(), c.files, c.exclude);
+            bail!(
+                "source `{}`: no files to read in {} (files: {:?}, exclude: {:?})",
+                c.source,
+                input.display(),
+                c.files,
+                c.exclude
+            );
         }
         let format = match c.format {
             Some(f) => f,
             None => guess_format(&files[0]).with_context(|| {
-                format!("source `{}`: cannot tell the format of {}; set `format:`", c.source, files[0].display())
+                format!(
+                    "source `{}`: cannot tell the format of {}; set `format:`",
+                    c.source,
+                    files[0].display()
+                )
             })?,
         };
-        ctx.progress().set_message(format!("reading {} {format:?} files", files.len()));
+        ctx.progress()
+            .set_message(format!("reading {} {format:?} files", files.len()));
         // One file at a time: memory is bounded by the largest file, not the corpus.
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let mut cleaner = Cleaner::new(c);
         let mut writer = DocWriter::create(ctx.out_dir(), &c.source)?;
         ctx.progress().set_length(files.len() as u64);
         for file in &files {
             ctx.check_cancelled()?;
-            let (texts, read) = runtime.block_on(select_texts(c, format, &input, std::slice::from_ref(file)))?;
+            let (texts, read) =
+                runtime.block_on(select_texts(c, format, &input, std::slice::from_ref(file)))?;
             cleaner.stats.docs_in += read;
             cleaner.stats.dropped[0].1 += read.saturating_sub(texts.len() as u64);
             for text in texts {
@@ -172,8 +203,16 @@ impl Stage for Ingest {
         writer.finish()?;
         let stats = cleaner.stats;
         write_stats(ctx.out_dir(), &c.source, &stats)?;
-        ctx.progress().set_message(format!("{} of {} documents kept", stats.docs_out, stats.docs_in));
-        tracing::info!("{} documents in, {} out ({} bytes)", stats.docs_in, stats.docs_out, stats.bytes_out);
+        ctx.progress().set_message(format!(
+            "{} of {} documents kept",
+            stats.docs_out, stats.docs_in
+        ));
+        tracing::info!(
+            "{} documents in, {} out ({} bytes)",
+            stats.docs_in,
+            stats.docs_out,
+            stats.bytes_out
+        );
         if stats.docs_out == 0 {
             bail!(
                 "source `{}`: every document was dropped ({} read; dropped by rule: {:?}); check `filter`, `min_chars` and `text`",
@@ -187,8 +226,16 @@ impl Stage for Ingest {
 }
 
 fn select_files(root: &Path, c: &IngestConfig) -> Result<Vec<PathBuf>> {
-    let include: Vec<glob::Pattern> = c.files.iter().map(|g| glob::Pattern::new(g)).collect::<Result<_, _>>()?;
-    let exclude: Vec<glob::Pattern> = c.exclude.iter().map(|g| glob::Pattern::new(g)).collect::<Result<_, _>>()?;
+    let include: Vec<glob::Pattern> = c
+        .files
+        .iter()
+        .map(|g| glob::Pattern::new(g))
+        .collect::<Result<_, _>>()?;
+    let exclude: Vec<glob::Pattern> = c
+        .exclude
+        .iter()
+        .map(|g| glob::Pattern::new(g))
+        .collect::<Result<_, _>>()?;
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
@@ -198,9 +245,18 @@ fn select_files(root: &Path, c: &IngestConfig) -> Result<Vec<PathBuf>> {
                 stack.push(p);
                 continue;
             }
-            let rel = p.strip_prefix(root).unwrap_or(&p).to_string_lossy().into_owned();
-            let name = p.file_name().unwrap_or_default().to_string_lossy().into_owned();
-            let hit = |pats: &[glob::Pattern]| pats.iter().any(|g| g.matches(&rel) || g.matches(&name));
+            let rel = p
+                .strip_prefix(root)
+                .unwrap_or(&p)
+                .to_string_lossy()
+                .into_owned();
+            let name = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            let hit =
+                |pats: &[glob::Pattern]| pats.iter().any(|g| g.matches(&rel) || g.matches(&name));
             if name.starts_with('.') || hit(&exclude) || (!include.is_empty() && !hit(&include)) {
                 continue;
             }
@@ -240,47 +296,82 @@ fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
 fn utf8(bytes: Vec<u8>, path: &Path) -> Result<String> {
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
-        anyhow::anyhow!("{} is not valid UTF-8: invalid bytes at byte offset {at}", path.display())
+        anyhow::anyhow!(
+            "{} is not valid UTF-8: invalid bytes at byte offset {at}",
+            path.display()
+        )
     })
 }
 
 /// Runs the text expression and filter in DataFusion; returns (texts kept in order, docs read).
-async fn select_texts(c: &IngestConfig, format: Format, root: &Path, files: &[PathBuf]) -> Result<(Vec<String>, u64)> {
+async fn select_texts(
+    c: &IngestConfig,
+    format: Format,
+    root: &Path,
+    files: &[PathBuf],
+) -> Result<(Vec<String>, u64)> {
     // One partition: documents come back in input order, so output is deterministic.
     let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
     let text_expr = match format {
         Format::Text => {
             let batch = text_batch(c, root, files)?;
-            ctx.register_table("docs", Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?))?;
+            ctx.register_table(
+                "docs",
+                Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?),
+            )?;
             "text".to_string()
         }
         Format::Jsonl => {
             let batches = jsonl_batches(files)?;
-            let schema = batches.first().map(|b| b.schema()).context("no JSON lines read")?;
+            let schema = batches
+                .first()
+                .map(|b| b.schema())
+                .context("no JSON lines read")?;
             ctx.register_table("docs", Arc::new(MemTable::try_new(schema, vec![batches])?))?;
             c.text.clone()
         }
         Format::Arrow => {
             let batches = arrow_batches(files)?;
-            let schema = batches.first().map(|b| b.schema()).context("no Arrow batches read")?;
+            let schema = batches
+                .first()
+                .map(|b| b.schema())
+                .context("no Arrow batches read")?;
             ctx.register_table("docs", Arc::new(MemTable::try_new(schema, vec![batches])?))?;
             c.text.clone()
         }
         Format::Parquet => {
-            let paths: Vec<String> = files.iter().map(|p| p.to_string_lossy().into_owned()).collect();
-            let df = ctx.read_parquet(paths, ParquetReadOptions::default()).await?;
+            let paths: Vec<String> = files
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect();
+            let df = ctx
+                .read_parquet(paths, ParquetReadOptions::default())
+                .await?;
             ctx.register_table("docs", df.into_view())?;
             c.text.clone()
         }
     };
     let total: u64 = {
-        let batches = ctx.sql("SELECT count(*) FROM docs").await?.collect().await?;
+        let batches = ctx
+            .sql("SELECT count(*) FROM docs")
+            .await?
+            .collect()
+            .await?;
         batches
             .first()
-            .and_then(|b| b.column(0).as_any().downcast_ref::<arrow::array::Int64Array>().map(|a| a.value(0) as u64))
+            .and_then(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<arrow::array::Int64Array>()
+                    .map(|a| a.value(0) as u64)
+            })
             .unwrap_or(0)
     };
-    let filter = c.filter.as_deref().map(|f| format!(" WHERE {f}")).unwrap_or_default();
+    let filter = c
+        .filter
+        .as_deref()
+        .map(|f| format!(" WHERE {f}"))
+        .unwrap_or_default();
     let sql = format!("SELECT CAST({text_expr} AS VARCHAR) AS text FROM docs{filter}");
     // DataFusion's own message names the missing column and lists the valid ones.
     let df = ctx.sql(&sql).await.map_err(|e| {
@@ -288,29 +379,46 @@ async fn select_texts(c: &IngestConfig, format: Format, root: &Path, files: &[Pa
             "source `{}`: `text: {}`{} failed: {e}",
             c.source,
             c.text,
-            c.filter.as_deref().map(|f| format!(" / `filter: {f}`")).unwrap_or_default()
+            c.filter
+                .as_deref()
+                .map(|f| format!(" / `filter: {f}`"))
+                .unwrap_or_default()
         )
     })?;
     let mut texts = Vec::new();
     for batch in df.collect().await? {
         let col = batch.column(0);
         let col = arrow::compute::cast(col, &DataType::Utf8)?;
-        let strings = col.as_any().downcast_ref::<StringArray>().context("text is not a string")?;
+        let strings = col
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .context("text is not a string")?;
         for i in 0..strings.len() {
             // A NULL text (missing field) counts as an empty document.
-            texts.push(if strings.is_null(i) { String::new() } else { strings.value(i).to_string() });
+            texts.push(if strings.is_null(i) {
+                String::new()
+            } else {
+                strings.value(i).to_string()
+            });
         }
     }
     Ok((texts, total))
 }
 
-
 fn text_batch(c: &IngestConfig, root: &Path, files: &[PathBuf]) -> Result<RecordBatch> {
-    let splitter = c.split_regex.as_deref().map(regex::Regex::new).transpose()?;
+    let splitter = c
+        .split_regex
+        .as_deref()
+        .map(regex::Regex::new)
+        .transpose()?;
     let (mut names, mut texts) = (Vec::new(), Vec::new());
     for path in files {
         let text = utf8(read_maybe_gz(path)?, path)?;
-        let rel = path.strip_prefix(root).unwrap_or(path).to_string_lossy().into_owned();
+        let rel = path
+            .strip_prefix(root)
+            .unwrap_or(path)
+            .to_string_lossy()
+            .into_owned();
         let records: Vec<&str> = match (&c.delimiter, &splitter) {
             (Some(d), _) => text.split(d.as_str()).collect(),
             (None, Some(re)) => re.split(&text).collect(),
@@ -321,8 +429,17 @@ fn text_batch(c: &IngestConfig, root: &Path, files: &[PathBuf]) -> Result<Record
             texts.push(r.to_string());
         }
     }
-    let schema = Arc::new(Schema::new(vec![Field::new("file", DataType::Utf8, false), Field::new("text", DataType::Utf8, false)]));
-    Ok(RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(names)), Arc::new(StringArray::from(texts))])?)
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("file", DataType::Utf8, false),
+        Field::new("text", DataType::Utf8, false),
+    ]));
+    Ok(RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(StringArray::from(names)),
+            Arc::new(StringArray::from(texts)),
+        ],
+    )?)
 }
 
 fn jsonl_batches(files: &[PathBuf]) -> Result<Vec<RecordBatch>> {
@@ -338,12 +455,18 @@ fn jsonl_batches(files: &[PathBuf]) -> Result<Vec<RecordBatch>> {
             let v: serde_json::Value = serde_json::from_str(line)
                 .with_context(|| format!("{} line {}: not a JSON object", path.display(), n + 1))?;
             if !v.is_object() {
-                bail!("{} line {}: expected a JSON object per line", path.display(), n + 1);
+                bail!(
+                    "{} line {}: expected a JSON object per line",
+                    path.display(),
+                    n + 1
+                );
             }
             values.push(v);
         }
     }
-    let schema = Arc::new(infer_json_schema_from_iterator(values.iter().map(|v| Ok(v.clone())))?);
+    let schema = Arc::new(infer_json_schema_from_iterator(
+        values.iter().map(|v| Ok(v.clone())),
+    )?);
     let mut decoder = ReaderBuilder::new(schema).build_decoder()?;
     decoder.serialize(&values)?;
     let mut out = Vec::new();
@@ -358,13 +481,17 @@ fn arrow_batches(files: &[PathBuf]) -> Result<Vec<RecordBatch>> {
     for path in files {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         if bytes.starts_with(b"ARROW1") {
-            let reader = arrow::ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)?;
+            let reader =
+                arrow::ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)?;
             for b in reader {
                 out.push(b?);
             }
         } else {
-            let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
-                .with_context(|| format!("{} is neither an Arrow IPC file nor stream", path.display()))?;
+            let reader =
+                arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+                    .with_context(|| {
+                        format!("{} is neither an Arrow IPC file nor stream", path.display())
+                    })?;
             for b in reader {
                 out.push(b?);
             }
@@ -382,8 +509,18 @@ struct Cleaner<'a> {
 
 impl<'a> Cleaner<'a> {
     fn new(c: &'a IngestConfig) -> Self {
-        let dropped = ["filter", "empty", "min_chars", "max_chars", "duplicate"].iter().map(|r| (r.to_string(), 0, 0)).collect();
-        Cleaner { c, seen: HashSet::new(), stats: IngestStats { dropped, ..Default::default() } }
+        let dropped = ["filter", "empty", "min_chars", "max_chars", "duplicate"]
+            .iter()
+            .map(|r| (r.to_string(), 0, 0))
+            .collect();
+        Cleaner {
+            c,
+            seen: HashSet::new(),
+            stats: IngestStats {
+                dropped,
+                ..Default::default()
+            },
+        }
     }
 
     /// The cleaned text, or `None` (counted under its rule) when a rule drops it.
@@ -436,7 +573,13 @@ impl DocWriter {
             .build();
         let file = std::fs::File::create(out.join("documents.parquet"))?;
         let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
-        Ok(DocWriter { writer, schema, source: source.to_string(), next_id: 0, pending: Vec::new() })
+        Ok(DocWriter {
+            writer,
+            schema,
+            source: source.to_string(),
+            next_id: 0,
+            pending: Vec::new(),
+        })
     }
 
     fn push(&mut self, text: String) -> Result<()> {
@@ -456,7 +599,8 @@ impl DocWriter {
         let sources = StringArray::from(vec![self.source.as_str(); n]);
         let texts = StringArray::from_iter_values(self.pending.iter());
         let cols: Vec<ArrayRef> = vec![Arc::new(ids), Arc::new(sources), Arc::new(texts)];
-        self.writer.write(&RecordBatch::try_new(self.schema.clone(), cols)?)?;
+        self.writer
+            .write(&RecordBatch::try_new(self.schema.clone(), cols)?)?;
         // Row groups of exactly CHUNK documents, whatever the file boundaries: deterministic bytes.
         self.writer.flush()?;
         self.next_id += n as u64;
@@ -482,17 +626,28 @@ fn write_stats(out: &Path, source: &str, stats: &IngestStats) -> Result<()> {
         ("read".into(), stats.docs_in, stats.bytes_in),
         ("kept".into(), stats.docs_out, stats.bytes_out),
     ];
-    rows.extend(stats.dropped.iter().map(|(r, d, b)| (format!("dropped:{r}"), *d, *b)));
+    rows.extend(
+        stats
+            .dropped
+            .iter()
+            .map(|(r, d, b)| (format!("dropped:{r}"), *d, *b)),
+    );
     let batch = RecordBatch::try_new(
         stat_schema.clone(),
         vec![
             Arc::new(StringArray::from(vec![source; rows.len()])),
-            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0.as_str()))),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.0.as_str()),
+            )),
             Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.1))),
             Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.2))),
         ],
     )?;
-    let mut w = ArrowWriter::try_new(std::fs::File::create(out.join("stats.parquet"))?, stat_schema, None)?;
+    let mut w = ArrowWriter::try_new(
+        std::fs::File::create(out.join("stats.parquet"))?,
+        stat_schema,
+        None,
+    )?;
     w.write(&batch)?;
     w.close()?;
     std::fs::write(out.join("stats.json"), serde_json::to_vec_pretty(stats)?)?;

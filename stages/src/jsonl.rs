@@ -19,15 +19,24 @@ impl<T: Serialize + DeserializeOwned> JsonLines<T> {
     /// Reads `path` (missing = empty). A torn last line (a crash mid-write) is dropped.
     pub fn open(path: &Path) -> JsonLines<T> {
         let records = match std::fs::read_to_string(path) {
-            Ok(text) => text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect(),
+            Ok(text) => text
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect(),
             Err(_) => Vec::new(),
         };
-        JsonLines { path: path.to_path_buf(), records }
+        JsonLines {
+            path: path.to_path_buf(),
+            records,
+        }
     }
 
     /// Appends `record` to the file and the list.
     pub fn push(&mut self, record: T) -> Result<()> {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
         writeln!(f, "{}", serde_json::to_string(&record)?)?;
         self.records.push(record);
         Ok(())

@@ -24,13 +24,31 @@ impl SlurmJob {
         if std::env::var("ZFLOW_EXECUTOR").as_deref() != Ok("slurm") {
             return Ok(None);
         }
-        let id = std::env::var("SLURM_JOB_ID").context("ZFLOW_EXECUTOR=slurm but SLURM_JOB_ID is unset")?;
-        let nodelist = std::env::var("SLURM_JOB_NODELIST").context("SLURM_JOB_NODELIST is unset in a Slurm job")?;
-        let out = Command::new("scontrol").args(["show", "hostnames", &nodelist]).output().context("running `scontrol show hostnames`")?;
-        ensure!(out.status.success(), "`scontrol show hostnames {nodelist}` failed: {}", String::from_utf8_lossy(&out.stderr).trim());
-        let hosts: Vec<String> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect();
-        ensure!(!hosts.is_empty(), "SLURM_JOB_NODELIST={nodelist} names no host");
-        Ok(Some(SlurmJob { id: id.parse().with_context(|| format!("SLURM_JOB_ID={id:?}"))?, hosts }))
+        let id = std::env::var("SLURM_JOB_ID")
+            .context("ZFLOW_EXECUTOR=slurm but SLURM_JOB_ID is unset")?;
+        let nodelist = std::env::var("SLURM_JOB_NODELIST")
+            .context("SLURM_JOB_NODELIST is unset in a Slurm job")?;
+        let out = Command::new("scontrol")
+            .args(["show", "hostnames", &nodelist])
+            .output()
+            .context("running `scontrol show hostnames`")?;
+        ensure!(
+            out.status.success(),
+            "`scontrol show hostnames {nodelist}` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        let hosts: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        ensure!(
+            !hosts.is_empty(),
+            "SLURM_JOB_NODELIST={nodelist} names no host"
+        );
+        Ok(Some(SlurmJob {
+            id: id.parse().with_context(|| format!("SLURM_JOB_ID={id:?}"))?,
+            hosts,
+        }))
     }
 
     /// The node rank `rank` of `world` runs on: ranks fill nodes in blocks, as `srun` places
@@ -59,7 +77,13 @@ impl SlurmJob {
     }
 
     /// `srun` running `program` as rank `rank`'s own job step on its node.
-    pub fn step(&self, program: &std::path::Path, rank: usize, world: usize, name: &str) -> Command {
+    pub fn step(
+        &self,
+        program: &std::path::Path,
+        rank: usize,
+        world: usize,
+        name: &str,
+    ) -> Command {
         let mut cmd = Command::new("srun");
         cmd.args([
             "--ntasks=1",
@@ -76,7 +100,13 @@ impl SlurmJob {
 }
 
 /// The command for rank `rank` of `world`: `program` itself, or an `srun` step inside a job.
-pub fn rank_command(job: Option<&SlurmJob>, program: &std::path::Path, rank: usize, world: usize, name: &str) -> Command {
+pub fn rank_command(
+    job: Option<&SlurmJob>,
+    program: &std::path::Path,
+    rank: usize,
+    world: usize,
+    name: &str,
+) -> Command {
     match job {
         Some(job) => job.step(program, rank, world, name),
         None => Command::new(program),
@@ -97,14 +127,26 @@ mod tests {
 
     #[test]
     fn ranks_fill_nodes_in_blocks_and_steps_name_their_node() {
-        let job = SlurmJob { id: 42, hosts: vec!["a".into(), "b".into()] };
+        let job = SlurmJob {
+            id: 42,
+            hosts: vec!["a".into(), "b".into()],
+        };
         let nodes: Vec<usize> = (0..4).map(|r| job.node_of(r, 4)).collect();
         assert_eq!(nodes, [0, 0, 1, 1]);
         let p = job.placements(4, 1).unwrap();
-        assert!(p[0].rendezvous.starts_with("a:") && p[3].data_address.starts_with("b:"), "{p:?}");
+        assert!(
+            p[0].rendezvous.starts_with("a:") && p[3].data_address.starts_with("b:"),
+            "{p:?}"
+        );
         let cmd = job.step(std::path::Path::new("/bin/zflow"), 3, 4, "train.p1");
-        let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
         assert_eq!(cmd.get_program(), "srun");
-        assert!(args.contains(&"--relative=1".to_string()) && args.last().unwrap() == "/bin/zflow", "{args:?}");
+        assert!(
+            args.contains(&"--relative=1".to_string()) && args.last().unwrap() == "/bin/zflow",
+            "{args:?}"
+        );
     }
 }

@@ -12,10 +12,10 @@ mod jsonl;
 pub mod launch;
 pub mod megatron_source;
 pub mod mix;
+pub mod model;
 pub mod plot;
 pub mod preflight;
 pub mod report;
-pub mod model;
 pub mod shell;
 pub mod sources;
 pub mod tokenize;
@@ -28,7 +28,9 @@ use zflow_pipeline::Registry;
 /// Every stage kind and section this build of zflow knows.
 pub fn registry() -> Registry {
     let mut r = Registry::new();
-    r.register(fetch::Fetch).register(shell::Shell).register(ingest::Ingest)
+    r.register(fetch::Fetch)
+        .register(shell::Shell)
+        .register(ingest::Ingest)
         .register(tokenizer::TokenizerStage)
         .register(tokenize::Tokenize)
         .register(mix::Mix)
@@ -38,7 +40,8 @@ pub fn registry() -> Registry {
         .register(preflight::Preflight)
         .register(eval::Eval)
         .register(report::Report);
-    r.register_section(sources::Sources).register_section(tokenizer::TokenizerSection)
+    r.register_section(sources::Sources)
+        .register_section(tokenizer::TokenizerSection)
         .register_section(mix::Phases)
         .register_section(model::ModelSection)
         .register_section(train::TrainSection)

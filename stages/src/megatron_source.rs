@@ -36,13 +36,23 @@ impl Stage for MegatronSource {
     const VERSION: u32 = 1;
 
     fn run(&self, c: &MegatronConfig, ctx: &StageContext) -> Result<()> {
-        let input = ctx.inputs().values().next().context("megatron needs its fetch stage as input")?;
+        let input = ctx
+            .inputs()
+            .values()
+            .next()
+            .context("megatron needs its fetch stage as input")?;
         let prefix = find_prefix(input, c.prefix.as_deref())?;
         let ds = IndexedDataset::open(&prefix)?;
-        tracing::info!("{} sequences, {} tokens ({})", ds.num_sequences(), ds.total_tokens(), ds.dtype());
+        tracing::info!(
+            "{} sequences, {} tokens ({})",
+            ds.num_sequences(),
+            ds.total_tokens(),
+            ds.dtype()
+        );
         for ext in ["bin", "idx"] {
             let src = PathBuf::from(format!("{}.{ext}", prefix.display()));
-            std::fs::copy(&src, ctx.out_dir().join(format!("tokens.{ext}"))).with_context(|| format!("copying {}", src.display()))?;
+            std::fs::copy(&src, ctx.out_dir().join(format!("tokens.{ext}")))
+                .with_context(|| format!("copying {}", src.display()))?;
         }
         Ok(())
     }
@@ -66,7 +76,14 @@ fn find_prefix(dir: &Path, prefix: Option<&str>) -> Result<PathBuf> {
             "{} holds {} datasets; set `prefix:` to one of: {}",
             dir.display(),
             many.len(),
-            many.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect::<Vec<_>>().join(", ")
+            many.iter()
+                .map(|p| p
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }

@@ -53,7 +53,10 @@ impl Stage for Mix {
     fn validate(&self, c: &MixConfig, needs: &[String]) -> Result<(), ConfigError> {
         for s in &c.spec.sources {
             if !needs.iter().any(|n| n == &format!("tokenize.{s}")) {
-                return Err(ConfigError::new("needs", format!("the mixture reads `{s}` but the stage does not need `tokenize.{s}`")));
+                return Err(ConfigError::new(
+                    "needs",
+                    format!("the mixture reads `{s}` but the stage does not need `tokenize.{s}`"),
+                ));
             }
         }
         Ok(())
@@ -63,14 +66,19 @@ impl Stage for Mix {
         let mut sources: Vec<Arc<dyn TokenSource>> = Vec::new();
         for name in &c.spec.sources {
             let dir = ctx.input(&format!("tokenize.{name}"))?;
-            let ds = IndexedDataset::open(&dir.join("tokens")).with_context(|| format!("opening the tokens of `{name}`"))?;
+            let ds = IndexedDataset::open(&dir.join("tokens"))
+                .with_context(|| format!("opening the tokens of `{name}`"))?;
             sources.push(Arc::new(ds));
         }
         let refs: Vec<&dyn TokenSource> = sources.iter().map(|s| s.as_ref()).collect();
         let plan = mixture::plan(&c.spec, &refs).with_context(|| format!("phase `{}`", c.phase))?;
-        ctx.progress().set_message(format!("{} samples", c.spec.num_samples()));
+        ctx.progress()
+            .set_message(format!("{} samples", c.spec.num_samples()));
         let report = plan.write(&ctx.out_dir().join("samples.idx"))?;
-        std::fs::write(ctx.out_dir().join("report.json"), serde_json::to_vec_pretty(&report)?)?;
+        std::fs::write(
+            ctx.out_dir().join("report.json"),
+            serde_json::to_vec_pretty(&report)?,
+        )?;
         write_report_parquet(ctx, &c.phase, &report)?;
         for s in &report.sources {
             tracing::info!(
@@ -100,12 +108,24 @@ fn write_report_parquet(ctx: &StageContext, phase: &str, r: &mixture::MixReport)
     let n = r.sources.len();
     let cols: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from(vec![phase; n])),
-        Arc::new(StringArray::from_iter_values(r.sources.iter().map(|s| s.name.as_str()))),
-        Arc::new(Float64Array::from_iter_values(r.sources.iter().map(|s| s.requested_share))),
-        Arc::new(Float64Array::from_iter_values(r.sources.iter().map(|s| s.realised_share))),
-        Arc::new(UInt64Array::from_iter_values(r.sources.iter().map(|s| s.samples))),
-        Arc::new(UInt64Array::from_iter_values(r.sources.iter().map(|s| s.tokens))),
-        Arc::new(Float64Array::from_iter_values(r.sources.iter().map(|s| s.epochs))),
+        Arc::new(StringArray::from_iter_values(
+            r.sources.iter().map(|s| s.name.as_str()),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            r.sources.iter().map(|s| s.requested_share),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            r.sources.iter().map(|s| s.realised_share),
+        )),
+        Arc::new(UInt64Array::from_iter_values(
+            r.sources.iter().map(|s| s.samples),
+        )),
+        Arc::new(UInt64Array::from_iter_values(
+            r.sources.iter().map(|s| s.tokens),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            r.sources.iter().map(|s| s.epochs),
+        )),
     ];
     crate::util::write_parquet(&ctx.out_dir().join("report.parquet"), fields, cols)
 }
@@ -155,7 +175,10 @@ impl Section for Phases {
 
     fn expand(&self, value: &Value, recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
         let Some(phases) = value.as_object() else {
-            return Err(ConfigError::new("phases", "`phases` must map phase names to their settings"));
+            return Err(ConfigError::new(
+                "phases",
+                "`phases` must map phase names to their settings",
+            ));
         };
         let sources: Vec<String> = recipe
             .get("sources")
@@ -163,7 +186,10 @@ impl Section for Phases {
             .map(|s| s.keys().cloned().collect())
             .unwrap_or_default();
         let mut nodes = Vec::new();
-        let model = recipe.get("model").map(|_| crate::model::ModelSection::config(recipe)).transpose()?;
+        let model = recipe
+            .get("model")
+            .map(|_| crate::model::ModelSection::config(recipe))
+            .transpose()?;
         let mut previous: Option<String> = None;
         for (phase, entry) in phases {
             let path = format!("phases.{phase}");
@@ -173,7 +199,10 @@ impl Section for Phases {
                     if !sources.contains(name) {
                         return Err(ConfigError::new(
                             format!("{at}.{name}"),
-                            format!("`{name}` is not a source of this recipe (sources: {})", sources.join(", ")),
+                            format!(
+                                "`{name}` is not a source of this recipe (sources: {})",
+                                sources.join(", ")
+                            ),
                         ));
                     }
                 }
@@ -187,12 +216,25 @@ impl Section for Phases {
             // Every source named anywhere in the phase, in recipe order.
             let used: Vec<String> = sources
                 .iter()
-                .filter(|s| data.mixture.contains_key(*s) || data.curriculum.iter().any(|c| c.mixture.contains_key(*s)))
+                .filter(|s| {
+                    data.mixture.contains_key(*s)
+                        || data.curriculum.iter().any(|c| c.mixture.contains_key(*s))
+                })
                 .cloned()
                 .collect();
-            let weights = |m: &BTreeMap<String, f64>| used.iter().map(|s| m.get(s).copied().unwrap_or(0.0)).collect::<Vec<_>>();
-            let mut schedule = vec![MixStage { start: 0.0, weights: weights(&data.mixture) }];
-            schedule.extend(data.curriculum.iter().map(|c| MixStage { start: c.at, weights: weights(&c.mixture) }));
+            let weights = |m: &BTreeMap<String, f64>| {
+                used.iter()
+                    .map(|s| m.get(s).copied().unwrap_or(0.0))
+                    .collect::<Vec<_>>()
+            };
+            let mut schedule = vec![MixStage {
+                start: 0.0,
+                weights: weights(&data.mixture),
+            }];
+            schedule.extend(data.curriculum.iter().map(|c| MixStage {
+                start: c.at,
+                weights: weights(&c.mixture),
+            }));
             let spec = MixSpec {
                 seq_len: data.seq_len,
                 seed: data.seed,
@@ -200,7 +242,10 @@ impl Section for Phases {
                 budget_tokens: data.tokens,
                 sources: used.clone(),
                 schedule,
-                max_epochs: used.iter().map(|s| data.max_epochs.get(s).copied()).collect(),
+                max_epochs: used
+                    .iter()
+                    .map(|s| data.max_epochs.get(s).copied())
+                    .collect(),
             };
             nodes.push(NodeSpec {
                 name: format!("mix.{phase}"),
@@ -211,7 +256,8 @@ impl Section for Phases {
                 path: path.clone(),
             });
             if let Some(model) = &model {
-                let (train, launch) = crate::train::TrainSection::settings(recipe, phase, data.train.as_ref())?;
+                let (train, launch) =
+                    crate::train::TrainSection::settings(recipe, phase, data.train.as_ref())?;
                 let name = format!("train.{phase}");
                 let mut needs = vec![format!("mix.{phase}")];
                 needs.extend(used.iter().map(|s| format!("tokenize.{s}")));
@@ -230,4 +276,3 @@ impl Section for Phases {
         Ok(nodes)
     }
 }
-

@@ -27,7 +27,11 @@ pub struct Series {
 impl Series {
     /// A line through `points`.
     pub fn line(name: impl Into<String>, points: Vec<(f64, f64)>) -> Series {
-        Series { name: name.into(), points, marks_only: false }
+        Series {
+            name: name.into(),
+            points,
+            marks_only: false,
+        }
     }
 }
 
@@ -64,8 +68,10 @@ impl LineChart {
         let png = stem.with_extension("png");
         let svg = stem.with_extension("svg");
         let size = (960, 600);
-        self.draw(BitMapBackend::new(&png, size).into_drawing_area()).with_context(|| format!("drawing {}", png.display()))?;
-        self.draw(SVGBackend::new(&svg, size).into_drawing_area()).with_context(|| format!("drawing {}", svg.display()))?;
+        self.draw(BitMapBackend::new(&png, size).into_drawing_area())
+            .with_context(|| format!("drawing {}", png.display()))?;
+        self.draw(SVGBackend::new(&svg, size).into_drawing_area())
+            .with_context(|| format!("drawing {}", svg.display()))?;
         Ok([png, svg])
     }
 
@@ -74,18 +80,34 @@ impl LineChart {
         DB::ErrorType: 'static,
     {
         register_font();
-        let points = || self.series.iter().flat_map(|s| s.points.iter().copied()).filter(|(x, y)| x.is_finite() && y.is_finite());
+        let points = || {
+            self.series
+                .iter()
+                .flat_map(|s| s.points.iter().copied())
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+        };
         ensure!(points().next().is_some(), "{}: nothing to plot", self.title);
-        let fold = |f: fn(&(f64, f64)) -> f64| points().map(|p| f(&p)).fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+        let fold = |f: fn(&(f64, f64)) -> f64| {
+            points()
+                .map(|p| f(&p))
+                .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)))
+        };
         let (x_lo, x_hi) = fold(|p| p.0);
         let (y_lo, y_hi) = fold(|p| p.1);
         let x = match self.x_scale {
             // Named positions get half a step of room, so the end labels are not cut off.
             Scale::Linear if !self.x_names.is_empty() => (x_lo - 0.5, x_hi + 0.5),
             Scale::Linear => widen(x_lo, x_hi, 0.0),
-            Scale::Log2 => (x_lo.max(f64::MIN_POSITIVE).log2(), x_hi.max(f64::MIN_POSITIVE).log2()),
+            Scale::Log2 => (
+                x_lo.max(f64::MIN_POSITIVE).log2(),
+                x_hi.max(f64::MIN_POSITIVE).log2(),
+            ),
         };
-        let x = if x.0 == x.1 { (x.0 - 0.5, x.1 + 0.5) } else { x };
+        let x = if x.0 == x.1 {
+            (x.0 - 0.5, x.1 + 0.5)
+        } else {
+            x
+        };
         let y = widen(y_lo.min(0.0), y_hi, 0.05);
 
         root.fill(&WHITE)?;
@@ -101,7 +123,11 @@ impl LineChart {
             Scale::Log2 => bytes_label(2f64.powf(*v)),
             Scale::Linear if !x_names.is_empty() => {
                 let i = v.round();
-                if (v - i).abs() < 1e-6 && i >= 0.0 { x_names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
+                if (v - i).abs() < 1e-6 && i >= 0.0 {
+                    x_names.get(i as usize).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
             }
             Scale::Linear => short_number(*v),
         };
@@ -122,9 +148,18 @@ impl LineChart {
             .draw()?;
         for (i, s) in self.series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
-            let to_axis = |&(px, py): &(f64, f64)| (if scale == Scale::Log2 { px.log2() } else { px }, py);
-            let line: Vec<(f64, f64)> = s.points.iter().filter(|(a, b)| a.is_finite() && b.is_finite()).map(to_axis).collect();
-            let marks = line.iter().map(|&p| Circle::new(p, if s.marks_only { 6 } else { 3 }, color.filled())).collect::<Vec<_>>();
+            let to_axis =
+                |&(px, py): &(f64, f64)| (if scale == Scale::Log2 { px.log2() } else { px }, py);
+            let line: Vec<(f64, f64)> = s
+                .points
+                .iter()
+                .filter(|(a, b)| a.is_finite() && b.is_finite())
+                .map(to_axis)
+                .collect();
+            let marks = line
+                .iter()
+                .map(|&p| Circle::new(p, if s.marks_only { 6 } else { 3 }, color.filled()))
+                .collect::<Vec<_>>();
             let drawn = if s.marks_only {
                 chart.draw_series(marks)?
             } else {
@@ -132,9 +167,13 @@ impl LineChart {
                 chart.draw_series(LineSeries::new(line, color.stroke_width(2)))?
             };
             if s.marks_only {
-                drawn.label(&s.name).legend(move |(lx, ly)| Circle::new((lx + 9, ly), 6, color.filled()));
+                drawn
+                    .label(&s.name)
+                    .legend(move |(lx, ly)| Circle::new((lx + 9, ly), 6, color.filled()));
             } else {
-                drawn.label(&s.name).legend(move |(lx, ly)| PathElement::new(vec![(lx, ly), (lx + 18, ly)], color.stroke_width(2)));
+                drawn.label(&s.name).legend(move |(lx, ly)| {
+                    PathElement::new(vec![(lx, ly), (lx + 18, ly)], color.stroke_width(2))
+                });
             }
         }
         if self.series.len() > 1 || self.series.iter().any(|s| !s.name.is_empty()) {
@@ -155,7 +194,11 @@ fn register_font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // The embedded font parses; a failure here would be a broken `dejavu` crate.
-        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular());
+        let _ = plotters::style::register_font(
+            "sans-serif",
+            FontStyle::Normal,
+            dejavu::sans::regular(),
+        );
     });
 }
 
@@ -173,7 +216,11 @@ pub fn bytes_label(v: f64) -> String {
         let u = unit as f64;
         if v >= u {
             let q = v / u;
-            return if q.fract() == 0.0 { format!("{q:.0}{name}") } else { format!("{q:.1}{name}") };
+            return if q.fract() == 0.0 {
+                format!("{q:.0}{name}")
+            } else {
+                format!("{q:.1}{name}")
+            };
         }
     }
     format!("{v:.0}")
@@ -227,8 +274,14 @@ mod tests {
         let png = std::fs::read(png).unwrap();
         assert_eq!(&png[1..4], b"PNG");
         let svg = std::fs::read_to_string(svg).unwrap();
-        assert!(svg.contains("4 ranks") && svg.contains("1K") && svg.contains("1M"), "labels missing from the SVG");
-        let empty = LineChart { title: "t".into(), ..Default::default() };
+        assert!(
+            svg.contains("4 ranks") && svg.contains("1K") && svg.contains("1M"),
+            "labels missing from the SVG"
+        );
+        let empty = LineChart {
+            title: "t".into(),
+            ..Default::default()
+        };
         let err = format!("{:#}", empty.write(&dir.path().join("e")).unwrap_err());
         assert!(err.contains("nothing to plot"), "{err}");
         if let Ok(keep) = std::env::var("ZFLOW_KEEP_PLOTS") {

@@ -103,22 +103,50 @@ impl Stage for Preflight {
             return Err(ConfigError::new("ranks", "ranks must be at least 1"));
         }
         if !(c.min_ratio > 0.0 && c.min_ratio < 1.0) {
-            return Err(ConfigError::new("min_ratio", format!("min_ratio {} is not a fraction of the median in (0, 1)", c.min_ratio)));
+            return Err(ConfigError::new(
+                "min_ratio",
+                format!(
+                    "min_ratio {} is not a fraction of the median in (0, 1)",
+                    c.min_ratio
+                ),
+            ));
         }
         if !["cpu", "cuda", "rocm"].contains(&c.backend.as_str()) {
-            return Err(ConfigError::new("backend", format!("`{}` is not a backend; expected cpu, cuda or rocm", c.backend)));
+            return Err(ConfigError::new(
+                "backend",
+                format!(
+                    "`{}` is not a backend; expected cpu, cuda or rocm",
+                    c.backend
+                ),
+            ));
         }
         Ok(())
     }
 
     fn resources(&self, c: &PreflightConfig) -> zflow_pipeline::Resources {
-        let gpus = if c.backend == "cpu" { 0 } else { c.ranks as u32 };
-        zflow_pipeline::Resources { cpus: c.ranks as u32, gpus, ranks: c.ranks as u32, ..Default::default() }
+        let gpus = if c.backend == "cpu" {
+            0
+        } else {
+            c.ranks as u32
+        };
+        zflow_pipeline::Resources {
+            cpus: c.ranks as u32,
+            gpus,
+            ranks: c.ranks as u32,
+            ..Default::default()
+        }
     }
 
-    fn external_fingerprint(&self, _c: &PreflightConfig, _cwd: &std::path::Path) -> Result<Option<String>> {
+    fn external_fingerprint(
+        &self,
+        _c: &PreflightConfig,
+        _cwd: &std::path::Path,
+    ) -> Result<Option<String>> {
         let nodes = std::env::var("SLURM_JOB_NODELIST").unwrap_or_default();
-        Ok(Some(format!("host {} nodes {nodes}", zflow_pipeline::lease::hostname())))
+        Ok(Some(format!(
+            "host {} nodes {nodes}",
+            zflow_pipeline::lease::hostname()
+        )))
     }
 
     fn run(&self, c: &PreflightConfig, ctx: &StageContext) -> Result<()> {
@@ -127,29 +155,64 @@ impl Stage for Preflight {
         // All ranks at once, as in training: a shared memory bus or power cap shows.
         let mut children = Vec::new();
         for rank in 0..c.ranks {
-            let mut cmd = crate::launch::rank_command(slurm.as_ref(), &exe, rank, c.ranks, ctx.name());
+            let mut cmd =
+                crate::launch::rank_command(slurm.as_ref(), &exe, rank, c.ranks, ctx.name());
             let device = if c.backend == "cpu" { 0 } else { rank };
-            cmd.args(["bench", "probe-rank", "--backend", &c.backend, "--rank", &rank.to_string(), "--device", &device.to_string()]);
-            cmd.envs(ctx.child_env()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(ctx.log().stdio()?);
-            children.push(spawn_supervised(&mut cmd).with_context(|| format!("starting the probe of rank {rank}"))?);
+            cmd.args([
+                "bench",
+                "probe-rank",
+                "--backend",
+                &c.backend,
+                "--rank",
+                &rank.to_string(),
+                "--device",
+                &device.to_string(),
+            ]);
+            cmd.envs(ctx.child_env())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(ctx.log().stdio()?);
+            children.push(
+                spawn_supervised(&mut cmd)
+                    .with_context(|| format!("starting the probe of rank {rank}"))?,
+            );
         }
         let mut ranks = Vec::new();
         for (rank, mut child) in children.into_iter().enumerate() {
             let mut out = String::new();
-            child.stdout.take().expect("piped").read_to_string(&mut out)?;
+            child
+                .stdout
+                .take()
+                .expect("piped")
+                .read_to_string(&mut out)?;
             let status = child.wait()?;
             if !status.success() {
-                bail!("the probe of rank {rank} failed ({status}); see {}", ctx.log().path().display());
+                bail!(
+                    "the probe of rank {rank} failed ({status}); see {}",
+                    ctx.log().path().display()
+                );
             }
             let line = out.lines().last().unwrap_or_default();
-            ranks.push(serde_json::from_str::<RankProbe>(line).with_context(|| format!("rank {rank}'s probe said {line:?}"))?);
+            ranks.push(
+                serde_json::from_str::<RankProbe>(line)
+                    .with_context(|| format!("rank {rank}'s probe said {line:?}"))?,
+            );
         }
         let probes: Vec<Probe> = ranks.iter().map(|r| r.probe).collect();
         let slow = outliers(&probes, c.min_ratio);
         for (rank, r) in ranks.iter().enumerate() {
-            tracing::info!("rank {rank} on {}: GEMM {:.1} GFLOP/s, memory {:.1} GB/s ({})", r.host, r.probe.gemm_gflops, r.probe.membw_gbps, r.device);
+            tracing::info!(
+                "rank {rank} on {}: GEMM {:.1} GFLOP/s, memory {:.1} GB/s ({})",
+                r.host,
+                r.probe.gemm_gflops,
+                r.probe.membw_gbps,
+                r.device
+            );
         }
-        let mut exclude_hosts: Vec<String> = slow.iter().map(|(rank, _)| ranks[*rank].host.clone()).collect();
+        let mut exclude_hosts: Vec<String> = slow
+            .iter()
+            .map(|(rank, _)| ranks[*rank].host.clone())
+            .collect();
         exclude_hosts.sort();
         exclude_hosts.dedup();
         let out = ctx.out_dir();
@@ -165,22 +228,51 @@ impl Stage for Preflight {
             ],
             vec![
                 Arc::new(UInt64Array::from_iter_values(0..ranks.len() as u64)) as ArrayRef,
-                Arc::new(StringArray::from_iter_values(ranks.iter().map(|r| r.host.as_str()))),
-                Arc::new(StringArray::from_iter_values(ranks.iter().map(|r| r.device.as_str()))),
-                Arc::new(Float64Array::from_iter_values(probes.iter().map(|p| p.gemm_gflops))),
-                Arc::new(Float64Array::from_iter_values(probes.iter().map(|p| p.membw_gbps))),
-                Arc::new(BooleanArray::from_iter((0..ranks.len()).map(|i| Some(slow.iter().any(|(r, _)| *r == i))))),
+                Arc::new(StringArray::from_iter_values(
+                    ranks.iter().map(|r| r.host.as_str()),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    ranks.iter().map(|r| r.device.as_str()),
+                )),
+                Arc::new(Float64Array::from_iter_values(
+                    probes.iter().map(|p| p.gemm_gflops),
+                )),
+                Arc::new(Float64Array::from_iter_values(
+                    probes.iter().map(|p| p.membw_gbps),
+                )),
+                Arc::new(BooleanArray::from_iter(
+                    (0..ranks.len()).map(|i| Some(slow.iter().any(|(r, _)| *r == i))),
+                )),
             ],
         )?;
-        let reasons: Vec<String> = slow.iter().map(|(rank, why)| format!("{why} on {}", ranks[*rank].host)).collect();
-        let verdict = Verdict { ranks, outliers: reasons.clone(), exclude_hosts };
-        std::fs::write(out.join("preflight.json"), serde_json::to_vec_pretty(&verdict)?)?;
+        let reasons: Vec<String> = slow
+            .iter()
+            .map(|(rank, why)| format!("{why} on {}", ranks[*rank].host))
+            .collect();
+        let verdict = Verdict {
+            ranks,
+            outliers: reasons.clone(),
+            exclude_hosts,
+        };
+        std::fs::write(
+            out.join("preflight.json"),
+            serde_json::to_vec_pretty(&verdict)?,
+        )?;
         if reasons.is_empty() {
-            tracing::info!("preflight: all {} rank(s) within {:.0}% of the median", c.ranks, 100.0 * c.min_ratio);
+            tracing::info!(
+                "preflight: all {} rank(s) within {:.0}% of the median",
+                c.ranks,
+                100.0 * c.min_ratio
+            );
             return Ok(());
         }
         match c.on_outlier {
-            OnOutlier::Fail => bail!("preflight found {} outlier rank(s) below {} x the median:\n  {}", reasons.len(), c.min_ratio, reasons.join("\n  ")),
+            OnOutlier::Fail => bail!(
+                "preflight found {} outlier rank(s) below {} x the median:\n  {}",
+                reasons.len(),
+                c.min_ratio,
+                reasons.join("\n  ")
+            ),
             OnOutlier::Report => {
                 for why in &reasons {
                     tracing::warn!("preflight outlier: {why}");

@@ -29,7 +29,9 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use arrow::array::{Array, Float64Array, RecordBatch, UInt64Array};
 use serde::{Deserialize, Serialize};
-use zflow_evals::report::{ColumnSpec, Table, TableSpec, TaskScore, load_baselines, shipped_baselines_dir};
+use zflow_evals::report::{
+    ColumnSpec, Table, TableSpec, TaskScore, load_baselines, shipped_baselines_dir,
+};
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 
 use crate::plot::{LineChart, Series};
@@ -86,7 +88,12 @@ impl ColumnEntry {
 
     fn spec(&self) -> ColumnSpec {
         let mut spec = ColumnSpec::new(self.task());
-        if let ColumnEntry::Setting { metric, num_fewshot, .. } = self {
+        if let ColumnEntry::Setting {
+            metric,
+            num_fewshot,
+            ..
+        } = self
+        {
             spec.metric = metric.clone();
             spec.num_fewshot = *num_fewshot;
         }
@@ -105,19 +112,33 @@ impl Stage for Report {
 
     fn validate(&self, c: &ReportConfig, needs: &[String]) -> Result<(), ConfigError> {
         if c.tasks.is_empty() {
-            return Err(ConfigError::new("tasks", "no tasks: expected the task columns of the table"));
+            return Err(ConfigError::new(
+                "tasks",
+                "no tasks: expected the task columns of the table",
+            ));
         }
         for stage in c.evals.iter().chain(&c.train) {
             if !needs.contains(stage) {
-                return Err(ConfigError::new("needs", format!("the report reads `{stage}` but does not need it")));
+                return Err(ConfigError::new(
+                    "needs",
+                    format!("the report reads `{stage}` but does not need it"),
+                ));
             }
         }
         if let Some(names) = &c.baselines {
-            let known = load_baselines(&shipped_baselines_dir()).map_err(|e| ConfigError::new("baselines", format!("{e:#}")))?;
+            let known = load_baselines(&shipped_baselines_dir())
+                .map_err(|e| ConfigError::new("baselines", format!("{e:#}")))?;
             for n in names {
                 if !known.iter().any(|b| &b.model == n) {
                     let all: Vec<&str> = known.iter().map(|b| b.model.as_str()).collect();
-                    return Err(ConfigError::new("baselines", format!("no baseline `{n}` in {}; there are: {}", shipped_baselines_dir().display(), all.join(", "))));
+                    return Err(ConfigError::new(
+                        "baselines",
+                        format!(
+                            "no baseline `{n}` in {}; there are: {}",
+                            shipped_baselines_dir().display(),
+                            all.join(", ")
+                        ),
+                    ));
                 }
             }
         }
@@ -126,7 +147,10 @@ impl Stage for Report {
 
     fn external_fingerprint(&self, _c: &ReportConfig, _cwd: &Path) -> Result<Option<String>> {
         // The published numbers are data: a corrected baseline file re-renders the report.
-        Ok(Some(crate::util::definitions_fingerprint(&shipped_baselines_dir(), "yaml")?))
+        Ok(Some(crate::util::definitions_fingerprint(
+            &shipped_baselines_dir(),
+            "yaml",
+        )?))
     }
 
     fn run(&self, c: &ReportConfig, ctx: &StageContext) -> Result<()> {
@@ -134,17 +158,26 @@ impl Stage for Report {
         let mut scores: Vec<TaskScore> = Vec::new();
         for stage in &c.evals {
             let path = ctx.input(stage)?.join("scores.json");
-            let text = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-            scores.extend(serde_json::from_slice::<Vec<TaskScore>>(&text).with_context(|| format!("parsing {}", path.display()))?);
+            let text =
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            scores.extend(
+                serde_json::from_slice::<Vec<TaskScore>>(&text)
+                    .with_context(|| format!("parsing {}", path.display()))?,
+            );
         }
         for b in load_baselines(&shipped_baselines_dir())? {
-            if c.baselines.as_ref().is_none_or(|names| names.contains(&b.model)) {
+            if c.baselines
+                .as_ref()
+                .is_none_or(|names| names.contains(&b.model))
+            {
                 scores.extend(b.scores());
             }
         }
         // Only the asked-for columns: an `mmlu` column is the group, not its 57 subjects.
         scores.retain(|s| c.tasks.iter().any(|t| t.task() == s.task));
-        let spec = TableSpec { columns: c.tasks.iter().map(ColumnEntry::spec).collect() };
+        let spec = TableSpec {
+            columns: c.tasks.iter().map(ColumnEntry::spec).collect(),
+        };
         let table = Table::from_scores(&scores, &spec)?;
         std::fs::write(out.join("report.csv"), table.to_csv())?;
         std::fs::write(out.join("report.tex"), table.to_latex())?;
@@ -157,7 +190,16 @@ impl Stage for Report {
             std::fs::create_dir_all(out.join("plots"))?;
         }
         if !c.train.is_empty() {
-            let phases = c.train.iter().map(|t| Ok((t.strip_prefix("train.").unwrap_or(t).to_string(), read_metrics(&ctx.input(t)?.join("metrics.parquet"))?))).collect::<Result<Vec<_>>>()?;
+            let phases = c
+                .train
+                .iter()
+                .map(|t| {
+                    Ok((
+                        t.strip_prefix("train.").unwrap_or(t).to_string(),
+                        read_metrics(&ctx.input(t)?.join("metrics.parquet"))?,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
             plots.extend(training_plots(&phases, &out.join("plots"))?);
         }
         if measured_rows > 1 {
@@ -166,15 +208,26 @@ impl Stage for Report {
 
         let mut md = format!("# {}\n\n", c.title);
         md.push_str(&table.to_markdown());
-        let _ = writeln!(md, "\nValues in percent, ± one standard error. Rows without a source were measured by this recipe (`scores.parquet` holds every number).");
+        let _ = writeln!(
+            md,
+            "\nValues in percent, ± one standard error. Rows without a source were measured by this recipe (`scores.parquet` holds every number)."
+        );
         if !plots.is_empty() {
             md.push_str("\n## Plots\n\n");
             for (name, what) in &plots {
-                let _ = writeln!(md, "- {what}: ![{name}](plots/{name}.png) ([svg](plots/{name}.svg))");
+                let _ = writeln!(
+                    md,
+                    "- {what}: ![{name}](plots/{name}.png) ([svg](plots/{name}.svg))"
+                );
             }
         }
         std::fs::write(out.join("report.md"), md)?;
-        tracing::info!("report: {} rows x {} columns, {} plots", table.rows.len(), table.columns.len(), plots.len());
+        tracing::info!(
+            "report: {} rows x {} columns, {} plots",
+            table.rows.len(),
+            table.columns.len(),
+            plots.len()
+        );
         Ok(())
     }
 }
@@ -192,23 +245,43 @@ struct PhaseMetrics {
 
 fn read_metrics(path: &Path) -> Result<PhaseMetrics> {
     let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
+    let reader =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
     let mut m = PhaseMetrics::default();
     for batch in reader {
         let batch: RecordBatch = batch?;
         let u64s = |name: &str| -> Result<Vec<u64>> {
-            let col = batch.column_by_name(name).with_context(|| format!("{}: no column `{name}`", path.display()))?;
-            Ok(col.as_any().downcast_ref::<UInt64Array>().with_context(|| format!("{}: `{name}` is not u64", path.display()))?.values().to_vec())
+            let col = batch
+                .column_by_name(name)
+                .with_context(|| format!("{}: no column `{name}`", path.display()))?;
+            Ok(col
+                .as_any()
+                .downcast_ref::<UInt64Array>()
+                .with_context(|| format!("{}: `{name}` is not u64", path.display()))?
+                .values()
+                .to_vec())
         };
         let f64s = |name: &str| -> Result<Vec<f64>> {
-            let col = batch.column_by_name(name).with_context(|| format!("{}: no column `{name}`", path.display()))?;
-            Ok(col.as_any().downcast_ref::<Float64Array>().with_context(|| format!("{}: `{name}` is not f64", path.display()))?.values().to_vec())
+            let col = batch
+                .column_by_name(name)
+                .with_context(|| format!("{}: no column `{name}`", path.display()))?;
+            Ok(col
+                .as_any()
+                .downcast_ref::<Float64Array>()
+                .with_context(|| format!("{}: `{name}` is not f64", path.display()))?
+                .values()
+                .to_vec())
         };
         m.step.extend(u64s("step")?);
         m.tokens.extend(u64s("tokens")?);
         m.loss.extend(f64s("loss")?);
         m.lr.extend(f64s("lr")?);
-        let routes = batch.schema().fields().iter().filter(|f| f.name().starts_with("load_")).count();
+        let routes = batch
+            .schema()
+            .fields()
+            .iter()
+            .filter(|f| f.name().starts_with("load_"))
+            .count();
         m.load.resize(routes, Vec::new());
         for (r, load) in m.load.iter_mut().enumerate() {
             load.extend(u64s(&format!("load_{r}"))?);
@@ -226,8 +299,14 @@ fn training_plots(phases: &[(String, PhaseMetrics)], dir: &Path) -> Result<Vec<(
     let mut load: Vec<Vec<(f64, f64)>> = vec![Vec::new(); routes];
     for (phase, m) in phases {
         let x = |i: usize| (offset + m.tokens[i]) as f64 / 1e6;
-        loss.push(Series::line(phase.clone(), (0..m.step.len()).map(|i| (x(i), m.loss[i])).collect()));
-        lr.push(Series::line(phase.clone(), (0..m.step.len()).map(|i| (x(i), m.lr[i])).collect()));
+        loss.push(Series::line(
+            phase.clone(),
+            (0..m.step.len()).map(|i| (x(i), m.loss[i])).collect(),
+        ));
+        lr.push(Series::line(
+            phase.clone(),
+            (0..m.step.len()).map(|i| (x(i), m.lr[i])).collect(),
+        ));
         for i in 0..m.step.len() {
             let total: u64 = m.load.iter().map(|l| l[i]).sum();
             for (r, l) in m.load.iter().enumerate() {
@@ -246,8 +325,26 @@ fn training_plots(phases: &[(String, PhaseMetrics)], dir: &Path) -> Result<Vec<(
     chart("Training loss per phase", "loss (nats/token)", loss).write(&dir.join("loss"))?;
     chart("Learning rate", "learning rate", lr).write(&dir.join("lr"))?;
     let skip = routes.saturating_sub(1);
-    let load_series = load.into_iter().enumerate().map(|(r, points)| Series::line(if r == skip { "skip (MoD)".to_string() } else { format!("expert {r}") }, points)).collect();
-    chart("Expert load: share of tokens per route", "share of routed tokens", load_series).write(&dir.join("expert-load"))?;
+    let load_series = load
+        .into_iter()
+        .enumerate()
+        .map(|(r, points)| {
+            Series::line(
+                if r == skip {
+                    "skip (MoD)".to_string()
+                } else {
+                    format!("expert {r}")
+                },
+                points,
+            )
+        })
+        .collect();
+    chart(
+        "Expert load: share of tokens per route",
+        "share of routed tokens",
+        load_series,
+    )
+    .write(&dir.join("expert-load"))?;
     Ok(vec![
         ("loss".into(), "training loss per phase".into()),
         ("lr".into(), "learning rate".into()),
@@ -266,7 +363,10 @@ fn scores_plot(table: &Table, stem: &Path) -> Result<(String, String)> {
             .filter_map(|(i, r)| r.cells[j].as_ref().map(|c| (i as f64, 100.0 * c.value)))
             .collect();
         if !points.is_empty() {
-            series.push(Series::line(format!("{} ({})", col.task, col.metric), points));
+            series.push(Series::line(
+                format!("{} ({})", col.task, col.metric),
+                points,
+            ));
         }
     }
     if series.is_empty() {
@@ -277,7 +377,10 @@ fn scores_plot(table: &Table, stem: &Path) -> Result<(String, String)> {
         x_label: "checkpoint".into(),
         y_label: "score (%)".into(),
         // `nano/phase1` -> `phase1`: the recipe name is the title's business.
-        x_names: rows.iter().map(|r| r.model.rsplit('/').next().unwrap_or(&r.model).to_string()).collect(),
+        x_names: rows
+            .iter()
+            .map(|r| r.model.rsplit('/').next().unwrap_or(&r.model).to_string())
+            .collect(),
         series,
         ..Default::default()
     }

@@ -37,17 +37,26 @@ impl Stage for Shell {
 
     fn validate(&self, config: &ShellConfig, _needs: &[String]) -> Result<(), ConfigError> {
         if config.run.trim().is_empty() {
-            return Err(ConfigError::new("run", "`run` is empty; expected a bash script"));
+            return Err(ConfigError::new(
+                "run",
+                "`run` is empty; expected a bash script",
+            ));
         }
         for key in config.env.keys() {
             let ok = !key.is_empty()
                 && !key.starts_with(|c: char| c.is_ascii_digit())
                 && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !ok {
-                return Err(ConfigError::new(format!("env.{key}"), format!("`{key}` is not a valid environment variable name")));
+                return Err(ConfigError::new(
+                    format!("env.{key}"),
+                    format!("`{key}` is not a valid environment variable name"),
+                ));
             }
             if key.starts_with("ZFLOW_") {
-                return Err(ConfigError::new(format!("env.{key}"), "`ZFLOW_*` variables are set by zflow"));
+                return Err(ConfigError::new(
+                    format!("env.{key}"),
+                    "`ZFLOW_*` variables are set by zflow",
+                ));
             }
         }
         Ok(())
@@ -55,10 +64,18 @@ impl Stage for Shell {
 
     fn run(&self, config: &ShellConfig, ctx: &StageContext) -> Result<()> {
         let mut cmd = Command::new("bash");
-        cmd.arg("-e").arg("-o").arg("pipefail").arg("-c").arg(&config.run).envs(&config.env);
+        cmd.arg("-e")
+            .arg("-o")
+            .arg("pipefail")
+            .arg("-c")
+            .arg(&config.run)
+            .envs(&config.env);
         let status = ctx.run_command(cmd)?;
         if !status.success() {
-            let how = match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
+            let how = match (
+                status.code(),
+                std::os::unix::process::ExitStatusExt::signal(&status),
+            ) {
                 (Some(code), _) => format!("exited with status {code}"),
                 (None, Some(sig)) => format!("was killed by signal {sig}"),
                 _ => "failed".to_string(),

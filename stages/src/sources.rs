@@ -31,16 +31,25 @@ impl Section for Sources {
         // With a tokenizer in the recipe, every source is also tokenized.
         let tokenized = recipe.get("tokenizer").is_some();
         let Some(entries) = value.as_object() else {
-            return Err(ConfigError::new("sources", "`sources` must map source names to their settings"));
+            return Err(ConfigError::new(
+                "sources",
+                "`sources` must map source names to their settings",
+            ));
         };
         let mut nodes = Vec::new();
         for (name, entry) in entries {
             let path = format!("sources.{name}");
             let Some(entry) = entry.as_object() else {
-                return Err(ConfigError::new(&path, format!("source `{name}` must be a mapping with at least `url`")));
+                return Err(ConfigError::new(
+                    &path,
+                    format!("source `{name}` must be a mapping with at least `url`"),
+                ));
             };
             if !entry.contains_key("url") {
-                return Err(ConfigError::new(&path, format!("source `{name}` has no `url`")));
+                return Err(ConfigError::new(
+                    &path,
+                    format!("source `{name}` has no `url`"),
+                ));
             }
             let (mut fetch, mut ingest) = (Map::new(), Map::new());
             let is_megatron = entry.get("format").and_then(Value::as_str) == Some("megatron");

@@ -51,7 +51,10 @@ impl Stage for Tokenize {
 
     fn validate(&self, c: &TokenizeConfig, needs: &[String]) -> Result<(), ConfigError> {
         if needs.len() != 2 {
-            return Err(ConfigError::new("needs", "tokenize reads two inputs: an ingest stage and the tokenizer"));
+            return Err(ConfigError::new(
+                "needs",
+                "tokenize reads two inputs: an ingest stage and the tokenizer",
+            ));
         }
         if c.batch_docs == 0 {
             return Err(ConfigError::new("batch_docs", "must be at least 1"));
@@ -60,7 +63,10 @@ impl Stage for Tokenize {
     }
 
     fn resources(&self, _c: &TokenizeConfig) -> zflow_pipeline::Resources {
-        zflow_pipeline::Resources { cpus: 2, ..Default::default() }
+        zflow_pipeline::Resources {
+            cpus: 2,
+            ..Default::default()
+        }
     }
 
     fn run(&self, c: &TokenizeConfig, ctx: &StageContext) -> Result<()> {
@@ -73,13 +79,25 @@ impl Stage for Tokenize {
             }
         }
         let (Some(documents), Some(tok_dir)) = (documents, tok_dir) else {
-            bail!("tokenize needs an ingest stage's documents.parquet and a tokenizer stage's tokenizer.json as inputs");
+            bail!(
+                "tokenize needs an ingest stage's documents.parquet and a tokenizer stage's tokenizer.json as inputs"
+            );
         };
         ctx.progress().set_length(docs::count(&documents)?);
         let out = ctx.out_dir().join("tokens");
-        let stats =
-            tokenize_documents(&documents, &tok_dir, &out, c, ctx.threads(), &|| ctx.check_cancelled(), &|n| ctx.progress().inc(n))?;
-        std::fs::write(ctx.out_dir().join("stats.json"), serde_json::to_vec_pretty(&stats)?)?;
+        let stats = tokenize_documents(
+            &documents,
+            &tok_dir,
+            &out,
+            c,
+            ctx.threads(),
+            &|| ctx.check_cancelled(),
+            &|n| ctx.progress().inc(n),
+        )?;
+        std::fs::write(
+            ctx.out_dir().join("stats.json"),
+            serde_json::to_vec_pretty(&stats)?,
+        )?;
         tracing::info!(
             "{} documents, {} tokens; held out {} documents, {} tokens",
             stats.documents,
@@ -129,14 +147,20 @@ pub fn tokenize_documents(
     done: &dyn Fn(u64),
 ) -> Result<TokenizeStats> {
     let info = TokenizerInfo::read(tok_dir)?;
-    let tokenizer = Tokenizer::from_file(tok_dir.join("tokenizer.json"))
-        .map_err(|e| anyhow::anyhow!("loading {}: {e}", tok_dir.join("tokenizer.json").display()))?;
+    let tokenizer = Tokenizer::from_file(tok_dir.join("tokenizer.json")).map_err(|e| {
+        anyhow::anyhow!("loading {}: {e}", tok_dir.join("tokenizer.json").display())
+    })?;
     let dtype = DType::for_vocab(info.vocab_size);
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build()?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()?;
     let mut writer = IndexedDatasetWriter::create(out_prefix, dtype)?;
     let mut heldout = match c.holdout_every {
         0 => None,
-        _ => Some(IndexedDatasetWriter::create(&out_prefix.with_file_name("heldout"), dtype)?),
+        _ => Some(IndexedDatasetWriter::create(
+            &out_prefix.with_file_name("heldout"),
+            dtype,
+        )?),
     };
     let (mut n_docs, mut n_tokens, mut n_bytes) = (0u64, 0u64, 0u64);
     let (mut h_docs, mut h_tokens, mut position) = (0u64, 0u64, 0u64);

@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::models::TrainerWrapper;
+use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
 use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
@@ -100,8 +100,10 @@ impl TokenizerInfo {
     /// Reads `tokenizer_info.json` from a tokenizer stage's output.
     pub fn read(dir: &Path) -> Result<TokenizerInfo> {
         let path = dir.join("tokenizer_info.json");
-        serde_json::from_slice(&std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?)
-            .with_context(|| format!("parsing {}", path.display()))
+        serde_json::from_slice(
+            &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+        )
+        .with_context(|| format!("parsing {}", path.display()))
     }
 }
 
@@ -113,20 +115,35 @@ impl Stage for TokenizerStage {
     fn validate(&self, c: &TokenizerConfig, needs: &[String]) -> Result<(), ConfigError> {
         if let Some(t) = &c.train {
             if t.vocab_size < 300 {
-                return Err(ConfigError::new("train.vocab_size", format!("{} is too small for a byte-level BPE (256 bytes + specials)", t.vocab_size)));
+                return Err(ConfigError::new(
+                    "train.vocab_size",
+                    format!(
+                        "{} is too small for a byte-level BPE (256 bytes + specials)",
+                        t.vocab_size
+                    ),
+                ));
             }
             if t.vocab_size % 64 != 0 {
-                tracing::warn!("tokenizer vocab_size {} is not a multiple of 64; embedding GEMMs will tile poorly", t.vocab_size);
+                tracing::warn!(
+                    "tokenizer vocab_size {} is not a multiple of 64; embedding GEMMs will tile poorly",
+                    t.vocab_size
+                );
             }
         }
         if needs.is_empty() {
-            return Err(ConfigError::new("needs", "a tokenizer needs the ingest stages (and, to load a file, its fetch stage)"));
+            return Err(ConfigError::new(
+                "needs",
+                "a tokenizer needs the ingest stages (and, to load a file, its fetch stage)",
+            ));
         }
         Ok(())
     }
 
     fn resources(&self, _c: &TokenizerConfig) -> zflow_pipeline::Resources {
-        zflow_pipeline::Resources { cpus: 2, ..Default::default() }
+        zflow_pipeline::Resources {
+            cpus: 2,
+            ..Default::default()
+        }
     }
 
     fn run(&self, c: &TokenizerConfig, ctx: &StageContext) -> Result<()> {
@@ -134,23 +151,35 @@ impl Stage for TokenizerStage {
         let mut file: Option<PathBuf> = None;
         for (name, dir) in ctx.inputs() {
             if dir.join("documents.parquet").exists() {
-                corpora.insert(name.trim_start_matches("ingest.").to_string(), dir.join("documents.parquet"));
+                corpora.insert(
+                    name.trim_start_matches("ingest.").to_string(),
+                    dir.join("documents.parquet"),
+                );
             } else if dir.join("tokenizer.json").exists() {
                 file = Some(dir.join("tokenizer.json"));
             }
         }
-        let sample_bytes = c.train.as_ref().map(|t| t.sample_bytes_per_source).unwrap_or(1 << 20);
+        let sample_bytes = c
+            .train
+            .as_ref()
+            .map(|t| t.sample_bytes_per_source)
+            .unwrap_or(1 << 20);
         let mut samples: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (name, path) in &corpora {
             samples.insert(name.clone(), docs::sample(path, sample_bytes)?);
         }
         let tokenizer = match (&c.train, file) {
             (Some(t), _) => {
-                ctx.progress().set_message(format!("training a {}-token BPE", t.vocab_size));
+                ctx.progress()
+                    .set_message(format!("training a {}-token BPE", t.vocab_size));
                 train(c, t, &samples)?
             }
-            (None, Some(path)) => Tokenizer::from_file(&path)
-                .map_err(|e| anyhow::anyhow!("{} is not a valid Hugging Face tokenizer.json: {e}", path.display()))?,
+            (None, Some(path)) => Tokenizer::from_file(&path).map_err(|e| {
+                anyhow::anyhow!(
+                    "{} is not a valid Hugging Face tokenizer.json: {e}",
+                    path.display()
+                )
+            })?,
             (None, None) => bail!("no `train:` settings and no input holds a tokenizer.json"),
         };
         let id = |tok: &str, field: &str| {
@@ -164,29 +193,49 @@ impl Stage for TokenizerStage {
             bos_id: id(&c.bos, "bos")?,
             eos_id: id(&c.eos, "eos")?,
             pad_id: id(&c.pad, "pad")?,
-            dtype: zflow_runtime::data::megatron::DType::for_vocab(vocab_size).name().to_string(),
+            dtype: zflow_runtime::data::megatron::DType::for_vocab(vocab_size)
+                .name()
+                .to_string(),
         };
         tokenizer
             .save(ctx.out_dir().join("tokenizer.json"), false)
             .map_err(|e| anyhow::anyhow!("saving tokenizer.json: {e}"))?;
-        std::fs::write(ctx.out_dir().join("tokenizer_info.json"), serde_json::to_vec_pretty(&info)?)?;
+        std::fs::write(
+            ctx.out_dir().join("tokenizer_info.json"),
+            serde_json::to_vec_pretty(&info)?,
+        )?;
         let mut stats = BTreeMap::new();
         for (name, texts) in &samples {
             let bytes: usize = texts.iter().map(|t| t.len()).sum();
-            let enc = tokenizer.encode_batch_fast(texts.clone(), false).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let enc = tokenizer
+                .encode_batch_fast(texts.clone(), false)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
             let tokens: usize = enc.iter().map(|e| e.len()).sum();
             let per_token = bytes as f64 / tokens.max(1) as f64;
             tracing::info!("{name}: {per_token:.2} bytes/token on a {bytes}-byte sample");
-            stats.insert(name.clone(), json!({"bytes": bytes, "tokens": tokens, "bytes_per_token": per_token}));
+            stats.insert(
+                name.clone(),
+                json!({"bytes": bytes, "tokens": tokens, "bytes_per_token": per_token}),
+            );
         }
-        std::fs::write(ctx.out_dir().join("stats.json"), serde_json::to_vec_pretty(&stats)?)?;
+        std::fs::write(
+            ctx.out_dir().join("stats.json"),
+            serde_json::to_vec_pretty(&stats)?,
+        )?;
         tracing::info!("vocabulary {vocab_size} tokens (ids as {})", info.dtype);
         Ok(())
     }
 }
 
-fn train(c: &TokenizerConfig, t: &TrainConfig, samples: &BTreeMap<String, Vec<String>>) -> Result<Tokenizer> {
-    let specials: Vec<AddedToken> = [&c.pad, &c.eos, &c.bos].iter().map(|s| AddedToken::from(s.to_string(), true)).collect();
+fn train(
+    c: &TokenizerConfig,
+    t: &TrainConfig,
+    samples: &BTreeMap<String, Vec<String>>,
+) -> Result<Tokenizer> {
+    let specials: Vec<AddedToken> = [&c.pad, &c.eos, &c.bos]
+        .iter()
+        .map(|s| AddedToken::from(s.to_string(), true))
+        .collect();
     let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
         .vocab_size(t.vocab_size)
         .min_frequency(t.min_frequency)
@@ -201,7 +250,9 @@ fn train(c: &TokenizerConfig, t: &TrainConfig, samples: &BTreeMap<String, Vec<St
         .with_decoder(Some(ByteLevel::default()));
     // Sources in name order, documents in file order: the same sample every run.
     let texts = samples.values().flatten().map(String::as_str);
-    tokenizer.train(&mut trainer, texts).map_err(|e| anyhow::anyhow!("training the tokenizer: {e}"))?;
+    tokenizer
+        .train(&mut trainer, texts)
+        .map_err(|e| anyhow::anyhow!("training the tokenizer: {e}"))?;
     Ok(tokenizer)
 }
 
@@ -216,7 +267,10 @@ impl Section for TokenizerSection {
 
     fn expand(&self, value: &Value, recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
         let Some(entry) = value.as_object() else {
-            return Err(ConfigError::new("tokenizer", "`tokenizer` must be a mapping with `train:` or `file:`"));
+            return Err(ConfigError::new(
+                "tokenizer",
+                "`tokenizer` must be a mapping with `train:` or `file:`",
+            ));
         };
         let mut config = Map::new();
         let mut nodes = Vec::new();
@@ -239,8 +293,18 @@ impl Section for TokenizerSection {
             }
         }
         match (entry.get("file"), entry.get("train")) {
-            (Some(_), Some(_)) => return Err(ConfigError::new("tokenizer.file", "set either `file:` or `train:`, not both")),
-            (None, None) => return Err(ConfigError::new("tokenizer", "set `train: {vocab_size: N}` or `file: <url of a tokenizer.json>`")),
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "tokenizer.file",
+                    "set either `file:` or `train:`, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(ConfigError::new(
+                    "tokenizer",
+                    "set `train: {vocab_size: N}` or `file: <url of a tokenizer.json>`",
+                ));
+            }
             (Some(url), None) => {
                 let mut fetch = Map::new();
                 fetch.insert("url".into(), url.clone());

@@ -96,13 +96,23 @@ pub struct PreflightSettings {
 
 impl Default for PreflightSettings {
     fn default() -> Self {
-        PreflightSettings { enabled: true, min_ratio: 0.5, exclude: false }
+        PreflightSettings {
+            enabled: true,
+            min_ratio: 0.5,
+            exclude: false,
+        }
     }
 }
 
 impl Default for LaunchSettings {
     fn default() -> Self {
-        LaunchSettings { data_parallel: 1, max_restarts: 3, backoff_s: 1.0, hang_timeout_s: 600, preflight: PreflightSettings::default() }
+        LaunchSettings {
+            data_parallel: 1,
+            max_restarts: 3,
+            backoff_s: 1.0,
+            hang_timeout_s: 600,
+            preflight: PreflightSettings::default(),
+        }
     }
 }
 
@@ -113,22 +123,34 @@ impl Stage for Train {
     const VERSION: u32 = 2;
 
     fn validate(&self, c: &TrainConfig, needs: &[String]) -> Result<(), ConfigError> {
-        c.train.validate().map_err(|e| ConfigError::new("train", e))?;
+        c.train
+            .validate()
+            .map_err(|e| ConfigError::new("train", e))?;
         let ranks = c.launch.data_parallel;
         if ranks == 0 || c.train.global_batch % (ranks * c.train.micro_batch) != 0 {
             return Err(ConfigError::new(
                 "train.launch.data_parallel",
-                format!("global_batch ({}) must be a multiple of data_parallel ({ranks}) x micro_batch ({})", c.train.global_batch, c.train.micro_batch),
+                format!(
+                    "global_batch ({}) must be a multiple of data_parallel ({ranks}) x micro_batch ({})",
+                    c.train.global_batch, c.train.micro_batch
+                ),
             ));
         }
-        zflow_runtime::backend::BackendKind::parse(&c.train.backend).map_err(|e| ConfigError::new("train.backend", e.to_string()))?;
+        zflow_runtime::backend::BackendKind::parse(&c.train.backend)
+            .map_err(|e| ConfigError::new("train.backend", e.to_string()))?;
         let want = format!("mix.{}", c.phase);
         if !needs.contains(&want) {
-            return Err(ConfigError::new("needs", format!("a train stage needs its phase's mixture `{want}`")));
+            return Err(ConfigError::new(
+                "needs",
+                format!("a train stage needs its phase's mixture `{want}`"),
+            ));
         }
         if let Some(p) = &c.previous {
             if !needs.contains(p) {
-                return Err(ConfigError::new("needs", format!("the phase starts from `{p}` but does not need it")));
+                return Err(ConfigError::new(
+                    "needs",
+                    format!("the phase starts from `{p}` but does not need it"),
+                ));
             }
         }
         Ok(())
@@ -136,9 +158,16 @@ impl Stage for Train {
 
     fn resources(&self, c: &TrainConfig) -> zflow_pipeline::Resources {
         // Training takes the whole machine: the worker's matrix kernels use every core.
-        let cpus = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
         let ranks = c.launch.data_parallel as u32;
-        zflow_pipeline::Resources { cpus, gpus: if c.train.backend == "cpu" { 0 } else { ranks }, ranks, ..Default::default() }
+        zflow_pipeline::Resources {
+            cpus,
+            gpus: if c.train.backend == "cpu" { 0 } else { ranks },
+            ranks,
+            ..Default::default()
+        }
     }
 
     fn resumable(&self, _c: &TrainConfig) -> bool {
@@ -164,13 +193,19 @@ impl Stage for Train {
             mixture: ctx.input(&format!("mix.{}", c.phase))?.join("samples.idx"),
             sources,
             checkpoints: out.join("checkpoints"),
-            init: c.previous.as_ref().map(|p| ctx.input(p).map(|d| d.join("final"))).transpose()?,
+            init: c
+                .previous
+                .as_ref()
+                .map(|p| ctx.input(p).map(|d| d.join("final")))
+                .transpose()?,
         };
         let job_path = out.join("job.json");
         std::fs::write(&job_path, serde_json::to_vec_pretty(&job)?)?;
         // An earlier attempt finished the phase and died before the stage was committed.
         if finished(&out.join("final")) {
-            tracing::info!("the phase already finished in an earlier attempt; keeping its final checkpoint");
+            tracing::info!(
+                "the phase already finished in an earlier attempt; keeping its final checkpoint"
+            );
             Events::open(&out.join("events.jsonl"))?.write_parquet(&c.phase, out)?;
             return Metrics::open(&out.join("metrics.jsonl"))?.write_parquet(&c.phase, out);
         }
@@ -192,12 +227,24 @@ impl Stage for Train {
                     let detected = now_ms();
                     if restarts >= sup.max_restarts {
                         events.push(Event::failure(attempt, &cause, step, detected, None))?;
-                        bail!("the training workers failed: {cause} (no restarts left after {restarts}; log: {})", ctx.log().path().display());
+                        bail!(
+                            "the training workers failed: {cause} (no restarts left after {restarts}; log: {})",
+                            ctx.log().path().display()
+                        );
                     }
                     let backoff = (sup.backoff_s * 2f64.powi(restarts as i32)).min(60.0);
                     restarts += 1;
-                    tracing::warn!("{cause}; relaunching from the newest complete checkpoint in {backoff:.1} s (restart {restarts} of {})", sup.max_restarts);
-                    events.push(Event::failure(attempt, &cause, step, detected, Some(backoff)))?;
+                    tracing::warn!(
+                        "{cause}; relaunching from the newest complete checkpoint in {backoff:.1} s (restart {restarts} of {})",
+                        sup.max_restarts
+                    );
+                    events.push(Event::failure(
+                        attempt,
+                        &cause,
+                        step,
+                        detected,
+                        Some(backoff),
+                    ))?;
                     std::thread::sleep(Duration::from_secs_f64(backoff));
                 }
             }
@@ -224,8 +271,13 @@ impl Stage for Train {
 enum Outcome {
     Finished,
     /// The preflight check found `slow` ranks to leave out.
-    Exclude { slow: usize },
-    Failed { cause: String, step: u64 },
+    Exclude {
+        slow: usize,
+    },
+    Failed {
+        cause: String,
+        step: u64,
+    },
 }
 
 /// One rank's process as the supervisor sees it.
@@ -243,7 +295,16 @@ impl Train {
     /// Launches every rank once and watches them until all finish, one fails or hangs, or the
     /// run is cancelled; a failed launch has all its ranks stopped before this returns.
     #[allow(clippy::too_many_arguments)]
-    fn attempt(&self, c: &TrainConfig, ctx: &StageContext, job_path: &Path, attempt: u32, world: usize, metrics: &mut Metrics, events: &mut Events) -> Result<Outcome> {
+    fn attempt(
+        &self,
+        c: &TrainConfig,
+        ctx: &StageContext,
+        job_path: &Path,
+        attempt: u32,
+        world: usize,
+        metrics: &mut Metrics,
+        events: &mut Events,
+    ) -> Result<Outcome> {
         let slurm = crate::launch::SlurmJob::from_env()?;
         let placements = crate::launch::placements(slurm.as_ref(), world, attempt)?;
         let exe = zflow_pipeline::stage::zflow_exe()?;
@@ -251,17 +312,28 @@ impl Train {
         let mut ranks = Vec::new();
         let heartbeat = (c.launch.hang_timeout_s / 4).max(1);
         for p in &placements {
-            let mut cmd = crate::launch::rank_command(slurm.as_ref(), &exe, p.rank, world, ctx.name());
-            cmd.arg("worker").arg("--job").arg(job_path).arg("--backend").arg(&c.train.backend);
+            let mut cmd =
+                crate::launch::rank_command(slurm.as_ref(), &exe, p.rank, world, ctx.name());
+            cmd.arg("worker")
+                .arg("--job")
+                .arg(job_path)
+                .arg("--backend")
+                .arg(&c.train.backend);
             if world > 1 {
                 cmd.envs(p.to_env());
             }
-            cmd.env(zflow_runtime::faults::ATTEMPT, attempt.to_string()).env(zflow_runtime::worker::HEARTBEAT_ENV, heartbeat.to_string());
+            cmd.env(zflow_runtime::faults::ATTEMPT, attempt.to_string())
+                .env(zflow_runtime::worker::HEARTBEAT_ENV, heartbeat.to_string());
             if c.launch.preflight.enabled {
                 cmd.env(zflow_runtime::worker::PREFLIGHT_ENV, "1");
             }
-            cmd.current_dir(ctx.out_dir()).envs(ctx.child_env()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(ctx.log().stdio()?);
-            let mut child = spawn_supervised(&mut cmd).with_context(|| format!("starting training worker rank {}", p.rank))?;
+            cmd.current_dir(ctx.out_dir())
+                .envs(ctx.child_env())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(ctx.log().stdio()?);
+            let mut child = spawn_supervised(&mut cmd)
+                .with_context(|| format!("starting training worker rank {}", p.rank))?;
             let stdout = child.stdout.take().expect("piped stdout");
             let (tx, rank) = (tx.clone(), p.rank);
             std::thread::spawn(move || {
@@ -272,7 +344,15 @@ impl Train {
                 }
                 let _ = tx.send((rank, None));
             });
-            ranks.push(Rank { child, last_message: Instant::now(), step: 0, done: false, exited: None, error: None, probe: None });
+            ranks.push(Rank {
+                child,
+                last_message: Instant::now(),
+                step: 0,
+                done: false,
+                exited: None,
+                error: None,
+                probe: None,
+            });
         }
         drop(tx);
         tracing::info!("attempt {attempt}: {world} worker rank(s) started");
@@ -289,12 +369,20 @@ impl Train {
                 preflight_pending = false;
                 let probes: Vec<_> = ranks.iter().map(|r| r.probe.expect("all probed")).collect();
                 for (rank, p) in probes.iter().enumerate() {
-                    tracing::info!("preflight rank {rank}: GEMM {:.1} GFLOP/s, memory {:.1} GB/s", p.gemm_gflops, p.membw_gbps);
+                    tracing::info!(
+                        "preflight rank {rank}: GEMM {:.1} GFLOP/s, memory {:.1} GB/s",
+                        p.gemm_gflops,
+                        p.membw_gbps
+                    );
                 }
-                let slow = zflow_runtime::preflight::outliers(&probes, c.launch.preflight.min_ratio);
+                let slow =
+                    zflow_runtime::preflight::outliers(&probes, c.launch.preflight.min_ratio);
                 for (_, why) in &slow {
                     tracing::warn!("preflight: {why}");
-                    events.push(Event { kind: "preflight".into(), ..Event::failure(attempt, why, 0, now_ms(), None) })?;
+                    events.push(Event {
+                        kind: "preflight".into(),
+                        ..Event::failure(attempt, why, 0, now_ms(), None)
+                    })?;
                 }
                 let rest = world - slow.len();
                 if c.launch.preflight.exclude && !slow.is_empty() {
@@ -302,7 +390,12 @@ impl Train {
                         stop_all(&mut ranks);
                         return Ok(Outcome::Exclude { slow: slow.len() });
                     }
-                    tracing::warn!("preflight: cannot leave out {} rank(s): global_batch {} does not divide over {rest} x micro_batch {}", slow.len(), c.train.global_batch, c.train.micro_batch);
+                    tracing::warn!(
+                        "preflight: cannot leave out {} rank(s): global_batch {} does not divide over {rest} x micro_batch {}",
+                        slow.len(),
+                        c.train.global_batch,
+                        c.train.micro_batch
+                    );
                 }
             }
             match rx.recv_timeout(Duration::from_millis(100)) {
@@ -323,55 +416,112 @@ impl Train {
                         // previous rank"): give them a moment, then blame a rank that was killed
                         // by a signal or failed on its own, not the ones that lost a peer.
                         let deadline = Instant::now() + Duration::from_secs(1);
-                        while Instant::now() < deadline && ranks.iter().any(|r| r.exited.is_none()) {
+                        while Instant::now() < deadline && ranks.iter().any(|r| r.exited.is_none())
+                        {
                             for r in ranks.iter_mut().filter(|r| r.exited.is_none()) {
                                 r.exited = r.child.try_wait()?;
                             }
                             std::thread::sleep(Duration::from_millis(20));
                         }
                         while let Ok((rank, Some(line))) = rx.try_recv() {
-                            if let Some(WorkerMessage::Error { message }) = WorkerMessage::parse(&line) {
+                            if let Some(WorkerMessage::Error { message }) =
+                                WorkerMessage::parse(&line)
+                            {
                                 ranks[rank].error = Some(message);
                             }
                         }
-                        let failed: Vec<usize> = (0..ranks.len()).filter(|&i| ranks[i].exited.is_some_and(|s| !(s.success() && ranks[i].done))).collect();
-                        let lost_peer = |i: &usize| ranks[*i].error.as_deref().is_some_and(|e| e.contains("did it die?"));
-                        let culprit = failed.iter().copied().find(|i| !lost_peer(i)).unwrap_or(rank);
+                        let failed: Vec<usize> = (0..ranks.len())
+                            .filter(|&i| {
+                                ranks[i]
+                                    .exited
+                                    .is_some_and(|s| !(s.success() && ranks[i].done))
+                            })
+                            .collect();
+                        let lost_peer = |i: &usize| {
+                            ranks[*i]
+                                .error
+                                .as_deref()
+                                .is_some_and(|e| e.contains("did it die?"))
+                        };
+                        let culprit = failed
+                            .iter()
+                            .copied()
+                            .find(|i| !lost_peer(i))
+                            .unwrap_or(rank);
                         let r = &ranks[culprit];
-                        let why = r.error.clone().unwrap_or_else(|| describe(&r.exited.expect("exited")));
+                        let why = r
+                            .error
+                            .clone()
+                            .unwrap_or_else(|| describe(&r.exited.expect("exited")));
                         let step = r.step;
                         stop_all(&mut ranks);
-                        return Ok(Outcome::Failed { cause: format!("rank {culprit} failed after step {step}: {why}"), step });
+                        return Ok(Outcome::Failed {
+                            cause: format!("rank {culprit} failed after step {step}: {why}"),
+                            step,
+                        });
                     }
                     if ranks.iter().all(|r| r.exited.is_some()) {
                         return Ok(Outcome::Finished);
                     }
                 }
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Ok(Outcome::Finished),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Ok(Outcome::Finished);
+                }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             }
             if ctx.cancel_token().is_cancelled() {
                 stop_all(&mut ranks);
                 bail!("cancelled");
             }
-            if let Some((rank, r)) = ranks.iter().enumerate().find(|(_, r)| r.exited.is_none() && r.last_message.elapsed() > hang) {
+            if let Some((rank, r)) = ranks
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.exited.is_none() && r.last_message.elapsed() > hang)
+            {
                 let (step, secs) = (r.step, r.last_message.elapsed().as_secs());
                 stop_all(&mut ranks);
-                return Ok(Outcome::Failed { cause: format!("rank {rank} hung after step {step}: no message for {secs} s (hang_timeout_s {})", c.launch.hang_timeout_s), step });
+                return Ok(Outcome::Failed {
+                    cause: format!(
+                        "rank {rank} hung after step {step}: no message for {secs} s (hang_timeout_s {})",
+                        c.launch.hang_timeout_s
+                    ),
+                    step,
+                });
             }
         }
     }
 
-    fn handle(&self, rank: usize, m: WorkerMessage, ctx: &StageContext, metrics: &mut Metrics, events: &mut Events, r: &mut Rank) -> Result<()> {
+    fn handle(
+        &self,
+        rank: usize,
+        m: WorkerMessage,
+        ctx: &StageContext,
+        metrics: &mut Metrics,
+        events: &mut Events,
+        r: &mut Rank,
+    ) -> Result<()> {
         match m {
-            WorkerMessage::Hello { device, start_step, total_steps, params, world, .. } => {
+            WorkerMessage::Hello {
+                device,
+                start_step,
+                total_steps,
+                params,
+                world,
+                ..
+            } => {
                 r.step = start_step;
                 if rank == 0 {
                     ctx.progress().set_length(total_steps);
                     ctx.progress().set_position(start_step);
                     metrics.truncate_after(start_step)?;
-                    let from = if start_step > 0 { format!(", resuming at step {start_step}") } else { String::new() };
-                    tracing::info!("{world} rank(s) on {device}: {params} parameters, {total_steps} steps{from}");
+                    let from = if start_step > 0 {
+                        format!(", resuming at step {start_step}")
+                    } else {
+                        String::new()
+                    };
+                    tracing::info!(
+                        "{world} rank(s) on {device}: {params} parameters, {total_steps} steps{from}"
+                    );
                 }
             }
             WorkerMessage::Heartbeat { .. } => {}
@@ -383,7 +533,8 @@ impl Train {
                 }
                 events.training_again(now_ms())?;
                 ctx.progress().set_position(s.step);
-                ctx.progress().set_message(format!("loss {:.3}  {:.0} tok/s", s.loss, s.tokens_per_s));
+                ctx.progress()
+                    .set_message(format!("loss {:.3}  {:.0} tok/s", s.loss, s.tokens_per_s));
                 if s.step % 10 == 0 || s.step == 1 {
                     tracing::info!(
                         "step {} loss {:.4} lr {:.2e} grad-norm {:.3} {:.0} tok/s balance-error {:.3}",
@@ -402,14 +553,36 @@ impl Train {
                 tracing::info!("step {step} held-out loss: {}", text.join(", "));
                 metrics.push(Record::Eval { step, losses })?;
             }
-            WorkerMessage::CheckpointCommitted { step, path } => tracing::info!("checkpoint at step {step}: {path}"),
-            WorkerMessage::LossSpike { step, loss, z, rollback_to, skipped_sample } => {
+            WorkerMessage::CheckpointCommitted { step, path } => {
+                tracing::info!("checkpoint at step {step}: {path}")
+            }
+            WorkerMessage::LossSpike {
+                step,
+                loss,
+                z,
+                rollback_to,
+                skipped_sample,
+            } => {
                 if rank == 0 {
-                    tracing::warn!("loss spike at step {step} (loss {loss:.4}, z {z:.1}): rolled back to step {rollback_to}, skipping the batch at sample {skipped_sample}");
+                    tracing::warn!(
+                        "loss spike at step {step} (loss {loss:.4}, z {z:.1}): rolled back to step {rollback_to}, skipping the batch at sample {skipped_sample}"
+                    );
                     metrics.truncate_after(rollback_to)?;
                     ctx.progress().set_position(rollback_to);
-                    let cause = format!("loss spike at step {step}: loss {loss:.4}, z {z:.1}; batch at sample {skipped_sample} skipped");
-                    events.push(Event { kind: "loss_spike".into(), rollback_to: Some(rollback_to), ..Event::failure(events.current_attempt(), &cause, step, now_ms(), Some(0.0)) })?;
+                    let cause = format!(
+                        "loss spike at step {step}: loss {loss:.4}, z {z:.1}; batch at sample {skipped_sample} skipped"
+                    );
+                    events.push(Event {
+                        kind: "loss_spike".into(),
+                        rollback_to: Some(rollback_to),
+                        ..Event::failure(
+                            events.current_attempt(),
+                            &cause,
+                            step,
+                            now_ms(),
+                            Some(0.0),
+                        )
+                    })?;
                 }
             }
             WorkerMessage::Done { step, loss } => {
@@ -425,7 +598,10 @@ impl Train {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// One thing that interrupted training: a failed launch (crash, hang, error) or a loss-spike
@@ -453,8 +629,23 @@ pub struct Event {
 }
 
 impl Event {
-    fn failure(attempt: u32, cause: &str, step: u64, detected_ms: u64, backoff_s: Option<f64>) -> Event {
-        Event { kind: "failure".into(), attempt, cause: cause.to_string(), step, rollback_to: None, detected_ms, backoff_s, training_again_ms: None }
+    fn failure(
+        attempt: u32,
+        cause: &str,
+        step: u64,
+        detected_ms: u64,
+        backoff_s: Option<f64>,
+    ) -> Event {
+        Event {
+            kind: "failure".into(),
+            attempt,
+            cause: cause.to_string(),
+            step,
+            rollback_to: None,
+            detected_ms,
+            backoff_s,
+            training_again_ms: None,
+        }
     }
 
     /// Seconds from the fault's detection until training made progress again.
@@ -475,17 +666,30 @@ impl Events {
     /// a fault injected into attempt 1 fires once).
     fn next_attempt(&mut self) -> Result<u32> {
         let attempt = self.current_attempt() + 1;
-        self.push(Event { kind: "launch".into(), ..Event::failure(attempt, "", 0, now_ms(), None) })?;
+        self.push(Event {
+            kind: "launch".into(),
+            ..Event::failure(attempt, "", 0, now_ms(), None)
+        })?;
         Ok(attempt)
     }
 
     fn current_attempt(&self) -> u32 {
-        self.0.records.iter().filter(|e| e.kind == "launch").map(|e| e.attempt).max().unwrap_or(0)
+        self.0
+            .records
+            .iter()
+            .filter(|e| e.kind == "launch")
+            .map(|e| e.attempt)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Notes that training made progress: the newest open interruption ends here.
     fn training_again(&mut self, ms: u64) -> Result<()> {
-        if let Some(e) = self.0.records.iter_mut().rev().find(|e| e.kind != "launch" && e.training_again_ms.is_none() && e.backoff_s.is_some()) {
+        if let Some(e) =
+            self.0.records.iter_mut().rev().find(|e| {
+                e.kind != "launch" && e.training_again_ms.is_none() && e.backoff_s.is_some()
+            })
+        {
             e.training_again_ms = Some(ms);
             self.0.rewrite()?;
         }
@@ -498,7 +702,12 @@ impl Events {
 
     /// `events.parquet`: the interruptions (not the launches), with their downtime.
     fn write_parquet(&self, phase: &str, out: &Path) -> Result<()> {
-        let rows: Vec<&Event> = self.0.records.iter().filter(|e| e.kind != "launch").collect();
+        let rows: Vec<&Event> = self
+            .0
+            .records
+            .iter()
+            .filter(|e| e.kind != "launch")
+            .collect();
         write_parquet(
             &out.join("events.parquet"),
             vec![
@@ -511,11 +720,19 @@ impl Events {
             ],
             vec![
                 Arc::new(StringArray::from(vec![phase; rows.len()])),
-                Arc::new(StringArray::from_iter_values(rows.iter().map(|e| e.kind.as_str()))),
-                Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.attempt as u64))),
+                Arc::new(StringArray::from_iter_values(
+                    rows.iter().map(|e| e.kind.as_str()),
+                )),
+                Arc::new(UInt64Array::from_iter_values(
+                    rows.iter().map(|e| e.attempt as u64),
+                )),
                 Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.step))),
-                Arc::new(StringArray::from_iter_values(rows.iter().map(|e| e.cause.as_str()))),
-                Arc::new(Float64Array::from(rows.iter().map(|e| e.downtime_s()).collect::<Vec<_>>())),
+                Arc::new(StringArray::from_iter_values(
+                    rows.iter().map(|e| e.cause.as_str()),
+                )),
+                Arc::new(Float64Array::from(
+                    rows.iter().map(|e| e.downtime_s()).collect::<Vec<_>>(),
+                )),
             ],
         )
     }
@@ -523,8 +740,12 @@ impl Events {
 
 /// Whether `dir` is a verified checkpoint at the end of its phase.
 fn finished(dir: &Path) -> bool {
-    let Ok(files) = zflow_runtime::checkpoint::read_verified(dir) else { return false };
-    let state = files.get("trainer.json").and_then(|b| serde_json::from_slice::<zflow_runtime::checkpoint::TrainerState>(b).ok());
+    let Ok(files) = zflow_runtime::checkpoint::read_verified(dir) else {
+        return false;
+    };
+    let state = files
+        .get("trainer.json")
+        .and_then(|b| serde_json::from_slice::<zflow_runtime::checkpoint::TrainerState>(b).ok());
     state.is_some_and(|s| s.step == s.total_steps)
 }
 
@@ -552,7 +773,10 @@ fn describe(status: &std::process::ExitStatus) -> String {
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Record {
     Step(StepMetrics),
-    Eval { step: u64, losses: Vec<(String, f64)> },
+    Eval {
+        step: u64,
+        losses: Vec<(String, f64)>,
+    },
 }
 
 impl Record {
@@ -583,7 +807,18 @@ impl Metrics {
     }
 
     fn write_parquet(&self, phase: &str, out: &Path) -> Result<()> {
-        let steps: Vec<&StepMetrics> = self.0.records.iter().filter_map(|r| if let Record::Step(s) = r { Some(s) } else { None }).collect();
+        let steps: Vec<&StepMetrics> = self
+            .0
+            .records
+            .iter()
+            .filter_map(|r| {
+                if let Record::Step(s) = r {
+                    Some(s)
+                } else {
+                    None
+                }
+            })
+            .collect();
         let routes = steps.first().map(|s| s.expert_load.len()).unwrap_or(0);
         let mut fields = vec![
             Field::new("phase", DataType::Utf8, false),
@@ -600,15 +835,27 @@ impl Metrics {
             Arc::new(UInt64Array::from_iter_values(steps.iter().map(|s| s.step))),
             Arc::new(Float64Array::from_iter_values(steps.iter().map(|s| s.loss))),
             Arc::new(Float64Array::from_iter_values(steps.iter().map(|s| s.lr))),
-            Arc::new(Float64Array::from_iter_values(steps.iter().map(|s| s.grad_norm))),
-            Arc::new(Float64Array::from_iter_values(steps.iter().map(|s| s.tokens_per_s))),
-            Arc::new(UInt64Array::from_iter_values(steps.iter().map(|s| s.tokens))),
-            Arc::new(Float64Array::from_iter_values(steps.iter().map(|s| s.balance_error))),
+            Arc::new(Float64Array::from_iter_values(
+                steps.iter().map(|s| s.grad_norm),
+            )),
+            Arc::new(Float64Array::from_iter_values(
+                steps.iter().map(|s| s.tokens_per_s),
+            )),
+            Arc::new(UInt64Array::from_iter_values(
+                steps.iter().map(|s| s.tokens),
+            )),
+            Arc::new(Float64Array::from_iter_values(
+                steps.iter().map(|s| s.balance_error),
+            )),
         ];
         // One column per route: tokens routed there this step, summed over MoE layers.
         for r in 0..routes {
             fields.push(Field::new(format!("load_{r}"), DataType::UInt64, false));
-            cols.push(Arc::new(UInt64Array::from_iter_values(steps.iter().map(|s| s.expert_load.get(r).copied().unwrap_or(0)))));
+            cols.push(Arc::new(UInt64Array::from_iter_values(
+                steps
+                    .iter()
+                    .map(|s| s.expert_load.get(r).copied().unwrap_or(0)),
+            )));
         }
         write_parquet(&out.join("metrics.parquet"), fields, cols)?;
 
@@ -631,7 +878,9 @@ impl Metrics {
             vec![
                 Arc::new(StringArray::from(vec![phase; evals.len()])),
                 Arc::new(UInt64Array::from_iter_values(evals.keys().map(|k| k.0))),
-                Arc::new(StringArray::from_iter_values(evals.keys().map(|k| k.1.as_str()))),
+                Arc::new(StringArray::from_iter_values(
+                    evals.keys().map(|k| k.1.as_str()),
+                )),
                 Arc::new(Float64Array::from_iter_values(evals.values().copied())),
             ],
         )
@@ -645,14 +894,27 @@ pub struct TrainSection;
 impl TrainSection {
     /// Phase `phase`'s settings: the recipe's `train:` merged with the phase's own `train:`,
     /// and its `launch:` part apart.
-    pub fn settings(recipe: &Value, phase: &str, own: Option<&Value>) -> Result<(TrainSettings, LaunchSettings), ConfigError> {
-        let mut merged = recipe.get("train").cloned().unwrap_or_else(|| Value::Object(Default::default()));
+    pub fn settings(
+        recipe: &Value,
+        phase: &str,
+        own: Option<&Value>,
+    ) -> Result<(TrainSettings, LaunchSettings), ConfigError> {
+        let mut merged = recipe
+            .get("train")
+            .cloned()
+            .unwrap_or_else(|| Value::Object(Default::default()));
         if let Some(own) = own {
             merge(&mut merged, own);
         }
-        let supervisor = merged.as_object_mut().and_then(|m| m.remove("launch")).unwrap_or_else(|| Value::Object(Default::default()));
+        let supervisor = merged
+            .as_object_mut()
+            .and_then(|m| m.remove("launch"))
+            .unwrap_or_else(|| Value::Object(Default::default()));
         let supervisor = parse_config(supervisor, &format!("phases.{phase}.train.launch"))?;
-        Ok((parse_config(merged, &format!("phases.{phase}.train"))?, supervisor))
+        Ok((
+            parse_config(merged, &format!("phases.{phase}.train"))?,
+            supervisor,
+        ))
     }
 }
 
@@ -675,7 +937,10 @@ impl Section for TrainSection {
 
     fn expand(&self, value: &Value, _recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
         let mut value = value.clone();
-        let supervisor = value.as_object_mut().and_then(|m| m.remove("launch")).unwrap_or_else(|| Value::Object(Default::default()));
+        let supervisor = value
+            .as_object_mut()
+            .and_then(|m| m.remove("launch"))
+            .unwrap_or_else(|| Value::Object(Default::default()));
         let _: LaunchSettings = parse_config(supervisor, "train.launch")?;
         let _: TrainSettings = parse_config(value, "train")?;
         Ok(Vec::new())
@@ -693,9 +958,18 @@ mod tests {
         let own = json!({"micro_batch": 16, "schedule": {"warmup": 0.0}, "rope_base": 1.0e6});
         let (s, launch) = TrainSection::settings(&recipe, "p3", Some(&own)).unwrap();
         assert_eq!(launch, LaunchSettings::default());
-        assert_eq!((s.global_batch, s.micro_batch, s.rope_base), (32, 16, Some(1.0e6)));
+        assert_eq!(
+            (s.global_batch, s.micro_batch, s.rope_base),
+            (32, 16, Some(1.0e6))
+        );
         assert_eq!((s.schedule.peak_lr, s.schedule.warmup), (0.01, 0.0));
-        let err = TrainSection::settings(&recipe, "p3", Some(&json!({"globl_batch": 1}))).unwrap_err();
-        assert!(format!("{}: {}", err.path, err.message).contains("globl_batch"), "{}: {}", err.path, err.message);
+        let err =
+            TrainSection::settings(&recipe, "p3", Some(&json!({"globl_batch": 1}))).unwrap_err();
+        assert!(
+            format!("{}: {}", err.path, err.message).contains("globl_batch"),
+            "{}: {}",
+            err.path,
+            err.message
+        );
     }
 }

@@ -12,14 +12,19 @@ pub fn log_tail(path: &Path, n: usize) -> String {
     let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with("===")).collect();
     let start = lines.len().saturating_sub(n);
     let tail: Vec<String> = lines[start..].iter().map(|l| format!("    {l}")).collect();
-    if tail.is_empty() { "    (the log is empty)".into() } else { tail.join("\n") }
+    if tail.is_empty() {
+        "    (the log is empty)".into()
+    } else {
+        tail.join("\n")
+    }
 }
 
 /// Writes one record batch of `cols` (named and typed by `fields`) as a Parquet file: the small
 /// report tables stages leave for `zflow query`.
 pub fn write_parquet(path: &Path, fields: Vec<Field>, cols: Vec<ArrayRef>) -> anyhow::Result<()> {
     let schema = Arc::new(Schema::new(fields));
-    let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path)?, schema.clone(), None)?;
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path)?, schema.clone(), None)?;
     w.write(&RecordBatch::try_new(schema, cols)?)?;
     w.close()?;
     Ok(())
@@ -29,8 +34,15 @@ pub fn write_parquet(path: &Path, fields: Vec<Field>, cols: Vec<ArrayRef>) -> an
 /// content hash over the files under `dir` whose names end in `.ext`.
 pub fn definitions_fingerprint(dir: &Path, ext: &str) -> anyhow::Result<String> {
     let suffix = format!(".{ext}");
-    let files: Vec<_> = zflow_pipeline::store::hash_tree(dir)?.into_iter().filter(|f| f.path.ends_with(&suffix)).collect();
+    let files: Vec<_> = zflow_pipeline::store::hash_tree(dir)?
+        .into_iter()
+        .filter(|f| f.path.ends_with(&suffix))
+        .collect();
     // The folder's name, not its path: a moved checkout keeps its identities.
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
-    Ok(format!("{name} {} files {}", files.len(), zflow_pipeline::store::content_hash(&files)))
+    Ok(format!(
+        "{name} {} files {}",
+        files.len(),
+        zflow_pipeline::store::content_hash(&files)
+    ))
 }

@@ -13,7 +13,9 @@ pub fn stage_dir(store: &Path, stage: &str) -> PathBuf {
         .map(|e| e.path())
         .find(|p| {
             let n = p.file_name().unwrap().to_string_lossy().into_owned();
-            n.strip_prefix(stage).and_then(|rest| rest.strip_prefix('-')).is_some_and(|h| h.len() == 12 && !h.contains('.'))
+            n.strip_prefix(stage)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|h| h.len() == 12 && !h.contains('.'))
         })
         .unwrap_or_else(|| panic!("no output of {stage} in {}", store.display()))
 }
@@ -56,7 +58,9 @@ impl Outcome {
 
 impl Sandbox {
     pub fn new() -> Sandbox {
-        Sandbox { dir: tempfile::tempdir().unwrap() }
+        Sandbox {
+            dir: tempfile::tempdir().unwrap(),
+        }
     }
     pub fn path(&self) -> &Path {
         self.dir.path()
@@ -79,7 +83,10 @@ impl Sandbox {
     /// A `zflow` command running in the sandbox, with a fast lease timeout.
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_zflow"));
-        c.args(args).current_dir(self.path()).env_remove("ZFLOW_STORE").env("ZFLOW_LEASE_TIMEOUT_S", "3");
+        c.args(args)
+            .current_dir(self.path())
+            .env_remove("ZFLOW_STORE")
+            .env("ZFLOW_LEASE_TIMEOUT_S", "3");
         c
     }
     pub fn zflow(&self, args: &[&str]) -> Outcome {
@@ -93,7 +100,11 @@ impl Sandbox {
     /// Runs and asserts success.
     pub fn ok(&self, args: &[&str]) -> Outcome {
         let o = self.zflow(args);
-        assert_eq!(o.code, 0, "zflow {args:?} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+        assert_eq!(
+            o.code, 0,
+            "zflow {args:?} failed:\nstdout:\n{}\nstderr:\n{}",
+            o.stdout, o.stderr
+        );
         o
     }
 }

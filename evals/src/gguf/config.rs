@@ -50,14 +50,19 @@ impl Config {
     /// Reads the hyperparameters of `content`.
     pub fn from_gguf(content: &Content) -> Result<Self> {
         let md = &content.metadata;
-        let arch_name = md.get("general.architecture").context("no general.architecture")?.to_string()?.clone();
+        let arch_name = md
+            .get("general.architecture")
+            .context("no general.architecture")?
+            .to_string()?
+            .clone();
         let arch = match arch_name.as_str() {
             "gemma3" => Arch::Gemma3,
             "llama" => Arch::Llama,
             other => bail!("GGUF architecture `{other}` is not supported (gemma3, llama)"),
         };
         let get = |k: &str| -> Result<&Value> {
-            md.get(&format!("{arch_name}.{k}")).with_context(|| format!("no {arch_name}.{k} in the GGUF metadata"))
+            md.get(&format!("{arch_name}.{k}"))
+                .with_context(|| format!("no {arch_name}.{k} in the GGUF metadata"))
         };
         let u = |k: &str| -> Result<usize> { Ok(get(k)?.to_u32()? as usize) };
         let f = |k: &str| -> Result<f32> { Ok(get(k)?.to_f32()?) };

@@ -41,23 +41,46 @@ pub struct GgufModel {
 impl GgufModel {
     /// Loads `path`; `tokenizer_json` is required for SentencePiece vocabularies (Gemma).
     /// `max_length` caps the context (default: the model's training context).
-    pub fn load(path: &Path, tokenizer_json: Option<&Path>, max_length: Option<usize>) -> Result<Self> {
+    pub fn load(
+        path: &Path,
+        tokenizer_json: Option<&Path>,
+        max_length: Option<usize>,
+    ) -> Result<Self> {
         Self::load_with(path, tokenizer_json, max_length, true)
     }
 
     /// As [`GgufModel::load`]; `dense: false` keeps only candle's quantized weights (a quarter of the
     /// memory, much slower scoring; see `model::Linear`).
-    pub fn load_with(path: &Path, tokenizer_json: Option<&Path>, max_length: Option<usize>, dense: bool) -> Result<Self> {
-        let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let content = gguf_file::Content::read(&mut file).with_context(|| format!("{}: not a GGUF file", path.display()))?;
-        let cfg = config::Config::from_gguf(&content).with_context(|| path.display().to_string())?;
+    pub fn load_with(
+        path: &Path,
+        tokenizer_json: Option<&Path>,
+        max_length: Option<usize>,
+        dense: bool,
+    ) -> Result<Self> {
+        let mut file =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let content = gguf_file::Content::read(&mut file)
+            .with_context(|| format!("{}: not a GGUF file", path.display()))?;
+        let cfg =
+            config::Config::from_gguf(&content).with_context(|| path.display().to_string())?;
         let tokenizer = tokenizer::load(&content, tokenizer_json)?;
         let model = model::Model::load(path, &content, cfg, dense)?;
         let file_hash = hash_file(path)?;
         let kernels = if dense { "int16" } else { "quantized" };
-        let identity = format!("gguf-adapter-v{ADAPTER_VERSION}:{kernels}:{file_hash}:{}", tokenizer.identity());
-        let max_length = max_length.unwrap_or(model.cfg.context_length).min(model.cfg.context_length);
-        Ok(GgufModel { model, tokenizer, identity, max_length, path: path.to_path_buf() })
+        let identity = format!(
+            "gguf-adapter-v{ADAPTER_VERSION}:{kernels}:{file_hash}:{}",
+            tokenizer.identity()
+        );
+        let max_length = max_length
+            .unwrap_or(model.cfg.context_length)
+            .min(model.cfg.context_length);
+        Ok(GgufModel {
+            model,
+            tokenizer,
+            identity,
+            max_length,
+            path: path.to_path_buf(),
+        })
     }
 
     /// The architecture and sizes.
@@ -69,7 +92,8 @@ impl GgufModel {
 fn hash_file(path: &Path) -> Result<String> {
     let mut h = blake3::Hasher::new();
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    h.update_reader(std::io::BufReader::with_capacity(1 << 20, file)).with_context(|| format!("hashing {}", path.display()))?;
+    h.update_reader(std::io::BufReader::with_capacity(1 << 20, file))
+        .with_context(|| format!("hashing {}", path.display()))?;
     Ok(h.finalize().to_hex().to_string())
 }
 
@@ -87,7 +111,11 @@ impl LanguageModel for GgufModel {
     }
 
     fn loglikelihood(&mut self, groups: &[Vec<TokenRequest>]) -> Result<Vec<Vec<Score>>> {
-        if groups.iter().flatten().any(|r| r.context.is_empty() || r.continuation.is_empty()) {
+        if groups
+            .iter()
+            .flatten()
+            .any(|r| r.context.is_empty() || r.continuation.is_empty())
+        {
             bail!("a request with an empty context or continuation");
         }
         let packed = pack::pack(groups);
@@ -103,15 +131,27 @@ impl LanguageModel for GgufModel {
         let rows: Vec<usize> = wanted.keys().copied().collect();
         let mut answers: BTreeMap<(usize, u32), (f64, bool)> = BTreeMap::new();
         for chunk in rows.chunks(LOGIT_ROWS) {
-            let idx = candle_core::Tensor::from_vec(chunk.iter().map(|&r| r as u32).collect::<Vec<_>>(), chunk.len(), hidden.device())?;
+            let idx = candle_core::Tensor::from_vec(
+                chunk.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                chunk.len(),
+                hidden.device(),
+            )?;
             let targets: Vec<Vec<u32>> = chunk.iter().map(|r| wanted[r].clone()).collect();
-            let lps = self.model.token_logprobs(&hidden.index_select(&idx, 0)?, &targets, true)?;
+            let lps = self
+                .model
+                .token_logprobs(&hidden.index_select(&idx, 0)?, &targets, true)?;
             for ((&row, ts), lp) in chunk.iter().zip(&targets).zip(lps) {
                 answers.extend(ts.iter().zip(lp).map(|(&t, a)| ((row, t), a)));
             }
         }
         if std::env::var_os("ZFLOW_EVAL_PROFILE").is_some() {
-            eprintln!("batch: {} rows in {:.2} s, {} logit rows in {:.2} s", packed.tokens.len(), t_hidden.as_secs_f64(), rows.len(), (t0.elapsed() - t_hidden).as_secs_f64());
+            eprintln!(
+                "batch: {} rows in {:.2} s, {} logit rows in {:.2} s",
+                packed.tokens.len(),
+                t_hidden.as_secs_f64(),
+                rows.len(),
+                (t0.elapsed() - t_hidden).as_secs_f64()
+            );
         }
         Ok(packed
             .targets
@@ -120,17 +160,31 @@ impl LanguageModel for GgufModel {
                 group
                     .iter()
                     .map(|pairs| {
-                        pairs.iter().fold(Score { logprob: 0.0, is_greedy: true }, |s, p| {
-                            let (lp, greedy) = answers[p];
-                            Score { logprob: s.logprob + lp, is_greedy: s.is_greedy && greedy }
-                        })
+                        pairs.iter().fold(
+                            Score {
+                                logprob: 0.0,
+                                is_greedy: true,
+                            },
+                            |s, p| {
+                                let (lp, greedy) = answers[p];
+                                Score {
+                                    logprob: s.logprob + lp,
+                                    is_greedy: s.is_greedy && greedy,
+                                }
+                            },
+                        )
                     })
                     .collect()
             })
             .collect())
     }
 
-    fn generate_greedy(&mut self, context: &[u32], max_new_tokens: usize, stop: &mut dyn FnMut(&[u32]) -> bool) -> Result<Vec<u32>> {
+    fn generate_greedy(
+        &mut self,
+        context: &[u32],
+        max_new_tokens: usize,
+        stop: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<Vec<u32>> {
         if context.is_empty() || max_new_tokens == 0 {
             return Ok(vec![]);
         }
@@ -166,7 +220,9 @@ mod tests {
     /// SentencePiece), or `None` with a note.
     pub fn test_model() -> Option<GgufModel> {
         let Some(path) = std::env::var_os("ZFLOW_EVAL_GGUF") else {
-            eprintln!("note: ZFLOW_EVAL_GGUF is not set (see evals/README.md); skipping a model test");
+            eprintln!(
+                "note: ZFLOW_EVAL_GGUF is not set (see evals/README.md); skipping a model test"
+            );
             return None;
         };
         let tok = std::env::var_os("ZFLOW_EVAL_TOKENIZER").map(PathBuf::from);
@@ -182,8 +238,20 @@ mod tests {
         let q5 = QTensor::quantize(&x, GgmlDType::Q5_0).unwrap();
         let q8 = model::q5_0_to_q8_0(&q5).unwrap();
         assert_eq!(q8.dtype(), GgmlDType::Q8_0);
-        let a: Vec<f32> = q5.dequantize(&candle_core::Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let b: Vec<f32> = q8.dequantize(&candle_core::Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let a: Vec<f32> = q5
+            .dequantize(&candle_core::Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let b: Vec<f32> = q8
+            .dequantize(&candle_core::Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         assert_eq!(a, b);
     }
 
@@ -192,32 +260,57 @@ mod tests {
         let Some(mut m) = test_model() else { return };
         let t = m.tokenizer();
         let q = "Question: Which is a fruit?\nAnswer:";
-        let reqs: Vec<TokenRequest> =
-            [" an apple", " a brick", " a red apple"].iter().map(|c| t.encode_pair(q, c).unwrap()).collect();
+        let reqs: Vec<TokenRequest> = [" an apple", " a brick", " a red apple"]
+            .iter()
+            .map(|c| t.encode_pair(q, c).unwrap())
+            .collect();
         let other = vec![t.encode_pair("The capital of France is", " Paris").unwrap()];
         let together = m.loglikelihood(&[reqs.clone(), other.clone()]).unwrap();
         for (i, r) in reqs.iter().enumerate() {
             let alone = m.loglikelihood(&[vec![r.clone()]]).unwrap()[0][0];
-            assert!((alone.logprob - together[0][i].logprob).abs() < 2e-3, "{alone:?} vs {:?}", together[0][i]);
+            assert!(
+                (alone.logprob - together[0][i].logprob).abs() < 2e-3,
+                "{alone:?} vs {:?}",
+                together[0][i]
+            );
             assert_eq!(alone.is_greedy, together[0][i].is_greedy);
         }
         // Greedy decoding from the KV cache reproduces the packed path's first-token logprob.
         let r = &other[0];
         let (_, logits) = m.model.prefill(&r.context).unwrap();
         let (lp, _) = model::token_logprob(&logits, r.continuation[0]);
-        let first = m.loglikelihood(&[vec![TokenRequest { context: r.context.clone(), continuation: vec![r.continuation[0]] }]]).unwrap();
-        assert!((lp - first[0][0].logprob).abs() < 1e-4, "{lp} vs {:?}", first[0][0]);
+        let first = m
+            .loglikelihood(&[vec![TokenRequest {
+                context: r.context.clone(),
+                continuation: vec![r.continuation[0]],
+            }]])
+            .unwrap();
+        assert!(
+            (lp - first[0][0].logprob).abs() < 1e-4,
+            "{lp} vs {:?}",
+            first[0][0]
+        );
         // A generation step on the cache computes the same function; on the quantized weights
         // (as generation runs) it agrees to quantization noise (llama.cpp's own differences
         // from exact arithmetic are up to ~0.8 per token on these tasks).
         let (mut cache, _) = m.model.prefill(&r.context[..r.context.len() - 1]).unwrap();
         let mut cache_q = model::KvCache::clone_of(&cache);
-        let step = m.model.step(&mut cache, *r.context.last().unwrap(), true).unwrap();
+        let step = m
+            .model
+            .step(&mut cache, *r.context.last().unwrap(), true)
+            .unwrap();
         let (lp_step, _) = model::token_logprob(&step, r.continuation[0]);
         assert!((lp_step - lp).abs() < 1e-4, "{lp_step} vs {lp}");
-        let step = m.model.step(&mut cache_q, *r.context.last().unwrap(), false).unwrap();
+        let step = m
+            .model
+            .step(&mut cache_q, *r.context.last().unwrap(), false)
+            .unwrap();
         let (lp_q, _) = model::token_logprob(&step, r.continuation[0]);
         assert!((lp_q - lp).abs() < 0.5, "{lp_q} vs {lp}");
-        assert!(together[1][0].logprob > -5.0, "Paris should be likely: {:?}", together[1][0]);
+        assert!(
+            together[1][0].logprob > -5.0,
+            "Paris should be likely: {:?}",
+            together[1][0]
+        );
     }
 }

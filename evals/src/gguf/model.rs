@@ -63,13 +63,23 @@ impl Linear {
         let f = if fast { Some(Fast::of(&t)?) } else { None };
         // Q5_0 has no SIMD dot product in candle; its blocks convert exactly to Q8_0's (same
         // 32-value blocks and f16 scale, 5-bit integers widened to 8), which has one.
-        let t = if t.dtype() == GgmlDType::Q5_0 { q5_0_to_q8_0(&t)? } else { t };
-        Ok(Linear { q: QMatMul::from_qtensor(t)?, fast: f })
+        let t = if t.dtype() == GgmlDType::Q5_0 {
+            q5_0_to_q8_0(&t)?
+        } else {
+            t
+        };
+        Ok(Linear {
+            q: QMatMul::from_qtensor(t)?,
+            fast: f,
+        })
     }
 
     fn from_arc(t: Arc<QTensor>, fast: bool) -> Result<Self> {
         let f = if fast { Some(Fast::of(&t)?) } else { None };
-        Ok(Linear { q: QMatMul::from_arc(t)?, fast: f })
+        Ok(Linear {
+            q: QMatMul::from_arc(t)?,
+            fast: f,
+        })
     }
 
     /// `x @ W^T`: through the integer kernel for a [`Input::Batch`] (and when kept), candle's
@@ -77,7 +87,9 @@ impl Linear {
     /// request scores the same in any batch.
     fn forward(&self, x: &Input) -> Result<Tensor> {
         Ok(match (x, &self.fast) {
-            (Input::Batch(_, a), Some(Fast::Int(w))) => Tensor::from_vec(w.matmul(a)?, (a.rows(), w.n), &Device::Cpu)?,
+            (Input::Batch(_, a), Some(Fast::Int(w))) => {
+                Tensor::from_vec(w.matmul(a)?, (a.rows(), w.n), &Device::Cpu)?
+            }
             (Input::Batch(t, _), Some(Fast::F32(w))) => t.matmul(&w.t()?)?,
             (Input::Batch(t, _) | Input::Plain(t), _) => self.q.forward(t)?,
         })
@@ -122,7 +134,12 @@ pub(crate) fn q5_0_to_q8_0(t: &QTensor) -> Result<QTensor> {
         }
         out.extend_from_slice(&vals);
     }
-    Ok(candle_core::quantized::ggml_file::qtensor_from_ggml(GgmlDType::Q8_0, &out, t.shape().dims().to_vec(), &Device::Cpu)?)
+    Ok(candle_core::quantized::ggml_file::qtensor_from_ggml(
+        GgmlDType::Q8_0,
+        &out,
+        t.shape().dims().to_vec(),
+        &Device::Cpu,
+    )?)
 }
 
 struct Layer {
@@ -152,7 +169,10 @@ pub struct KvCache {
 impl KvCache {
     /// A copy (tensors are shared until a step replaces them).
     pub fn clone_of(other: &KvCache) -> KvCache {
-        KvCache { kv: other.kv.clone(), len: other.len }
+        KvCache {
+            kv: other.kv.clone(),
+            len: other.len,
+        }
     }
 }
 
@@ -174,11 +194,19 @@ fn norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 impl Model {
     /// Reads the weights of a GGUF file; `dense` keeps the integer kernel's copies for multi-row
     /// passes (see [`Linear`]).
-    pub fn load(path: &Path, content: &gguf_file::Content, cfg: Config, dense: bool) -> Result<Self> {
+    pub fn load(
+        path: &Path,
+        content: &gguf_file::Content,
+        cfg: Config,
+        dense: bool,
+    ) -> Result<Self> {
         let device = Device::Cpu;
-        let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let mut file =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let mut qt = |name: &str| -> Result<QTensor> {
-            content.tensor(&mut file, name, &device).with_context(|| format!("{}: tensor {name}", path.display()))
+            content
+                .tensor(&mut file, name, &device)
+                .with_context(|| format!("{}: tensor {name}", path.display()))
         };
         let embed = Arc::new(qt("token_embd.weight")?);
         let output = match content.tensor_infos.contains_key("output.weight") {
@@ -191,12 +219,18 @@ impl Model {
         for i in 0..cfg.n_layer {
             let mut t = |n: &str| qt(&format!("blk.{i}.{n}.weight"));
             let mut mm = |n: &str| -> Result<Linear> { Linear::new(t(n)?, dense) };
-            let (wq, wk, wv, wo) = (mm("attn_q")?, mm("attn_k")?, mm("attn_v")?, mm("attn_output")?);
+            let (wq, wk, wv, wo) = (
+                mm("attn_q")?,
+                mm("attn_k")?,
+                mm("attn_v")?,
+                mm("attn_output")?,
+            );
             let (gate, up, down) = (mm("ffn_gate")?, mm("ffn_up")?, mm("ffn_down")?);
             let mut f32t = |n: &str| -> Result<Tensor> { Ok(t(n)?.dequantize(&device)?) };
-            let opt = |n: &str, f: &mut dyn FnMut(&str) -> Result<Tensor>| -> Result<Option<Tensor>> {
-                if gemma { f(n).map(Some) } else { Ok(None) }
-            };
+            let opt =
+                |n: &str, f: &mut dyn FnMut(&str) -> Result<Tensor>| -> Result<Option<Tensor>> {
+                    if gemma { f(n).map(Some) } else { Ok(None) }
+                };
             layers.push(Layer {
                 attn_norm: f32t("attn_norm")?,
                 q_norm: opt("attn_q_norm", &mut f32t)?,
@@ -214,13 +248,22 @@ impl Model {
                 local: cfg.is_local(i),
             });
         }
-        Ok(Model { cfg, embed, layers, norm, output, device })
+        Ok(Model {
+            cfg,
+            embed,
+            layers,
+            norm,
+            output,
+            device,
+        })
     }
 
     /// cos and sin tables (`positions x head_dim/2`) for one rotary base.
     fn rope_tables(&self, positions: &[u32], base: f32) -> Result<(Tensor, Tensor)> {
         let half = self.cfg.head_dim / 2;
-        let inv: Vec<f64> = (0..half).map(|i| (base as f64).powf(-2.0 * i as f64 / self.cfg.head_dim as f64)).collect();
+        let inv: Vec<f64> = (0..half)
+            .map(|i| (base as f64).powf(-2.0 * i as f64 / self.cfg.head_dim as f64))
+            .collect();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
         for &p in positions {
@@ -231,7 +274,10 @@ impl Model {
             }
         }
         let shape = (positions.len(), half);
-        Ok((Tensor::from_vec(cos, shape, &self.device)?, Tensor::from_vec(sin, shape, &self.device)?))
+        Ok((
+            Tensor::from_vec(cos, shape, &self.device)?,
+            Tensor::from_vec(sin, shape, &self.device)?,
+        ))
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
@@ -245,13 +291,25 @@ impl Model {
 
     /// Projections with norms and rotary embeddings: q `[H, M, hd]` (already scaled by
     /// 1/sqrt(hd)), k and v `[KV, M, hd]`.
-    fn qkv(&self, layer: &Layer, h: &Tensor, rope: &(Tensor, Tensor), dense: bool) -> Result<(Tensor, Tensor, Tensor)> {
+    fn qkv(
+        &self,
+        layer: &Layer,
+        h: &Tensor,
+        rope: &(Tensor, Tensor),
+        dense: bool,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let c = &self.cfg;
         let m = h.dim(0)?;
         let h = Input::new(h, dense)?;
         let mut q = layer.wq.forward(&h)?.reshape((m, c.n_head, c.head_dim))?;
-        let mut k = layer.wk.forward(&h)?.reshape((m, c.n_kv_head, c.head_dim))?;
-        let v = layer.wv.forward(&h)?.reshape((m, c.n_kv_head, c.head_dim))?;
+        let mut k = layer
+            .wk
+            .forward(&h)?
+            .reshape((m, c.n_kv_head, c.head_dim))?;
+        let v = layer
+            .wv
+            .forward(&h)?
+            .reshape((m, c.n_kv_head, c.head_dim))?;
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
             q = norm(&q, qn, c.eps)?;
             k = norm(&k, kn, c.eps)?;
@@ -284,10 +342,14 @@ impl Model {
         let q = q.contiguous()?.reshape((c.n_kv_head, g * l, c.head_dim))?;
         let mut s = q.matmul(&k.contiguous()?.t()?)?;
         if let Some(mask) = mask {
-            s = s.reshape((c.n_kv_head, g, l, lk))?.broadcast_add(mask)?.reshape((c.n_kv_head, g * l, lk))?;
+            s = s
+                .reshape((c.n_kv_head, g, l, lk))?
+                .broadcast_add(mask)?
+                .reshape((c.n_kv_head, g * l, lk))?;
         }
         let p = candle_nn::ops::softmax_last_dim(&s)?;
-        Ok(p.matmul(&v.contiguous()?)?.reshape((c.n_head, l, c.head_dim))?)
+        Ok(p.matmul(&v.contiguous()?)?
+            .reshape((c.n_head, l, c.head_dim))?)
     }
 
     /// The rest of a block after attention: output projection, residuals, MLP.
@@ -307,13 +369,19 @@ impl Model {
             (Input::Batch(_, a), Some(g), Some(u), Some(d)) => {
                 let (mut act, up) = (g.matmul(a)?, u.matmul(a)?);
                 use rayon::prelude::*;
-                act.par_chunks_mut(4096).zip(up.par_chunks(4096)).for_each(|(g, u)| {
-                    for (g, &u) in g.iter_mut().zip(u) {
-                        *g = if gemma { gelu_tanh(*g) } else { silu(*g) } * u;
-                    }
-                });
+                act.par_chunks_mut(4096)
+                    .zip(up.par_chunks(4096))
+                    .for_each(|(g, u)| {
+                        for (g, &u) in g.iter_mut().zip(u) {
+                            *g = if gemma { gelu_tanh(*g) } else { silu(*g) } * u;
+                        }
+                    });
                 let m = a.rows();
-                Tensor::from_vec(d.matmul(&QActs::quantize(&act, m, g.n))?, (m, d.n), &Device::Cpu)?
+                Tensor::from_vec(
+                    d.matmul(&QActs::quantize(&act, m, g.n))?,
+                    (m, d.n),
+                    &Device::Cpu,
+                )?
             }
             _ => {
                 let gate = layer.gate.forward(&h)?;
@@ -321,7 +389,9 @@ impl Model {
                     true => gate.gelu()?, // tanh approximation, as llama.cpp and HF's gelu_pytorch_tanh
                     false => candle_nn::ops::silu(&gate)?,
                 };
-                layer.down.forward(&Input::new(&(act * layer.up.forward(&h)?)?, dense)?)?
+                layer
+                    .down
+                    .forward(&Input::new(&(act * layer.up.forward(&h)?)?, dense)?)?
             }
         };
         if let Some(n) = &layer.post_ffn_norm {
@@ -352,15 +422,27 @@ impl Model {
         }
         for layer in &self.layers {
             let h = norm(&x, &layer.attn_norm, c.eps)?;
-            let rope = if layer.local { &rope_local } else { &rope_global };
+            let rope = if layer.local {
+                &rope_local
+            } else {
+                &rope_global
+            };
             let (q, k, v) = self.qkv(layer, &h, rope, true)?;
             let mut outs = Vec::with_capacity(p.segments.len());
             for (s, (mg, ml)) in p.segments.iter().zip(&masks) {
                 let (start, n) = (s.start, s.len());
                 let mask = if layer.local { ml } else { mg };
-                outs.push(self.attend(&q.narrow(1, start, n)?, &k.narrow(1, start, n)?, &v.narrow(1, start, n)?, Some(mask))?);
+                outs.push(self.attend(
+                    &q.narrow(1, start, n)?,
+                    &k.narrow(1, start, n)?,
+                    &v.narrow(1, start, n)?,
+                    Some(mask),
+                )?);
             }
-            let attn = Tensor::cat(&outs, 1)?.transpose(0, 1)?.contiguous()?.reshape((m, c.n_head * c.head_dim))?;
+            let attn = Tensor::cat(&outs, 1)?
+                .transpose(0, 1)?
+                .contiguous()?
+                .reshape((m, c.n_head * c.head_dim))?;
             if let Some(cache) = kv_out.as_deref_mut() {
                 cache.kv.push((k, v));
                 cache.len = m;
@@ -381,16 +463,27 @@ impl Model {
     /// [`Linear::forward`]). With the integer kernel the output layer is reduced a chunk of the
     /// vocabulary at a time, never writing the `R x vocab` logits; the chunks and the order
     /// they are combined in are fixed, so the result does not depend on threads or batch.
-    pub fn token_logprobs(&self, hidden: &Tensor, targets: &[Vec<u32>], dense: bool) -> Result<Vec<Vec<(f64, bool)>>> {
+    pub fn token_logprobs(
+        &self,
+        hidden: &Tensor,
+        targets: &[Vec<u32>],
+        dense: bool,
+    ) -> Result<Vec<Vec<(f64, bool)>>> {
         let h = norm(hidden, &self.norm, self.cfg.eps)?;
         let Some(w) = self.output.int().filter(|_| dense) else {
             let logits = self.output.forward(&Input::new(&h, dense)?)?;
             let vocab = logits.dim(1)?;
             let flat: Vec<f32> = logits.flatten_all()?.to_vec1()?;
             use rayon::prelude::*;
-            return Ok(flat.par_chunks(vocab).zip(targets).map(|(l, ts)| ts.iter().map(|&t| token_logprob(l, t)).collect()).collect());
+            return Ok(flat
+                .par_chunks(vocab)
+                .zip(targets)
+                .map(|(l, ts)| ts.iter().map(|&t| token_logprob(l, t)).collect())
+                .collect());
         };
-        let Input::Batch(_, x) = Input::new(&h, true)? else { unreachable!() };
+        let Input::Batch(_, x) = Input::new(&h, true)? else {
+            unreachable!()
+        };
         // Per chunk and row: max, its first index, sum of exp(logit - max); and the logits of
         // the targets in the chunk.
         let chunks = w.map_column_chunks(&x, LOGIT_CHUNK, |c_lo, vals| {
@@ -408,7 +501,11 @@ impl Model {
             }
             (stats, hits)
         })?;
-        let logits: std::collections::HashMap<(usize, u32), f32> = chunks.iter().flat_map(|(_, hits)| hits).map(|&(r, t, v)| ((r, t), v)).collect();
+        let logits: std::collections::HashMap<(usize, u32), f32> = chunks
+            .iter()
+            .flat_map(|(_, hits)| hits)
+            .map(|&(r, t, v)| ((r, t), v))
+            .collect();
         let mut out = Vec::with_capacity(targets.len());
         for (r, ts) in targets.iter().enumerate() {
             let (mut max, mut arg) = (f32::NEG_INFINITY, 0u32);
@@ -417,7 +514,10 @@ impl Model {
                     (max, arg) = (stats[r].0, stats[r].1);
                 }
             }
-            let sum: f64 = chunks.iter().map(|(stats, _)| stats[r].2 * ((stats[r].0 - max) as f64).exp()).sum();
+            let sum: f64 = chunks
+                .iter()
+                .map(|(stats, _)| stats[r].2 * ((stats[r].0 - max) as f64).exp())
+                .sum();
             let lse = sum.ln();
             out.push(
                 ts.iter()
@@ -434,9 +534,21 @@ impl Model {
     /// Runs `tokens` as one sequence, keeping the KV cache; returns the last position's logits.
     pub fn prefill(&self, tokens: &[u32]) -> Result<(KvCache, Vec<f32>)> {
         let n = tokens.len();
-        let seg = super::pack::Segment { start: 0, branch: vec![0; n], pos: (0..n as u32).collect() };
-        let p = Packed { tokens: tokens.to_vec(), positions: seg.pos.clone(), segments: vec![seg], targets: vec![] };
-        let mut cache = KvCache { kv: Vec::with_capacity(self.layers.len()), len: 0 };
+        let seg = super::pack::Segment {
+            start: 0,
+            branch: vec![0; n],
+            pos: (0..n as u32).collect(),
+        };
+        let p = Packed {
+            tokens: tokens.to_vec(),
+            positions: seg.pos.clone(),
+            segments: vec![seg],
+            targets: vec![],
+        };
+        let mut cache = KvCache {
+            kv: Vec::with_capacity(self.layers.len()),
+            len: 0,
+        };
         let h = self.hidden_packed(&p, Some(&mut cache))?;
         let last = self.logits(&h.narrow(0, n - 1, 1)?, true)?;
         Ok((cache, last.flatten_all()?.to_vec1()?))
@@ -453,15 +565,30 @@ impl Model {
         let rope_local = self.rope_tables(&pos, c.rope_base_local)?;
         for (layer, (kc, vc)) in self.layers.iter().zip(cache.kv.iter_mut()) {
             let h = norm(&x, &layer.attn_norm, c.eps)?;
-            let (q, k, v) = self.qkv(layer, &h, if layer.local { &rope_local } else { &rope_global }, dense)?;
+            let (q, k, v) = self.qkv(
+                layer,
+                &h,
+                if layer.local {
+                    &rope_local
+                } else {
+                    &rope_global
+                },
+                dense,
+            )?;
             *kc = Tensor::cat(&[&*kc, &k], 1)?;
             *vc = Tensor::cat(&[&*vc, &v], 1)?;
             let total = kc.dim(1)?;
             let (ks, vs) = match c.sliding_window {
-                Some(w) if layer.local && total > w => (kc.narrow(1, total - w, w)?, vc.narrow(1, total - w, w)?),
+                Some(w) if layer.local && total > w => {
+                    (kc.narrow(1, total - w, w)?, vc.narrow(1, total - w, w)?)
+                }
                 _ => (kc.clone(), vc.clone()),
             };
-            let attn = self.attend(&q, &ks, &vs, None)?.transpose(0, 1)?.contiguous()?.reshape((1, c.n_head * c.head_dim))?;
+            let attn = self
+                .attend(&q, &ks, &vs, None)?
+                .transpose(0, 1)?
+                .contiguous()?
+                .reshape((1, c.n_head * c.head_dim))?;
             x = self.finish(layer, &x, &attn, dense)?;
         }
         cache.len += 1;
@@ -482,7 +609,10 @@ fn softmax_stats(row: &[f32]) -> (f32, usize, f64) {
             lanes[l] = lanes[l].max(c[l]);
         }
     }
-    let max = tail.iter().fold(lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)), |m, &v| m.max(v));
+    let max = tail.iter().fold(
+        lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)),
+        |m, &v| m.max(v),
+    );
     let arg = row.iter().position(|&v| v == max).unwrap_or(0);
     let mut sums = [0f32; 8];
     for c in body {
@@ -491,7 +621,11 @@ fn softmax_stats(row: &[f32]) -> (f32, usize, f64) {
         }
     }
     let tail: f32 = tail.iter().map(|&v| exp(v - max)).sum();
-    (max, arg, sums.iter().map(|&v| v as f64).sum::<f64>() + tail as f64)
+    (
+        max,
+        arg,
+        sums.iter().map(|&v| v as f64).sum::<f64>() + tail as f64,
+    )
 }
 
 /// `e^x` to ~2 ulp for `x` in `[-87.3, 88.3]` (0 below, `e^88.3` above), in plain arithmetic the
@@ -504,12 +638,24 @@ pub fn exp(x: f32) -> f32 {
     let n = (xc * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
     let r = (xc - n * 0.693_359_4) - n * -2.121_944_4e-4;
     let mut p = 1.987_569_1e-4f32;
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ] {
         p = p * r + c;
     }
     let y = p * (r * r) + r + 1.0;
     // 2^n from n's bits in MAGIC + n.
-    let two_n = f32::from_bits(((n + MAGIC).to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127)) << 23);
+    let two_n = f32::from_bits(
+        ((n + MAGIC)
+            .to_bits()
+            .wrapping_sub(MAGIC.to_bits())
+            .wrapping_add(127))
+            << 23,
+    );
     if x < -87.3 { 0.0 } else { y * two_n }
 }
 
@@ -561,8 +707,16 @@ mod tests {
         for i in -20_000..20_000 {
             let x = i as f32 / 1000.0;
             let xd = x as f64;
-            let want = 0.5 * xd * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd * xd * xd)).tanh());
-            assert!((gelu_tanh(x) as f64 - want).abs() < 1e-6 * want.abs().max(1e-3), "gelu({x}) = {} vs {want}", gelu_tanh(x));
+            let want = 0.5
+                * xd
+                * (1.0
+                    + ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd * xd * xd))
+                        .tanh());
+            assert!(
+                (gelu_tanh(x) as f64 - want).abs() < 1e-6 * want.abs().max(1e-3),
+                "gelu({x}) = {} vs {want}",
+                gelu_tanh(x)
+            );
         }
     }
 }

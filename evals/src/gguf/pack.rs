@@ -66,12 +66,23 @@ pub struct Packed {
 
 /// Packs groups (see the module docs).
 pub fn pack(groups: &[Vec<TokenRequest>]) -> Packed {
-    let mut p = Packed { tokens: vec![], positions: vec![], segments: vec![], targets: vec![] };
+    let mut p = Packed {
+        tokens: vec![],
+        positions: vec![],
+        segments: vec![],
+        targets: vec![],
+    };
     for group in groups {
         let start = p.tokens.len();
         let shared = shared_prefix_len(group);
-        let mut seg = Segment { start, branch: vec![], pos: vec![] };
-        let full = |r: &TokenRequest| -> Vec<u32> { r.context.iter().chain(&r.continuation).copied().collect() };
+        let mut seg = Segment {
+            start,
+            branch: vec![],
+            pos: vec![],
+        };
+        let full = |r: &TokenRequest| -> Vec<u32> {
+            r.context.iter().chain(&r.continuation).copied().collect()
+        };
         if let Some(first) = group.first() {
             for (i, &t) in full(first)[..shared].iter().enumerate() {
                 p.tokens.push(t);
@@ -91,9 +102,19 @@ pub fn pack(groups: &[Vec<TokenRequest>]) -> Packed {
                 seg.branch.push(b as u32 + 1);
                 seg.pos.push((shared + i) as u32);
             }
-            let row_of = |q: usize| if q < shared { start + q } else { branch_start + (q - shared) };
+            let row_of = |q: usize| {
+                if q < shared {
+                    start + q
+                } else {
+                    branch_start + (q - shared)
+                }
+            };
             let first_scored = r.context.len() - 1;
-            targets.push((first_scored..inputs).map(|q| (row_of(q), seq[q + 1])).collect());
+            targets.push(
+                (first_scored..inputs)
+                    .map(|q| (row_of(q), seq[q + 1]))
+                    .collect(),
+            );
         }
         p.targets.push(targets);
         p.segments.push(seg);
@@ -106,7 +127,10 @@ mod tests {
     use super::*;
 
     fn tr(c: &[u32], k: &[u32]) -> TokenRequest {
-        TokenRequest { context: c.to_vec(), continuation: k.to_vec() }
+        TokenRequest {
+            context: c.to_vec(),
+            continuation: k.to_vec(),
+        }
     }
 
     #[test]
@@ -117,7 +141,10 @@ mod tests {
         assert_eq!(p.positions, vec![0, 1, 2, 3, 3, 4]);
         assert_eq!(p.segments[0].branch, vec![0, 0, 0, 1, 2, 2]);
         // Choice 1: row 2 predicts 4, row 3 predicts 5. Choice 2: row 2 -> 6, 4 -> 7, 5 -> 8.
-        assert_eq!(p.targets[0], vec![vec![(2, 4), (3, 5)], vec![(2, 6), (4, 7), (5, 8)]]);
+        assert_eq!(
+            p.targets[0],
+            vec![vec![(2, 4), (3, 5)], vec![(2, 6), (4, 7), (5, 8)]]
+        );
         let m = p.segments[0].mask(None);
         let allowed = |a: usize, b: usize| m[a * 6 + b] == 0.0;
         assert!(allowed(4, 2) && allowed(5, 4) && allowed(5, 0));
@@ -131,8 +158,15 @@ mod tests {
         assert_eq!(p.tokens, vec![9, 5, 6]);
         assert_eq!(p.segments[1].start, 1);
         assert_eq!(p.targets, vec![vec![vec![(0, 1)]], vec![vec![(2, 7)]]]);
-        let seg = Segment { start: 0, branch: vec![0; 4], pos: vec![0, 1, 2, 3] };
+        let seg = Segment {
+            start: 0,
+            branch: vec![0; 4],
+            pos: vec![0, 1, 2, 3],
+        };
         let m = seg.mask(Some(2));
-        assert_eq!(&m[12..16], &[f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, 0.0]);
+        assert_eq!(
+            &m[12..16],
+            &[f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, 0.0]
+        );
     }
 }

@@ -78,8 +78,18 @@ impl QActs {
         assert!(k.is_multiple_of(QK) && x.len() == m * k);
         let nb = k / QK;
         let nbp = nb.div_ceil(8) * 8;
-        let mut q = QActs { m, k, nbp, a: vec![Half::default(); m * k / 16], d: vec![0.0; m], sums: vec![0.0; m * nbp] };
-        let rows = q.a.par_chunks_mut(k / 16).zip(q.d.par_iter_mut()).zip(q.sums.par_chunks_mut(nbp));
+        let mut q = QActs {
+            m,
+            k,
+            nbp,
+            a: vec![Half::default(); m * k / 16],
+            d: vec![0.0; m],
+            sums: vec![0.0; m * nbp],
+        };
+        let rows =
+            q.a.par_chunks_mut(k / 16)
+                .zip(q.d.par_iter_mut())
+                .zip(q.sums.par_chunks_mut(nbp));
         rows.zip(x.par_chunks(k)).for_each(|(((a, d), sums), x)| {
             // The largest magnitude, 8 lanes at a time (so that it vectorises).
             let mut lanes = [0f32; 8];
@@ -92,7 +102,8 @@ impl QActs {
             *d = amax / 32767.0;
             let id = if *d > 0.0 { 1.0 / *d } else { 0.0 };
             // SAFETY: `Half` is 16 i16s, `repr(C)`.
-            let a: &mut [i16] = unsafe { std::slice::from_raw_parts_mut(a.as_mut_ptr() as *mut i16, a.len() * 16) };
+            let a: &mut [i16] =
+                unsafe { std::slice::from_raw_parts_mut(a.as_mut_ptr() as *mut i16, a.len() * 16) };
             for (o, &v) in a.iter_mut().zip(x) {
                 // Round to nearest, ties to even (|v * id| <= 32767 + rounding): adding and
                 // subtracting 1.5 * 2^23 leaves the nearest integer, without a libm call.
@@ -134,7 +145,10 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
     }
 }
 
@@ -150,7 +164,15 @@ impl QMatrix {
         let nb = k / QK;
         let nbp = nb.div_ceil(8) * 8;
         let data = t.data()?;
-        let mut m = QMatrix { n, k, nb, nbp, w: vec![Half::default(); n * nb * 2], scales: vec![0.0; n * nb], neg_mins: vec![] };
+        let mut m = QMatrix {
+            n,
+            k,
+            nb,
+            nbp,
+            w: vec![Half::default(); n * nb * 2],
+            scales: vec![0.0; n * nb],
+            neg_mins: vec![],
+        };
         // Block `i` (row-major over rows and blocks): its scale and its 32 integers.
         let mut put = |i: usize, scale: f32, vals: &dyn Fn(usize) -> i16| {
             m.scales[i] = scale;
@@ -170,7 +192,11 @@ impl QMatrix {
                 for (i, blk) in data.chunks_exact(22).enumerate() {
                     let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
                     put(i, f16_at(blk, 0), &|j| {
-                        let (lo, hi) = if j < 16 { (blk[6 + j] & 0x0F, (qh >> j) & 1) } else { (blk[6 + j - 16] >> 4, (qh >> j) & 1) };
+                        let (lo, hi) = if j < 16 {
+                            (blk[6 + j] & 0x0F, (qh >> j) & 1)
+                        } else {
+                            (blk[6 + j - 16] >> 4, (qh >> j) & 1)
+                        };
                         (lo as u32 | (hi << 4)) as i16 - 16
                     });
                 }
@@ -188,7 +214,14 @@ impl QMatrix {
                         let b = sb * 8 + j;
                         mins[row * nbp + b] = -(dmin * mn as f32);
                         let src = &qs[(j / 2) * 32..(j / 2) * 32 + 32];
-                        put(row * nb + b, d, &|l| scale as i16 * if j % 2 == 0 { src[l] & 0xF } else { src[l] >> 4 } as i16);
+                        put(row * nb + b, d, &|l| {
+                            scale as i16
+                                * if j % 2 == 0 {
+                                    src[l] & 0xF
+                                } else {
+                                    src[l] >> 4
+                                } as i16
+                        });
                     }
                 }
                 m.neg_mins = mins;
@@ -203,10 +236,15 @@ impl QMatrix {
                     for half in 0..2 {
                         let (ql, qh, sc) = (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..]);
                         // Blocks of 32 within this 128: l, l+32, l+64, l+96 for l in 0..32.
-                        for (jb, (lo_off, shift_lo, shift_h)) in [(0, 0, 0), (32, 0, 2), (0, 4, 4), (32, 4, 6)].into_iter().enumerate() {
+                        for (jb, (lo_off, shift_lo, shift_h)) in
+                            [(0, 0, 0), (32, 0, 2), (0, 4, 4), (32, 4, 6)]
+                                .into_iter()
+                                .enumerate()
+                        {
                             let b = sb * 8 + half * 4 + jb;
                             put(row * nb + b, d, &|l| {
-                                let q = ((ql[l + lo_off] >> shift_lo) & 0xF) | (((qh[l] >> shift_h) & 3) << 4);
+                                let q = ((ql[l + lo_off] >> shift_lo) & 0xF)
+                                    | (((qh[l] >> shift_h) & 3) << 4);
                                 sc[2 * jb + l / 16] as i8 as i16 * (q as i16 - 32)
                             });
                         }
@@ -225,9 +263,14 @@ impl QMatrix {
         for r in 0..self.n {
             for b in 0..self.nb {
                 let i = r * self.nb + b;
-                let neg_min = if self.neg_mins.is_empty() { 0.0 } else { self.neg_mins[r * self.nbp + b] };
+                let neg_min = if self.neg_mins.is_empty() {
+                    0.0
+                } else {
+                    self.neg_mins[r * self.nbp + b]
+                };
                 for j in 0..QK {
-                    out[r * self.k + b * QK + j] = self.scales[i] * self.w[2 * i + j / 16].0[j % 16] as f32 + neg_min;
+                    out[r * self.k + b * QK + j] =
+                        self.scales[i] * self.w[2 * i + j / 16].0[j % 16] as f32 + neg_min;
                 }
             }
         }
@@ -237,7 +280,11 @@ impl QMatrix {
     /// `x @ W^T`: `[x.rows(), n]`, row-major.
     pub fn matmul(&self, x: &QActs) -> Result<Vec<f32>> {
         if x.k != self.k {
-            bail!("matmul: activations of width {} against a weight of width {}", x.k, self.k);
+            bail!(
+                "matmul: activations of width {} against a weight of width {}",
+                x.k,
+                self.k
+            );
         }
         let (m, n) = (x.m, self.n);
         let mut out = vec![0f32; m * n];
@@ -253,9 +300,18 @@ impl QMatrix {
     /// `x @ W^T` `width` columns at a time, without keeping the whole product: `f` gets the
     /// chunk's first column and its values (`x.rows()` rows of the chunk's width, row-major);
     /// returns `f`'s results in column order. Chunks are the same whatever the thread count.
-    pub fn map_column_chunks<R: Send>(&self, x: &QActs, width: usize, f: impl Fn(usize, &[f32]) -> R + Sync) -> Result<Vec<R>> {
+    pub fn map_column_chunks<R: Send>(
+        &self,
+        x: &QActs,
+        width: usize,
+        f: impl Fn(usize, &[f32]) -> R + Sync,
+    ) -> Result<Vec<R>> {
         if x.k != self.k {
-            bail!("matmul: activations of width {} against a weight of width {}", x.k, self.k);
+            bail!(
+                "matmul: activations of width {} against a weight of width {}",
+                x.k,
+                self.k
+            );
         }
         let (m, n) = (x.m, self.n);
         Ok((0..n.div_ceil(width))
@@ -293,7 +349,17 @@ impl QMatrix {
 
     /// Output rows `r0..r0+rm`, columns `c0..c0+rn` into `out` (row stride `ldo`).
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile(&self, x: &QActs, r0: usize, rm: usize, c0: usize, rn: usize, out: *mut f32, ldo: usize, avx2: bool) {
+    unsafe fn tile(
+        &self,
+        x: &QActs,
+        r0: usize,
+        rm: usize,
+        c0: usize,
+        rn: usize,
+        out: *mut f32,
+        ldo: usize,
+        avx2: bool,
+    ) {
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             unsafe {
@@ -317,19 +383,26 @@ impl QMatrix {
         let mut acc = [0f32; 8];
         for b in 0..self.nb {
             let i = c * self.nb + b;
-            let (w, a) = (&self.w[2 * i..2 * i + 2], &x.a[(r * x.k) / 16 + 2 * b..(r * x.k) / 16 + 2 * b + 2]);
+            let (w, a) = (
+                &self.w[2 * i..2 * i + 2],
+                &x.a[(r * x.k) / 16 + 2 * b..(r * x.k) / 16 + 2 * b + 2],
+            );
             for (l, acc) in acc.iter_mut().enumerate() {
                 // Lane l of `vpmaddwd` on each half: the products of elements 2l and 2l + 1.
                 let mut p = 0i32;
                 for h in 0..2 {
-                    p += w[h].0[2 * l] as i32 * a[h].0[2 * l] as i32 + w[h].0[2 * l + 1] as i32 * a[h].0[2 * l + 1] as i32;
+                    p += w[h].0[2 * l] as i32 * a[h].0[2 * l] as i32
+                        + w[h].0[2 * l + 1] as i32 * a[h].0[2 * l + 1] as i32;
                 }
                 *acc = (p as f32).mul_add(self.scales[i], *acc);
             }
         }
         // The mins: `acc += (sum of a block's activation integers) * -min`, 8 blocks a step.
         if !self.neg_mins.is_empty() {
-            let (mins, sums) = (&self.neg_mins[c * self.nbp..(c + 1) * self.nbp], &x.sums[r * x.nbp..(r + 1) * x.nbp]);
+            let (mins, sums) = (
+                &self.neg_mins[c * self.nbp..(c + 1) * self.nbp],
+                &x.sums[r * x.nbp..(r + 1) * x.nbp],
+            );
             for (m, s) in mins.chunks_exact(8).zip(sums.chunks_exact(8)) {
                 for l in 0..8 {
                     acc[l] = s[l].mul_add(m[l], acc[l]);
@@ -355,7 +428,9 @@ fn has_avx2() -> bool {
     {
         static DETECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *DETECTED.get_or_init(|| {
-            std::env::var_os("ZFLOW_EVAL_NO_AVX2").is_none() && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+            std::env::var_os("ZFLOW_EVAL_NO_AVX2").is_none()
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -398,25 +473,45 @@ mod avx2 {
     /// The 4 x 2 register tile, written out so the 8 accumulators stay in registers: each
     /// weight block is loaded once per 4 rows.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile_4x2(w: &QMatrix, x: &QActs, r0: usize, c0: usize, out: *mut f32, ldo: usize) {
+    pub(super) unsafe fn tile_4x2(
+        w: &QMatrix,
+        x: &QActs,
+        r0: usize,
+        c0: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
         unsafe {
             let z = _mm256_setzero_ps();
-            let (mut a00, mut a01, mut a10, mut a11, mut a20, mut a21, mut a30, mut a31) = (z, z, z, z, z, z, z, z);
+            let (mut a00, mut a01, mut a10, mut a11, mut a20, mut a21, mut a30, mut a31) =
+                (z, z, z, z, z, z, z, z);
             let halves = x.k / 16;
             let x0 = x.a.as_ptr().wrapping_add(r0 * halves);
-            let (x1, x2, x3) = (x0.wrapping_add(halves), x0.wrapping_add(2 * halves), x0.wrapping_add(3 * halves));
+            let (x1, x2, x3) = (
+                x0.wrapping_add(halves),
+                x0.wrapping_add(2 * halves),
+                x0.wrapping_add(3 * halves),
+            );
             let mut wp0 = w.w.as_ptr().wrapping_add(c0 * w.nb * 2);
             let mut wp1 = wp0.wrapping_add(w.nb * 2);
             let mut sp0 = w.scales.as_ptr().wrapping_add(c0 * w.nb);
             let mut sp1 = sp0.wrapping_add(w.nb);
             let mut off = 0usize;
             for _ in 0..w.nb {
-                let (w00, w01, s0) = (_mm256_load_si256(wp0 as *const __m256i), _mm256_load_si256(wp0.wrapping_add(1) as *const __m256i), _mm256_broadcast_ss(&*sp0));
+                let (w00, w01, s0) = (
+                    _mm256_load_si256(wp0 as *const __m256i),
+                    _mm256_load_si256(wp0.wrapping_add(1) as *const __m256i),
+                    _mm256_broadcast_ss(&*sp0),
+                );
                 a00 = step(a00, w00, w01, s0, x0.wrapping_add(off));
                 a10 = step(a10, w00, w01, s0, x1.wrapping_add(off));
                 a20 = step(a20, w00, w01, s0, x2.wrapping_add(off));
                 a30 = step(a30, w00, w01, s0, x3.wrapping_add(off));
-                let (w10, w11, s1) = (_mm256_load_si256(wp1 as *const __m256i), _mm256_load_si256(wp1.wrapping_add(1) as *const __m256i), _mm256_broadcast_ss(&*sp1));
+                let (w10, w11, s1) = (
+                    _mm256_load_si256(wp1 as *const __m256i),
+                    _mm256_load_si256(wp1.wrapping_add(1) as *const __m256i),
+                    _mm256_broadcast_ss(&*sp1),
+                );
                 a01 = step(a01, w10, w11, s1, x0.wrapping_add(off));
                 a11 = step(a11, w10, w11, s1, x1.wrapping_add(off));
                 a21 = step(a21, w10, w11, s1, x2.wrapping_add(off));
@@ -436,7 +531,14 @@ mod avx2 {
     /// Horizontal sums times the rows' scales, into `out` (row stride `ldo`).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn store<const M: usize, const N: usize>(x: &QActs, r0: usize, c0: usize, acc: &[[__m256; N]; M], out: *mut f32, ldo: usize) {
+    unsafe fn store<const M: usize, const N: usize>(
+        x: &QActs,
+        r0: usize,
+        c0: usize,
+        acc: &[[__m256; N]; M],
+        out: *mut f32,
+        ldo: usize,
+    ) {
         for (r, row) in acc.iter().enumerate() {
             let d = x.d[r0 + r];
             for (c, v) in row.iter().enumerate() {
@@ -453,13 +555,21 @@ mod avx2 {
     /// step (as [`QMatrix::dot_scalar`]).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn add_mins<const M: usize, const N: usize>(w: &QMatrix, x: &QActs, r0: usize, c0: usize, acc: &mut [[__m256; N]; M]) {
+    unsafe fn add_mins<const M: usize, const N: usize>(
+        w: &QMatrix,
+        x: &QActs,
+        r0: usize,
+        c0: usize,
+        acc: &mut [[__m256; N]; M],
+    ) {
         if w.neg_mins.is_empty() {
             return;
         }
         unsafe {
             for g in (0..w.nbp).step_by(8) {
-                let mins: [__m256; N] = std::array::from_fn(|c| _mm256_loadu_ps(w.neg_mins.as_ptr().add((c0 + c) * w.nbp + g)));
+                let mins: [__m256; N] = std::array::from_fn(|c| {
+                    _mm256_loadu_ps(w.neg_mins.as_ptr().add((c0 + c) * w.nbp + g))
+                });
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let sums = _mm256_loadu_ps(x.sums.as_ptr().add((r0 + r) * x.nbp + g));
                     for (acc, m) in acc.iter_mut().zip(&mins) {
@@ -473,7 +583,16 @@ mod avx2 {
     /// Any smaller tile (edges): the same operations per element, in loops.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile_any(w: &QMatrix, x: &QActs, r0: usize, rm: usize, c0: usize, rn: usize, out: *mut f32, ldo: usize) {
+    pub(super) unsafe fn tile_any(
+        w: &QMatrix,
+        x: &QActs,
+        r0: usize,
+        rm: usize,
+        c0: usize,
+        rn: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
         unsafe {
             let halves = x.k / 16;
             for c in 0..rn {
@@ -482,8 +601,17 @@ mod avx2 {
                     for b in 0..w.nb {
                         let i = (c0 + c) * w.nb + b;
                         let wp = w.w.as_ptr().add(2 * i);
-                        let (w0, w1) = (_mm256_load_si256(wp as *const __m256i), _mm256_load_si256(wp.add(1) as *const __m256i));
-                        v = step(v, w0, w1, _mm256_set1_ps(w.scales[i]), x.a.as_ptr().add((r0 + r) * halves + 2 * b));
+                        let (w0, w1) = (
+                            _mm256_load_si256(wp as *const __m256i),
+                            _mm256_load_si256(wp.add(1) as *const __m256i),
+                        );
+                        v = step(
+                            v,
+                            w0,
+                            w1,
+                            _mm256_set1_ps(w.scales[i]),
+                            x.a.as_ptr().add((r0 + r) * halves + 2 * b),
+                        );
                     }
                     let mut one = [[v]];
                     add_mins(w, x, r0 + r, c0 + c, &mut one);
@@ -501,7 +629,15 @@ mod tests {
 
     #[test]
     fn f16_decodes_exactly() {
-        let cases = [(0x3C00, 1.0), (0xC000, -2.0), (0x7BFF, 65504.0), (0x0001, 5.960_464_5e-8), (0x8400, -6.103_515_6e-5), (0x3555, 0.333_251_95), (0, 0.0)];
+        let cases = [
+            (0x3C00, 1.0),
+            (0xC000, -2.0),
+            (0x7BFF, 65504.0),
+            (0x0001, 5.960_464_5e-8),
+            (0x8400, -6.103_515_6e-5),
+            (0x3555, 0.333_251_95),
+            (0, 0.0),
+        ];
         for (h, v) in cases {
             assert_eq!(f16_at(&u16::to_le_bytes(h), 0), v, "{h:#06x}");
         }
@@ -513,15 +649,35 @@ mod tests {
         let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
         let qt = QTensor::quantize(&w, dtype).unwrap();
         let qm = QMatrix::from_qtensor(&qt).unwrap().unwrap();
-        let deq: Vec<f32> = qt.dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let deq: Vec<f32> = qt
+            .dequantize(&dev)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let mine = qm.dequantize();
         // Equal values for the formats without mins (scale * w is exact in f32); Q4_K's
         // `d * (sc * q) - dmin * m` may round differently from ggml's `(d * sc) * q - dmin * m`.
         for i in 0..deq.len() {
-            let tol = if dtype == GgmlDType::Q4K { 1e-6 * deq[i].abs().max(1.0) } else { 0.0 };
-            assert!((mine[i] - deq[i]).abs() <= tol, "{dtype:?}: unpacked blocks differ from ggml's values at {i}: {} vs {}", mine[i], deq[i]);
+            let tol = if dtype == GgmlDType::Q4K {
+                1e-6 * deq[i].abs().max(1.0)
+            } else {
+                0.0
+            };
+            assert!(
+                (mine[i] - deq[i]).abs() <= tol,
+                "{dtype:?}: unpacked blocks differ from ggml's values at {i}: {} vs {}",
+                mine[i],
+                deq[i]
+            );
         }
-        let x: Vec<f32> = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let x: Vec<f32> = Tensor::randn(0f32, 1.0, (m, k), &dev)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let xa = QActs::quantize(&x, m, k);
         let fast = qm.matmul(&xa).unwrap();
         // The scalar path gives the same bits.
@@ -535,9 +691,15 @@ mod tests {
         // And close to the f32 product (activations are rounded to 16 bits).
         for r in 0..m {
             for c in 0..n {
-                let exact: f64 = (0..k).map(|j| x[r * k + j] as f64 * deq[c * k + j] as f64).sum();
+                let exact: f64 = (0..k)
+                    .map(|j| x[r * k + j] as f64 * deq[c * k + j] as f64)
+                    .sum();
                 let tol = 1e-3 * (k as f64).sqrt();
-                assert!((fast[r * n + c] as f64 - exact).abs() < tol, "{dtype:?} [{r},{c}]: {} vs {exact}", fast[r * n + c]);
+                assert!(
+                    (fast[r * n + c] as f64 - exact).abs() < tol,
+                    "{dtype:?} [{r},{c}]: {} vs {exact}",
+                    fast[r * n + c]
+                );
             }
         }
         // A row's result does not depend on the other rows of the batch.
@@ -547,7 +709,12 @@ mod tests {
 
     #[test]
     fn kernels_match_dequantized_weights_and_each_other() {
-        for dtype in [GgmlDType::Q8_0, GgmlDType::Q5_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+        for dtype in [
+            GgmlDType::Q8_0,
+            GgmlDType::Q5_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
             check(dtype, 13, 512, 7);
         }
     }
@@ -561,7 +728,12 @@ mod bench {
     /// CPU seconds this process has used (all threads), from /proc: load-independent timing.
     fn cpu_seconds() -> f64 {
         let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-        let f: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+        let f: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
         (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
     }
 
@@ -573,7 +745,10 @@ mod bench {
             reps += 1;
         }
         let total = macs * reps as f64 / 1e9;
-        (total / (cpu_seconds() - c0), total / t0.elapsed().as_secs_f64())
+        (
+            total / (cpu_seconds() - c0),
+            total / t0.elapsed().as_secs_f64(),
+        )
     }
 
     /// `RAYON_NUM_THREADS=1 cargo test -p zflow-evals --lib qgemm::bench -- --ignored
@@ -584,21 +759,39 @@ mod bench {
     fn kernel_throughput() {
         let dev = Device::Cpu;
         let only = std::env::var("QGEMM_BENCH").ok();
-        for (dtype, n, k, m) in [(GgmlDType::Q5_0, 2048, 640, 512), (GgmlDType::Q8_0, 8192, 640, 256), (GgmlDType::Q6K, 640, 2048, 512), (GgmlDType::Q4K, 640, 1024, 512)] {
-            if only.as_ref().is_some_and(|o| !format!("{dtype:?}").contains(o.as_str())) {
+        for (dtype, n, k, m) in [
+            (GgmlDType::Q5_0, 2048, 640, 512),
+            (GgmlDType::Q8_0, 8192, 640, 256),
+            (GgmlDType::Q6K, 640, 2048, 512),
+            (GgmlDType::Q4K, 640, 1024, 512),
+        ] {
+            if only
+                .as_ref()
+                .is_some_and(|o| !format!("{dtype:?}").contains(o.as_str()))
+            {
                 continue;
             }
             let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
             let qt = QTensor::quantize(&w, dtype).unwrap();
             let qm = QMatrix::from_qtensor(&qt).unwrap().unwrap();
-            let x: Vec<f32> = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let x: Vec<f32> = Tensor::randn(0f32, 1.0, (m, k), &dev)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
             let xa = QActs::quantize(&x, m, k);
             let macs = (n * k * m) as f64;
-            let (q_cpu, q_wall) = rate(macs, || drop(std::hint::black_box(qm.matmul(&xa).unwrap())));
+            let (q_cpu, q_wall) =
+                rate(macs, || drop(std::hint::black_box(qm.matmul(&xa).unwrap())));
             let xt = Tensor::from_vec(x.clone(), (m, k), &dev).unwrap();
             let wd = qt.dequantize(&dev).unwrap();
-            let (f32_cpu, _) = rate(macs, || drop(std::hint::black_box(xt.matmul(&wd.t().unwrap()).unwrap())));
-            eprintln!("{dtype:?} {m}x{k} @ {n}x{k}^T: int16 kernel {q_cpu:.1} GMAC/cpu-s ({q_wall:.1} wall), candle f32 {f32_cpu:.1}");
+            let (f32_cpu, _) = rate(macs, || {
+                drop(std::hint::black_box(xt.matmul(&wd.t().unwrap()).unwrap()))
+            });
+            eprintln!(
+                "{dtype:?} {m}x{k} @ {n}x{k}^T: int16 kernel {q_cpu:.1} GMAC/cpu-s ({q_wall:.1} wall), candle f32 {f32_cpu:.1}"
+            );
         }
     }
 }

@@ -20,8 +20,14 @@ fn md_u32(content: &Content, key: &str) -> Option<u32> {
 }
 
 fn tokens(content: &Content) -> Result<Vec<String>> {
-    let v = content.metadata.get("tokenizer.ggml.tokens").context("no tokenizer.ggml.tokens in the GGUF")?;
-    v.to_vec()?.iter().map(|t| Ok(t.to_string()?.clone())).collect()
+    let v = content
+        .metadata
+        .get("tokenizer.ggml.tokens")
+        .context("no tokenizer.ggml.tokens in the GGUF")?;
+    v.to_vec()?
+        .iter()
+        .map(|t| Ok(t.to_string()?.clone()))
+        .collect()
 }
 
 /// The tokenizer for `content`, from `tokenizer_json` if given.
@@ -33,7 +39,9 @@ pub fn load(content: &Content, tokenizer_json: Option<&Path>) -> Result<Tokenize
         .cloned()
         .unwrap_or_default();
     let bos = md_u32(content, "tokenizer.ggml.bos_token_id");
-    let eos: Vec<u32> = md_u32(content, "tokenizer.ggml.eos_token_id").into_iter().collect();
+    let eos: Vec<u32> = md_u32(content, "tokenizer.ggml.eos_token_id")
+        .into_iter()
+        .collect();
     let add_bos = match content.metadata.get("tokenizer.ggml.add_bos_token") {
         Some(Value::Bool(b)) => *b,
         // llama.cpp's defaults: SentencePiece vocabularies add BOS, BPE ones do not.
@@ -43,7 +51,9 @@ pub fn load(content: &Content, tokenizer_json: Option<&Path>) -> Result<Tokenize
     match tokenizer_json {
         Some(path) => {
             let t = Tokenizer::from_file(path, bos, eos, add_bos)?;
-            check_vocab(&t, &vocab).with_context(|| format!("{} does not match the GGUF's vocabulary", path.display()))?;
+            check_vocab(&t, &vocab).with_context(|| {
+                format!("{} does not match the GGUF's vocabulary", path.display())
+            })?;
             Ok(t)
         }
         None if kind == "gpt2" => {
@@ -59,7 +69,10 @@ pub fn load(content: &Content, tokenizer_json: Option<&Path>) -> Result<Tokenize
                     h.update(b"\0");
                 }
             }
-            let identity = format!("gguf-bpe:{}:bos={bos:?}:add_bos={add_bos}", h.finalize().to_hex());
+            let identity = format!(
+                "gguf-bpe:{}:bos={bos:?}:add_bos={add_bos}",
+                h.finalize().to_hex()
+            );
             Ok(Tokenizer::new(inner, bos, eos, add_bos, identity))
         }
         None => bail!(
@@ -76,13 +89,20 @@ fn check_vocab(t: &Tokenizer, vocab: &[String]) -> Result<()> {
     let mut bad = Vec::new();
     for (id, tok) in vocab.iter().enumerate() {
         let theirs = t.inner().id_to_token(id as u32);
-        let same = theirs.as_deref().is_some_and(|x| x == tok || x == tok.replace(' ', "\u{2581}"));
+        let same = theirs
+            .as_deref()
+            .is_some_and(|x| x == tok || x == tok.replace(' ', "\u{2581}"));
         if !same {
             bad.push(format!("id {id}: GGUF {tok:?}, tokenizer.json {theirs:?}"));
         }
     }
     if !bad.is_empty() {
-        bail!("{} of {} ids differ, e.g. {}", bad.len(), vocab.len(), bad[..bad.len().min(3)].join("; "));
+        bail!(
+            "{} of {} ids differ, e.g. {}",
+            bad.len(),
+            vocab.len(),
+            bad[..bad.len().min(3)].join("; ")
+        );
     }
     Ok(())
 }

@@ -31,14 +31,19 @@ fn load_chain(
     if !seen.insert(canonical) {
         return Err(RecipeError::at(
             from.cloned().unwrap_or_else(|| Loc::origin(&shown)),
-            format!("`extends:` forms a cycle: `{shown}` extends itself (directly or through its parents)"),
+            format!(
+                "`extends:` forms a cycle: `{shown}` extends itself (directly or through its parents)"
+            ),
         ));
     }
     let mut node = tree::parse(&text, &shown)?;
     let Value::Map(entries) = &mut node.value else {
         return Err(RecipeError::at(
             node.loc.clone(),
-            format!("a recipe must be a mapping of sections, found {}", node.type_name()),
+            format!(
+                "a recipe must be a mapping of sections, found {}",
+                node.type_name()
+            ),
         ));
     };
     let Some(pos) = entries.iter().position(|(k, _)| k.name == "extends") else {
@@ -77,14 +82,20 @@ pub fn merge(base: Node, over: Node) -> Node {
                     (None, _) => base_entries.push((key, value)),
                 }
             }
-            Node { value: Value::Map(base_entries), loc: over.loc }
+            Node {
+                value: Value::Map(base_entries),
+                loc: over.loc,
+            }
         }
         (Value::Seq(mut base_items), Value::Seq(over_items))
             if all_named(&base_items) && all_named(&over_items) && !over_items.is_empty() =>
         {
             for item in over_items {
                 let name = item.get("name").and_then(Node::as_str).map(str::to_string);
-                match base_items.iter().position(|b| b.get("name").and_then(Node::as_str) == name.as_deref()) {
+                match base_items
+                    .iter()
+                    .position(|b| b.get("name").and_then(Node::as_str) == name.as_deref())
+                {
                     Some(i) => {
                         let old = base_items.remove(i);
                         base_items.insert(i, merge(old, item));
@@ -92,14 +103,22 @@ pub fn merge(base: Node, over: Node) -> Node {
                     None => base_items.push(item),
                 }
             }
-            Node { value: Value::Seq(base_items), loc: over.loc }
+            Node {
+                value: Value::Seq(base_items),
+                loc: over.loc,
+            }
         }
-        (_, value) => Node { value, loc: over.loc },
+        (_, value) => Node {
+            value,
+            loc: over.loc,
+        },
     }
 }
 
 fn all_named(items: &[Node]) -> bool {
-    items.iter().all(|n| n.get("name").and_then(Node::as_str).is_some())
+    items
+        .iter()
+        .all(|n| n.get("name").and_then(Node::as_str).is_some())
 }
 
 /// Applies one `--set path.to.key=value` override. The value is parsed as YAML (so numbers,
@@ -117,10 +136,16 @@ pub fn apply_set(root: &mut Node, assignment: &str) -> Result<(), RecipeError> {
     if path.is_empty() || path.split('.').any(str::is_empty) {
         return Err(RecipeError::at(
             Loc::origin(&origin),
-            format!("`{path}` is not a valid key path (expected dot-separated keys like `stages.count.run`)"),
+            format!(
+                "`{path}` is not a valid key path (expected dot-separated keys like `stages.count.run`)"
+            ),
         ));
     }
-    let loc = Loc { file: origin.as_str().into(), line: 1, col: (path.len() + 2) as u64 };
+    let loc = Loc {
+        file: origin.as_str().into(),
+        line: 1,
+        col: (path.len() + 2) as u64,
+    };
     let mut value = parse_set_value(raw, &loc);
     relocate(&mut value, &loc);
 
@@ -135,8 +160,17 @@ pub fn apply_set(root: &mut Node, assignment: &str) -> Result<(), RecipeError> {
                 let pos = match entries.iter().position(|(k, _)| k.name == *seg) {
                     Some(p) => p,
                     None => {
-                        let fresh = Node { value: Value::Map(Vec::new()), loc: loc.clone() };
-                        entries.push((Key { name: seg.to_string(), loc: loc.clone() }, fresh));
+                        let fresh = Node {
+                            value: Value::Map(Vec::new()),
+                            loc: loc.clone(),
+                        };
+                        entries.push((
+                            Key {
+                                name: seg.to_string(),
+                                loc: loc.clone(),
+                            },
+                            fresh,
+                        ));
                         entries.len() - 1
                     }
                 };
@@ -148,17 +182,26 @@ pub fn apply_set(root: &mut Node, assignment: &str) -> Result<(), RecipeError> {
                     Ok(idx) => {
                         return Err(RecipeError::at(
                             loc,
-                            format!("`{here}` has {} items, index {idx} is out of range", items.len()),
+                            format!(
+                                "`{here}` has {} items, index {idx} is out of range",
+                                items.len()
+                            ),
                         ));
                     }
                     Err(_) => items
                         .iter()
                         .position(|n| n.get("name").and_then(Node::as_str) == Some(seg))
                         .ok_or_else(|| {
-                            let names: Vec<&str> = items.iter().filter_map(|n| n.get("name").and_then(Node::as_str)).collect();
+                            let names: Vec<&str> = items
+                                .iter()
+                                .filter_map(|n| n.get("name").and_then(Node::as_str))
+                                .collect();
                             RecipeError::at(
                                 loc.clone(),
-                                format!("`{here}` has no entry named `{seg}` (names: {})", names.join(", ")),
+                                format!(
+                                    "`{here}` has no entry named `{seg}` (names: {})",
+                                    names.join(", ")
+                                ),
                             )
                         })?,
                 };
@@ -180,10 +223,16 @@ pub fn apply_set(root: &mut Node, assignment: &str) -> Result<(), RecipeError> {
 }
 
 fn parse_set_value(raw: &str, loc: &Loc) -> Node {
-    let as_string = Node { value: Value::Str(raw.to_string()), loc: loc.clone() };
+    let as_string = Node {
+        value: Value::Str(raw.to_string()),
+        loc: loc.clone(),
+    };
     match tree::parse(raw, &loc.file) {
         // `echo a: b` would parse as a mapping; only an explicit `{...}` means one.
-        Ok(Node { value: Value::Map(_), .. }) if !raw.trim_start().starts_with('{') => as_string,
+        Ok(Node {
+            value: Value::Map(_),
+            ..
+        }) if !raw.trim_start().starts_with('{') => as_string,
         Ok(node) if !raw.trim().is_empty() => node,
         _ => as_string,
     }
@@ -210,14 +259,21 @@ pub fn interpolate(root: &mut Node) -> Result<(), RecipeError> {
         let Value::Map(entries) = &vars.value else {
             return Err(RecipeError::at(
                 vars.loc.clone(),
-                format!("`vars` must be a mapping of names to values, found {}", vars.type_name()),
+                format!(
+                    "`vars` must be a mapping of names to values, found {}",
+                    vars.type_name()
+                ),
             ));
         };
         for (k, v) in entries {
             if matches!(v.value, Value::Seq(_) | Value::Map(_)) {
                 return Err(RecipeError::at(
                     v.loc.clone(),
-                    format!("var `{}` must be a string, number or boolean, found {}", k.name, v.type_name()),
+                    format!(
+                        "var `{}` must be a string, number or boolean, found {}",
+                        k.name,
+                        v.type_name()
+                    ),
                 ));
             }
             raw_vars.insert(k.name.clone(), v.clone());
@@ -235,7 +291,8 @@ pub fn interpolate(root: &mut Node) -> Result<(), RecipeError> {
             if k.name == "vars" {
                 for (name, val) in resolved.iter() {
                     if let Value::Map(ventries) = &mut v.value {
-                        if let Some((_, slot)) = ventries.iter_mut().find(|(k, _)| &k.name == name) {
+                        if let Some((_, slot)) = ventries.iter_mut().find(|(k, _)| &k.name == name)
+                        {
                             *slot = val.clone();
                         }
                     }
@@ -260,7 +317,10 @@ fn resolve_var(
         stack.push(name.to_string());
         return Err(RecipeError::at(
             node.loc,
-            format!("vars refer to each other in a cycle: {}", stack.join(" -> ")),
+            format!(
+                "vars refer to each other in a cycle: {}",
+                stack.join(" -> ")
+            ),
         ));
     }
     stack.push(name.to_string());
@@ -285,7 +345,11 @@ fn substitute(node: &mut Node, vars: &BTreeMap<String, Node>) -> Result<(), Reci
         Value::Str(s) => {
             if s.contains('$') {
                 let loc = node.loc.clone();
-                let mut lookup = |var: &str| vars.get(var).cloned().ok_or_else(|| unknown_var(var, &loc, vars));
+                let mut lookup = |var: &str| {
+                    vars.get(var)
+                        .cloned()
+                        .ok_or_else(|| unknown_var(var, &loc, vars))
+                };
                 *node = interpolate_str(&s.clone(), &loc, &mut lookup)?;
             }
         }
@@ -312,7 +376,11 @@ fn unknown_var(var: &str, loc: &Loc, vars: &BTreeMap<String, Node>) -> RecipeErr
         loc.clone(),
         format!(
             "unknown var `${{{var}}}` (defined vars: {}); write `$${{{var}}}` for a literal `${{{var}}}`",
-            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
         ),
     )
 }
@@ -340,13 +408,18 @@ fn interpolate_str(
             rest = tail;
         } else if let Some(tail) = after.strip_prefix("${") {
             let Some(end) = tail.find('}') else {
-                return Err(RecipeError::at(loc.clone(), format!("unclosed `${{` in `{s}`")));
+                return Err(RecipeError::at(
+                    loc.clone(),
+                    format!("unclosed `${{` in `{s}`"),
+                ));
             };
             let name = &tail[..end];
             if !is_var_name(name) {
                 return Err(RecipeError::at(
                     loc.clone(),
-                    format!("`${{{name}}}` is not a var name (letters, digits, `_`, `-`); write `$${{` for a literal `${{`"),
+                    format!(
+                        "`${{{name}}}` is not a var name (letters, digits, `_`, `-`); write `$${{` for a literal `${{`"
+                    ),
                 ));
             }
             let v = lookup(name)?;
@@ -365,11 +438,16 @@ fn interpolate_str(
         }
     }
     out.push_str(rest);
-    Ok(Node { value: Value::Str(out), loc: loc.clone() })
+    Ok(Node {
+        value: Value::Str(out),
+        loc: loc.clone(),
+    })
 }
 
 fn is_var_name(s: &str) -> bool {
-    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 #[cfg(test)]
@@ -385,12 +463,19 @@ mod tests {
 
     #[test]
     fn merge_maps_and_named_lists() {
-        let base = p("a: 1\nb: {c: 2, d: 3}\nstages:\n  - {name: x, run: one}\n  - {name: y, run: two}\n");
-        let over = p("b: {c: 20, d: null}\nstages:\n  - {name: y, run: TWO}\n  - {name: z, run: three}\n");
+        let base =
+            p("a: 1\nb: {c: 2, d: 3}\nstages:\n  - {name: x, run: one}\n  - {name: y, run: two}\n");
+        let over =
+            p("b: {c: 20, d: null}\nstages:\n  - {name: y, run: TWO}\n  - {name: z, run: three}\n");
         let m = json(&merge(base, over));
         assert_eq!(m["a"], 1);
         assert_eq!(m["b"], serde_json::json!({"c": 20}));
-        let runs: Vec<_> = m["stages"].as_array().unwrap().iter().map(|s| s["run"].clone()).collect();
+        let runs: Vec<_> = m["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["run"].clone())
+            .collect();
         assert_eq!(runs, vec!["one", "TWO", "three"]);
     }
 
@@ -411,7 +496,9 @@ mod tests {
 
     #[test]
     fn vars_interpolate_and_keep_type() {
-        let mut r = p("vars: {n: 4, base: /data, p: '${base}/x'}\nlayers: ${n}\npath: '${p}/y'\nsh: 'echo $${HOME} $HOME'\n");
+        let mut r = p(
+            "vars: {n: 4, base: /data, p: '${base}/x'}\nlayers: ${n}\npath: '${p}/y'\nsh: 'echo $${HOME} $HOME'\n",
+        );
         interpolate(&mut r).unwrap();
         let j = json(&r);
         assert_eq!(j["layers"], 4);

@@ -138,13 +138,19 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
             expected.extend(&section_keys);
             return Err(RecipeError::at(
                 locate(&locs, &format!("{key}#key"), &root.loc),
-                format!("unknown top-level field `{key}`, expected one of: {}", expected.join(", ")),
+                format!(
+                    "unknown top-level field `{key}`, expected one of: {}",
+                    expected.join(", ")
+                ),
             ));
         }
     }
 
     let name = match obj.get("name") {
-        None => path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        None => path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         Some(serde_json::Value::String(s)) => s.clone(),
         Some(_) => return Err(at("name", "`name` must be a string".into())),
     };
@@ -168,18 +174,29 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
     let mut specs: Vec<NodeSpec> = Vec::new();
     for section in registry.sections() {
         if let Some(value) = obj.get(section.key()) {
-            let nodes = section
-                .expand(value, &doc)
-                .map_err(|e| RecipeError::at(locate_error(&locs, &e.path, &e.message, &root.loc), e.message))?;
+            let nodes = section.expand(value, &doc).map_err(|e| {
+                RecipeError::at(
+                    locate_error(&locs, &e.path, &e.message, &root.loc),
+                    e.message,
+                )
+            })?;
             specs.extend(nodes);
         }
     }
     if let Some(stages) = obj.get("stages") {
         let Some(list) = stages.as_array() else {
-            return Err(at("stages", "`stages` must be a list of stage entries".into()));
+            return Err(at(
+                "stages",
+                "`stages` must be a list of stage entries".into(),
+            ));
         };
         for (i, entry) in list.iter().enumerate() {
-            specs.push(stage_entry(entry, &format!("stages[{i}]"), &locs, &root.loc)?);
+            specs.push(stage_entry(
+                entry,
+                &format!("stages[{i}]"),
+                &locs,
+                &root.loc,
+            )?);
         }
     }
 
@@ -190,7 +207,10 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
         if !valid_stage_name(&spec.name) {
             return Err(RecipeError::at(
                 locate(&locs, &join(&spec.path, "name"), &root.loc),
-                format!("`{}` is not a valid stage name (letters, digits, `_`, `-`, `.`)", spec.name),
+                format!(
+                    "`{}` is not a valid stage name (letters, digits, `_`, `-`, `.`)",
+                    spec.name
+                ),
             ));
         }
         if let Some(prev) = seen.insert(spec.name.clone(), spec.path.clone()) {
@@ -213,12 +233,24 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
                 ),
             ));
         };
-        let stage = kind.prepare(spec.config.clone(), &spec.needs).map_err(|e| {
-            let path = join(&spec.path, &e.path);
-            RecipeError::at(locate_error(&locs, &path, &e.message, &root.loc), format!("stage `{}`: {}", spec.name, e.message))
-        })?;
+        let stage = kind
+            .prepare(spec.config.clone(), &spec.needs)
+            .map_err(|e| {
+                let path = join(&spec.path, &e.path);
+                RecipeError::at(
+                    locate_error(&locs, &path, &e.message, &root.loc),
+                    format!("stage `{}`: {}", spec.name, e.message),
+                )
+            })?;
         let resources = spec.resources.clone().unwrap_or_else(|| stage.resources());
-        nodes.push(StageNode { name: spec.name, needs: spec.needs, resources, stage, loc, config: spec.config });
+        nodes.push(StageNode {
+            name: spec.name,
+            needs: spec.needs,
+            resources,
+            stage,
+            loc,
+            config: spec.config,
+        });
     }
 
     // Every `needs` names a stage.
@@ -232,17 +264,29 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
                     format!(
                         "stage `{}` needs `{need}`, which is not a stage of this recipe{}",
                         node.name,
-                        close.map(|c| format!(" (did you mean `{c}`?)")).unwrap_or_default()
+                        close
+                            .map(|c| format!(" (did you mean `{c}`?)"))
+                            .unwrap_or_default()
                     ),
                 ));
             }
         }
     }
 
-    Ok(Recipe { name, path: path.to_path_buf(), store, executor, nodes, document: doc })
+    Ok(Recipe {
+        name,
+        path: path.to_path_buf(),
+        store,
+        executor,
+        nodes,
+        document: doc,
+    })
 }
 
-fn seen_paths<'a>(nodes: &'a [StageNode], seen: &HashMap<String, String>) -> Vec<(String, &'a StageNode)> {
+fn seen_paths<'a>(
+    nodes: &'a [StageNode],
+    seen: &HashMap<String, String>,
+) -> Vec<(String, &'a StageNode)> {
     nodes.iter().map(|n| (seen[&n.name].clone(), n)).collect()
 }
 
@@ -258,7 +302,12 @@ struct EntryCommon {
     resources: Option<Resources>,
 }
 
-fn stage_entry(entry: &serde_json::Value, path: &str, locs: &LocMap, root: &Loc) -> Result<NodeSpec, RecipeError> {
+fn stage_entry(
+    entry: &serde_json::Value,
+    path: &str,
+    locs: &LocMap,
+    root: &Loc,
+) -> Result<NodeSpec, RecipeError> {
     let Some(map) = entry.as_object() else {
         return Err(RecipeError::at(
             locate(locs, path, root),
@@ -296,7 +345,10 @@ pub fn typed<T: serde::de::DeserializeOwned>(
     serde_path_to_error::deserialize(value.clone()).map_err(|e| {
         let inner = join(path, &serde_path(e.path()));
         let message = e.inner().to_string();
-        RecipeError::at(locate_error(locs, &inner, &message, root), format!("`{inner}`: {message}"))
+        RecipeError::at(
+            locate_error(locs, &inner, &message, root),
+            format!("`{inner}`: {message}"),
+        )
     })
 }
 
@@ -306,7 +358,8 @@ pub fn serde_path(path: &serde_path_to_error::Path) -> String {
     for seg in path.iter() {
         match seg {
             serde_path_to_error::Segment::Seq { index } => out.push_str(&format!("[{index}]")),
-            serde_path_to_error::Segment::Map { key } | serde_path_to_error::Segment::Enum { variant: key } => {
+            serde_path_to_error::Segment::Map { key }
+            | serde_path_to_error::Segment::Enum { variant: key } => {
                 if !out.is_empty() {
                     out.push('.');
                 }
@@ -329,8 +382,15 @@ fn join(path: &str, child: &str) -> String {
 
 /// The location for an error at `path`; for "unknown field `x`" errors, the key `x` itself.
 fn locate_error(locs: &LocMap, path: &str, message: &str, root: &Loc) -> Loc {
-    if let Some(field) = message.strip_prefix("unknown field `").and_then(|r| r.split('`').next()) {
-        let key_path = if path.ends_with(field) { path.to_string() } else { join(path, field) };
+    if let Some(field) = message
+        .strip_prefix("unknown field `")
+        .and_then(|r| r.split('`').next())
+    {
+        let key_path = if path.ends_with(field) {
+            path.to_string()
+        } else {
+            join(path, field)
+        };
         if let Some(loc) = locs.get(&format!("{key_path}#key")) {
             return loc.clone();
         }
@@ -356,7 +416,9 @@ pub fn locate(locs: &LocMap, path: &str, root: &Loc) -> Loc {
 
 fn valid_stage_name(name: &str) -> bool {
     !name.is_empty()
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
         && !name.starts_with('.')
 }
 
@@ -377,7 +439,11 @@ fn edit_distance(a: &str, b: &str) -> usize {
         row[0] = i + 1;
         for j in 0..b.len() {
             let cur = row[j + 1];
-            row[j + 1] = if ca == b[j] { prev } else { 1 + prev.min(row[j]).min(row[j + 1]) };
+            row[j + 1] = if ca == b[j] {
+                prev
+            } else {
+                1 + prev.min(row[j]).min(row[j + 1])
+            };
             prev = cur;
         }
     }

@@ -26,7 +26,11 @@ pub struct Loc {
 impl Loc {
     /// A location that only names its origin (no line/column known).
     pub fn origin(file: &str) -> Loc {
-        Loc { file: Arc::from(file), line: 0, col: 0 }
+        Loc {
+            file: Arc::from(file),
+            line: 0,
+            col: 0,
+        }
     }
 }
 
@@ -143,14 +147,25 @@ pub type LocMap = std::collections::HashMap<String, Loc>;
 
 /// Appends a map key to a path: `""` + `a` = `a`, `a` + `b` = `a.b`.
 pub fn join_path(path: &str, key: &str) -> String {
-    if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
 }
 
 /// Parses YAML text into a located tree. `file` is only used to label locations.
 pub fn parse(text: &str, file: &str) -> Result<Node, crate::recipe::RecipeError> {
     let file: Arc<str> = Arc::from(file);
     if text.trim().is_empty() {
-        return Ok(Node { value: Value::Map(Vec::new()), loc: Loc { file, line: 1, col: 1 } });
+        return Ok(Node {
+            value: Value::Map(Vec::new()),
+            loc: Loc {
+                file,
+                line: 1,
+                col: 1,
+            },
+        });
     }
     // YAML 1.2 booleans only (`run: y` stays a string), and `0123` stays text, not octal.
     let mut options = serde_saphyr::Options::default();
@@ -159,7 +174,10 @@ pub fn parse(text: &str, file: &str) -> Result<Node, crate::recipe::RecipeError>
     match serde_saphyr::from_str_with_options::<Spanned<RawValue>>(text, options) {
         Ok(raw) => Ok(from_raw(raw, &file)),
         Err(e) => {
-            let (line, col) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
+            let (line, col) = e
+                .location()
+                .map(|l| (l.line(), l.column()))
+                .unwrap_or((0, 0));
             // serde-saphyr renders a snippet with the location; keep only the first line here,
             // since we print our own location prefix.
             let msg = e.to_string();
@@ -186,7 +204,13 @@ fn from_raw(raw: Spanned<RawValue>, file: &Arc<str>) -> Node {
                 .into_iter()
                 .map(|(k, v)| {
                     let kloc = loc_of(&k, file);
-                    (Key { name: k.value, loc: kloc }, from_raw(v, file))
+                    (
+                        Key {
+                            name: k.value,
+                            loc: kloc,
+                        },
+                        from_raw(v, file),
+                    )
                 })
                 .collect(),
         ),
@@ -195,7 +219,11 @@ fn from_raw(raw: Spanned<RawValue>, file: &Arc<str>) -> Node {
 }
 
 fn loc_of<T>(s: &Spanned<T>, file: &Arc<str>) -> Loc {
-    Loc { file: file.clone(), line: s.referenced.line(), col: s.referenced.column() }
+    Loc {
+        file: file.clone(),
+        line: s.referenced.line(),
+        col: s.referenced.column(),
+    }
 }
 
 /// What serde-saphyr deserializes into; converted to [`Node`] right after.
@@ -230,13 +258,19 @@ impl<'de> Visitor<'de> for RawVisitor {
         Ok(RawValue::Int(v))
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawValue, E> {
-        i64::try_from(v).map(RawValue::Int).or(Ok(RawValue::Float(v as f64)))
+        i64::try_from(v)
+            .map(RawValue::Int)
+            .or(Ok(RawValue::Float(v as f64)))
     }
     fn visit_i128<E: de::Error>(self, v: i128) -> Result<RawValue, E> {
-        i64::try_from(v).map(RawValue::Int).or(Ok(RawValue::Float(v as f64)))
+        i64::try_from(v)
+            .map(RawValue::Int)
+            .or(Ok(RawValue::Float(v as f64)))
     }
     fn visit_u128<E: de::Error>(self, v: u128) -> Result<RawValue, E> {
-        i64::try_from(v).map(RawValue::Int).or(Ok(RawValue::Float(v as f64)))
+        i64::try_from(v)
+            .map(RawValue::Int)
+            .or(Ok(RawValue::Float(v as f64)))
     }
     fn visit_f64<E>(self, v: f64) -> Result<RawValue, E> {
         Ok(RawValue::Float(v))
