@@ -469,6 +469,25 @@ pub fn logs(args: &RecipeArgs, stage: &str, path_only: bool) -> Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
+/// `zflow path`: the output folder of `stage` at the identity the recipe asks for now, if complete.
+pub fn output_path(args: &RecipeArgs, stage: &str) -> Result<ExitCode> {
+    let engine = open(args)?;
+    let Some(i) = engine.graph.position(stage) else {
+        bail!("no stage named `{stage}` in {}", args.recipe.display())
+    };
+    match &engine.plan(&BTreeSet::new())?[i] {
+        StageState::Cached { manifest } => {
+            println!("{}", engine.output_dir(stage, &manifest.identity).display())
+        }
+        _ => bail!(
+            "stage `{stage}` has no complete output in {} for this recipe (`zflow run {} --until {stage}` makes it)",
+            engine.store.root().display(),
+            args.recipe.display()
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn gc(store: &Path, recipes: &[PathBuf], dry_run: bool) -> Result<ExitCode> {
     let engines = recipes
         .iter()
@@ -669,16 +688,17 @@ fn measure_this_machine() -> Result<zflow_runtime::projection::Hardware> {
     })
 }
 
-/// `zflow ckpt export --format hf`: the model's sizes from `recipe`'s `model:` if given, else
-/// from the checkpoint (its model.json, or the train job next to it).
+/// `zflow ckpt export --format hf`: the model the checkpoint was trained with (its model.json,
+/// or the train job next to it); `recipe`'s `model:` only for a checkpoint that records neither.
 pub fn ckpt_export(
     checkpoint: &Path,
     out: &Path,
     tokenizer: Option<PathBuf>,
     recipe: Option<&Path>,
 ) -> Result<ExitCode> {
-    let model = match recipe {
-        Some(path) => {
+    let model = match (zflow_runtime::checkpoint::model_config(checkpoint), recipe) {
+        (Ok(model), _) => model,
+        (Err(_), Some(path)) => {
             let opts = LoadOptions {
                 sets: Vec::new(),
                 store: None,
@@ -687,7 +707,7 @@ pub fn ckpt_export(
             zflow_stages::model::ModelSection::config(&recipe.document)
                 .map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path, e.message))?
         }
-        None => zflow_runtime::hf::checkpoint_model(checkpoint)?,
+        (Err(e), None) => return Err(e),
     };
     let opts = zflow_runtime::hf::ExportOptions {
         tokenizer,

@@ -60,7 +60,7 @@ fn train_stage_output(sb: &Sandbox) -> Vec<Vec<f32>> {
         balance,
         tokens: 96,
         seed: 11,
-        rope_base: 1.0e6,
+        legacy_rope_base: None,
         loss_history: Vec::new(),
         skipped_batches: Vec::new(),
         rollbacks: 0,
@@ -73,7 +73,7 @@ fn train_stage_output(sb: &Sandbox) -> Vec<Vec<f32>> {
         ),
         (
             "trainer.json".to_string(),
-            serde_json::to_vec_pretty(&state).unwrap(),
+            legacy_trainer_json(&state, 1.0e6),
         ),
     ];
     let stage = sb.path().join("train.p1");
@@ -85,6 +85,14 @@ fn train_stage_output(sb: &Sandbox) -> Vec<Vec<f32>> {
     )
     .unwrap();
     biases
+}
+
+/// trainer.json as zflow wrote it before a checkpoint's model.json held the effective model
+/// config: with the phase's RoPE base in it.
+fn legacy_trainer_json(state: &TrainerState, rope_base: f64) -> Vec<u8> {
+    let mut v = serde_json::to_value(state).unwrap();
+    v["rope_base"] = serde_json::json!(rope_base);
+    serde_json::to_vec_pretty(&v).unwrap()
 }
 
 fn biases(checkpoint: &Path) -> Vec<Vec<f32>> {
@@ -213,17 +221,18 @@ fn damaged_or_unknown_inputs_are_refused() {
 
 #[test]
 fn the_export_stage_leaves_a_hugging_face_folder() {
-    // A stand-in for a train stage (a shell stage that leaves `final/`), then `export`.
+    // A stand-in for a train stage (a shell stage that leaves `final/` and the `job.json` beside
+    // it, whose model the checkpoint was trained with), then `export`.
     let sb = Sandbox::new();
     train_stage_output(&sb);
-    let model = serde_json::to_string(&tiny()).unwrap();
     let final_dir = sb.path().join("train.p1/final");
     sb.write(
         "export.yaml",
         &format!(
-            "name: export-test\nstages:\n  - name: trained\n    kind: shell\n    run: cp -r {} \"$ZFLOW_OUT/final\"\n  \
-             - name: export\n    kind: export\n    needs: [trained]\n    format: hf\n    train: trained\n    model: {model}\n    max_position_embeddings: 64\n",
-            final_dir.display()
+            "name: export-test\nstages:\n  - name: trained\n    kind: shell\n    run: cp -r {} {} \"$ZFLOW_OUT/\"\n  \
+             - name: export\n    kind: export\n    needs: [trained]\n    format: hf\n    train: trained\n    max_position_embeddings: 64\n",
+            final_dir.display(),
+            sb.path().join("train.p1/job.json").display()
         ),
     );
     sb.ok(&["run", "export.yaml"]);

@@ -175,11 +175,17 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
         serde_json::from_slice(&std::fs::read(a.output("train.p2").join("job.json")).unwrap())
             .unwrap();
     assert!(job["init"].as_str().unwrap().contains("train.p1"));
+    // The checkpoint records the model it trained, RoPE base included, in one place: model.json.
+    let model: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(a.output("train.p2").join("final/model.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(model["rope_base"].as_f64(), Some(1e6));
     let state: serde_json::Value = serde_json::from_slice(
         &std::fs::read(a.output("train.p2").join("final/trainer.json")).unwrap(),
     )
     .unwrap();
-    assert_eq!(state["rope_base"].as_f64(), Some(1e6));
+    assert!(state.get("rope_base").is_none(), "{state}");
 
     // Same recipe and seed in a fresh store: identical weights.
     let b = Sandbox::new();

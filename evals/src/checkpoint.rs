@@ -21,7 +21,8 @@ use crate::model::{LanguageModel, Score, TokenRequest};
 use crate::tokenizer::Tokenizer;
 
 /// Bumped when the way scores are computed changes (part of the identity, so of every cache key).
-const ADAPTER_VERSION: u32 = 1;
+/// 2: the identity covers the model config (a RoPE base changes the function, not the weights).
+const ADAPTER_VERSION: u32 = 2;
 
 /// A zflow checkpoint as a [`LanguageModel`].
 pub struct CheckpointModel<B: Backend = Flex> {
@@ -100,7 +101,7 @@ impl<B: Backend> CheckpointModel<B> {
         gpu: Option<&str>,
     ) -> Result<CheckpointModel<B>> {
         let (dir, _imported) = checkpoint_dir(dir)?;
-        let config = zflow_runtime::hf::checkpoint_model(&dir)?;
+        let config = zflow_runtime::checkpoint::model_config(&dir)?;
         let weights_path = dir.join("model.safetensors");
         let weights = std::fs::read(&weights_path)
             .with_context(|| format!("reading {}", weights_path.display()))?;
@@ -124,9 +125,12 @@ impl<B: Backend> CheckpointModel<B> {
             false,
             format!("zflow tokenizer {tok_hash}"),
         );
+        // Everything that changes the function: the weights, the routing biases, the model
+        // config they run under (RoPE base, skip semantics, ...) and the tokenizer.
         let mut identity = format!(
-            "zflow-checkpoint v{ADAPTER_VERSION} weights {} biases {} tokenizer {tok_hash}",
+            "zflow-checkpoint v{ADAPTER_VERSION} weights {} config {} biases {} tokenizer {tok_hash}",
             &blake3::hash(&weights).to_hex()[..16],
+            &blake3::hash(&serde_json::to_vec(&config)?).to_hex()[..16],
             &blake3::hash(
                 serde_json::to_string(
                     &state.balance.iter().map(|b| &b.biases).collect::<Vec<_>>()

@@ -216,7 +216,7 @@ fn one_step_state(model: &ModelConfig) -> anyhow::Result<OneStep> {
     };
     let state = crate::checkpoint::TrainerState {
         step: 1,
-        ..crate::checkpoint::TrainerState::new("bench", 1, cursor, Vec::new(), 0, model.rope_base)
+        ..crate::checkpoint::TrainerState::new("bench", 1, cursor, Vec::new(), 0)
     };
     Ok((zaya, optim, state, layout))
 }

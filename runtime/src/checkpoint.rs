@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::balance::BalanceState;
 use crate::data::mixture::DataCursor;
 use crate::model::Zaya;
+use crate::size::ModelConfig;
 
 /// Everything besides tensors that a resumed run needs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -51,8 +52,11 @@ pub struct TrainerState {
     /// The run's seed (data order is a function of the mixture; the trainer draws no other
     /// random numbers, so the seed is the whole RNG state).
     pub seed: u64,
-    /// RoPE base the phase trains with.
-    pub rope_base: f64,
+    /// The RoPE base that checkpoints before `model.json` held the effective model config
+    /// recorded here; read (by [`model_config`]) but never written. The model config lives in
+    /// `model.json` alone.
+    #[serde(default, rename = "rope_base", skip_serializing)]
+    pub legacy_rope_base: Option<f64>,
     /// The last losses, which the loss-spike guard judges the next one against.
     #[serde(default)]
     pub loss_history: Vec<f64>,
@@ -72,7 +76,6 @@ impl TrainerState {
         cursor: DataCursor,
         balance: Vec<BalanceState>,
         seed: u64,
-        rope_base: f64,
     ) -> TrainerState {
         TrainerState {
             phase: phase.to_string(),
@@ -82,12 +85,50 @@ impl TrainerState {
             balance,
             tokens: 0,
             seed,
-            rope_base,
+            legacy_rope_base: None,
             loss_history: Vec::new(),
             skipped_batches: Vec::new(),
             rollbacks: 0,
         }
     }
+}
+
+/// The model checkpoint `dir` was trained with: its `model.json` (the recipe's `model:` with
+/// the phase's settings, such as its RoPE base, applied), else the `model` of the train job
+/// that wrote it (`../job.json`, as a train stage leaves `final/` next to its `job.json`).
+/// This is the one reader of a checkpoint's model config: evaluation, export, import and
+/// `ckpt inspect` all build the model from it. A checkpoint written before `model.json` held
+/// the effective config records the phase's RoPE base in `trainer.json`, which then wins.
+pub fn model_config(dir: &Path) -> Result<ModelConfig> {
+    let own = dir.join("model.json");
+    let job = dir.join("..").join("job.json");
+    let mut config: ModelConfig = if own.exists() {
+        serde_json::from_slice(&fs::read(&own)?)
+            .with_context(|| format!("parsing {}", own.display()))?
+    } else if job.exists() {
+        let v: serde_json::Value = serde_json::from_slice(&fs::read(&job)?)
+            .with_context(|| format!("parsing {}", job.display()))?;
+        let model = v
+            .get("model")
+            .cloned()
+            .with_context(|| format!("{}: no `model` field", job.display()))?;
+        serde_json::from_value(model).with_context(|| format!("{}: `model`", job.display()))?
+    } else {
+        bail!(
+            "{}: no model.json in the checkpoint and no job.json next to it, so the model's sizes are unknown; \
+             pass --recipe RECIPE to take them from the recipe's `model:` section",
+            dir.display()
+        )
+    };
+    let state_path = dir.join("trainer.json");
+    if let Ok(bytes) = fs::read(&state_path) {
+        let state: TrainerState = serde_json::from_slice(&bytes)
+            .with_context(|| format!("parsing {}", state_path.display()))?;
+        if let Some(rope_base) = state.legacy_rope_base {
+            config.rope_base = rope_base;
+        }
+    }
+    Ok(config)
 }
 
 /// The `format` metadata entry of the weights zflow writes (the trainer and `hf` import both
@@ -543,8 +584,8 @@ pub fn inspect(dir: &Path) -> Result<String> {
         let s: TrainerState = serde_json::from_slice(b).context("trainer.json")?;
         writeln!(
             out,
-            "phase {} step {}/{}  tokens {}  seed {}  rope base {}",
-            s.phase, s.step, s.total_steps, s.tokens, s.seed, s.rope_base
+            "phase {} step {}/{}  tokens {}  seed {}",
+            s.phase, s.step, s.total_steps, s.tokens, s.seed
         )?;
         writeln!(
             out,
@@ -559,6 +600,19 @@ pub fn inspect(dir: &Path) -> Result<String> {
                 biases.join(" ")
             )?;
         }
+    }
+    match model_config(dir) {
+        Ok(m) => writeln!(
+            out,
+            "model: hidden {} x {} blocks, vocab {}, {} experts{}, RoPE base {}",
+            m.hidden_size,
+            m.num_blocks,
+            m.vocab_size,
+            m.num_experts,
+            if m.mod_skip { " + MoD skip" } else { "" },
+            m.rope_base
+        )?,
+        Err(e) => writeln!(out, "model: unknown ({e:#})")?,
     }
     if let Some(b) = files.get("layout.json") {
         let layout: crate::zero::Layout = serde_json::from_slice(b).context("layout.json")?;

@@ -349,7 +349,7 @@ struct Specials {
 /// (the scalar form of `configuration_zaya.py`: `num_attention_heads` = CCA query heads,
 /// `num_query_groups` = `num_key_value_heads` = KV heads, explicit `head_dim`). serde_json keeps
 /// insertion order here, so the same inputs give the same bytes.
-fn hf_config(c: &ModelConfig, rope_theta: f64, max_positions: usize, specials: &Specials) -> Value {
+fn hf_config(c: &ModelConfig, max_positions: usize, specials: &Specials) -> Value {
     let id = |t: &Option<(u32, Option<String>)>| t.as_ref().map(|(id, _)| *id);
     // A list of pairs rather than one `json!` (which would exceed the macro recursion limit).
     let fields: Vec<(&str, Value)> = vec![
@@ -376,7 +376,7 @@ fn hf_config(c: &ModelConfig, rope_theta: f64, max_positions: usize, specials: &
         ("bos_token_id", json!(id(&specials.bos))),
         ("eos_token_id", json!(id(&specials.eos))),
         ("tie_word_embeddings", json!(true)),
-        ("rope_theta", json!(rope_theta)),
+        ("rope_theta", json!(c.rope_base)),
         ("attention_dropout", json!(0.0)),
         ("moe_router_topk", json!(c.top_k)),
         ("normalization", json!("RMSNorm")),
@@ -858,32 +858,6 @@ impl TokenizerFiles {
 // Export
 // ---------------------------------------------------------------------------------------------
 
-/// The model config of checkpoint `dir`: its `model.json`, else the `model` of the train job
-/// that wrote it (`../job.json`, as a train stage leaves `final/` next to its `job.json`).
-pub fn checkpoint_model(dir: &Path) -> Result<ModelConfig> {
-    let own = dir.join("model.json");
-    if own.exists() {
-        return serde_json::from_slice(&fs::read(&own)?)
-            .with_context(|| format!("parsing {}", own.display()));
-    }
-    let job = dir.join("..").join("job.json");
-    if job.exists() {
-        let v: Value = serde_json::from_slice(&fs::read(&job)?)
-            .with_context(|| format!("parsing {}", job.display()))?;
-        let model = v
-            .get("model")
-            .cloned()
-            .ok_or_else(|| anyhow!("{}: no `model` field", job.display()))?;
-        return serde_json::from_value(model)
-            .with_context(|| format!("{}: `model`", job.display()));
-    }
-    bail!(
-        "{}: no model.json in the checkpoint and no job.json next to it, so the model's sizes are unknown; \
-         pass --recipe RECIPE to take them from the recipe's `model:` section",
-        dir.display()
-    )
-}
-
 /// Checks checkpoint `dir` against its manifest as [`crate::checkpoint::read_verified`] does
 /// (every file present with its size and blake3), streaming the files instead of holding them:
 /// the optimizer state alone is twice the weights, and export needs none of it. Returns the
@@ -1043,12 +1017,7 @@ pub fn export_hf(
         tensors.push((biases_name(i), biases));
     }
 
-    let config = hf_config(
-        model,
-        state.rope_base,
-        opts.max_position_embeddings,
-        &specials,
-    );
+    let config = hf_config(model, opts.max_position_embeddings, &specials);
     publish(out, |dir| {
         fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
@@ -1239,7 +1208,7 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
         sample: 0,
         fingerprint: String::new(),
     };
-    let state = TrainerState::new(IMPORTED_PHASE, 0, cursor, balance, 0, model.rope_base);
+    let state = TrainerState::new(IMPORTED_PHASE, 0, cursor, balance, 0);
 
     publish(out, |dir| {
         let meta = HashMap::from([("format".to_string(), CHECKPOINT_FORMAT.to_string())]);
@@ -1366,7 +1335,7 @@ mod tests {
                 .collect(),
             tokens: 448,
             seed,
-            rope_base: c.rope_base,
+            legacy_rope_base: None,
             loss_history: Vec::new(),
             skipped_batches: Vec::new(),
             rollbacks: 0,
@@ -1427,7 +1396,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let c = tiny();
         let (ckpt, state) = checkpoint(&dir.path().join("ckpts"), &c, 3);
-        assert_eq!(checkpoint_model(&ckpt).unwrap(), c);
+        assert_eq!(checkpoint::model_config(&ckpt).unwrap(), c);
         let hf = dir.path().join("hf");
         export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
 
@@ -1498,11 +1467,8 @@ mod tests {
                 .map(|b| b.biases.clone())
                 .collect::<Vec<_>>()
         );
-        assert_eq!(
-            (imported.rope_base, imported.phase.as_str()),
-            (5.0e5, IMPORTED_PHASE)
-        );
-        assert_eq!(checkpoint_model(&back).unwrap(), c);
+        assert_eq!(imported.phase.as_str(), IMPORTED_PHASE);
+        assert_eq!(checkpoint::model_config(&back).unwrap(), c);
         // The trainer's loader takes it, and gets the original weights.
         let loaded = load_weights(model(&c, 99), &files["model.safetensors"], &back).unwrap();
         let bits = |m: &Zaya<Flex>| {
@@ -1940,11 +1906,8 @@ mod tests {
         let specials = Specials::default();
         let c = ModelConfig::zaya1_base();
         assert_eq!(
-            model_config_from_hf(
-                &hf_config(&c, c.rope_base, 4096, &specials),
-                Path::new("config.json")
-            )
-            .unwrap(),
+            model_config_from_hf(&hf_config(&c, 4096, &specials), Path::new("config.json"))
+                .unwrap(),
             c
         );
     }

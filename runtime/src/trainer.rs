@@ -206,6 +206,18 @@ pub struct TrainJob {
     pub init: Option<PathBuf>,
 }
 
+impl TrainJob {
+    /// The model this phase trains: the recipe's `model:` with the phase's `rope_base`
+    /// applied. Its checkpoints record exactly this config (`model.json`), which is what every
+    /// reader of a checkpoint builds the model from.
+    pub fn phase_model(&self) -> ModelConfig {
+        ModelConfig {
+            rope_base: self.train.rope_base.unwrap_or(self.model.rope_base),
+            ..self.model.clone()
+        }
+    }
+}
+
 type MuonOpt<B> = OptimizerAdaptor<Muon<<B as AutodiffBackend>::InnerBackend>, Zaya<B>, B>;
 type AdamOpt<B> = OptimizerAdaptor<AdamW, Zaya<B>, B>;
 
@@ -249,7 +261,8 @@ pub fn train<B: AutodiffBackend>(
         t.global_batch
     );
 
-    let shape_model: Zaya<B> = Zaya::new(&job.model, t.seed, device);
+    let model_config = job.phase_model();
+    let shape_model: Zaya<B> = Zaya::new(&model_config, t.seed, device);
     let layout = zero::Layout::new(&param_list(&shape_model), world, 1)?;
     let plan = Plan::new(&layout);
     drop(shape_model);
@@ -441,7 +454,7 @@ pub fn train<B: AutodiffBackend>(
         }
         if (t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0) || last {
             saver.save(
-                snapshot(&job.model, &layout, rank, &model, &optim, &state)?,
+                snapshot(&model_config, &layout, rank, &model, &optim, &state)?,
                 last,
             )?;
             saved_step = Some(state.step);
@@ -456,7 +469,7 @@ pub fn train<B: AutodiffBackend>(
     if saved_step != Some(state.step) {
         // The phase ended early (skipped batches): its last state still becomes a checkpoint.
         saver.save(
-            snapshot(&job.model, &layout, rank, &model, &optim, &state)?,
+            snapshot(&model_config, &layout, rank, &model, &optim, &state)?,
             true,
         )?;
     }
@@ -479,8 +492,8 @@ fn start<B: AutodiffBackend>(
     device: &B::Device,
 ) -> Result<(Zaya<B>, Optimizers<B>, TrainerState)> {
     let t = &job.train;
-    let mut model: Zaya<B> = Zaya::new(&job.model, t.seed, device);
-    let rope_base = t.rope_base.unwrap_or(job.model.rope_base);
+    let model_config = job.phase_model();
+    let mut model: Zaya<B> = Zaya::new(&model_config, t.seed, device);
     let routes = model.routes();
     let mut optim = Optimizers::new(t, &model);
     let balance = (0..job.model.num_blocks)
@@ -492,7 +505,6 @@ fn start<B: AutodiffBackend>(
         reader.start(&job.phase),
         balance,
         t.seed,
-        rope_base,
     );
     if let Some((dir, files)) = checkpoint::latest(&job.checkpoints) {
         let (m, o, st) = restore(model, optim, &dir, &files, device, Some((layout, rank)))?;
@@ -536,7 +548,6 @@ fn start<B: AutodiffBackend>(
             }
         );
     }
-    model.options.rope_base = rope_base;
     Ok((model, optim, state))
 }
 

@@ -118,7 +118,7 @@ fn exported_folder_gives_the_same_logits_in_a_reference_forward_pass() {
         balance,
         tokens: 0,
         seed: 21,
-        rope_base,
+        legacy_rope_base: None,
         loss_history: Vec::new(),
         skipped_batches: Vec::new(),
         rollbacks: 0,
@@ -132,7 +132,16 @@ fn exported_folder_gives_the_same_logits_in_a_reference_forward_pass() {
     ];
     let ckpt = commit(&dir.path().join("ckpts"), 1, files).unwrap();
     let hf = dir.path().join("hf");
-    export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
+    export_hf(
+        &ckpt,
+        &ModelConfig {
+            rope_base,
+            ..c.clone()
+        },
+        &ExportOptions::default(),
+        &hf,
+    )
+    .unwrap();
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_reference.py");
     let out = Command::new("python3")

@@ -15,7 +15,6 @@ use serde_json::{Value, json};
 use zflow_pipeline::stage::parse_config;
 use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
 use zflow_runtime::hf::{self, ExportOptions};
-use zflow_runtime::size::ModelConfig;
 
 /// The `export` stage kind.
 pub struct Export;
@@ -26,8 +25,6 @@ pub struct Export;
 pub struct ExportConfig {
     /// The output format; `hf` is the one there is.
     pub format: String,
-    /// The model the checkpoint holds.
-    pub model: ModelConfig,
     /// The train stage whose `final/` checkpoint is exported.
     pub train: String,
     /// The tokenizer stage whose `tokenizer.json` ships with the model.
@@ -58,7 +55,8 @@ fn check_format(format: &str, path: &str) -> Result<(), ConfigError> {
 impl Stage for Export {
     type Config = ExportConfig;
     const KIND: &'static str = "export";
-    const VERSION: u32 = 1;
+    // 2: the model comes from the checkpoint's model.json, not from the recipe's `model:`.
+    const VERSION: u32 = 2;
 
     fn validate(&self, c: &ExportConfig, needs: &[String]) -> Result<(), ConfigError> {
         check_format(&c.format, "format")?;
@@ -84,7 +82,8 @@ impl Stage for Export {
             tokenizer,
             max_position_embeddings: c.max_position_embeddings,
         };
-        hf::export_hf(&checkpoint, &c.model, &opts, &ctx.out_dir().join("hf"))?;
+        let model = zflow_runtime::checkpoint::model_config(&checkpoint)?;
+        hf::export_hf(&checkpoint, &model, &opts, &ctx.out_dir().join("hf"))?;
         tracing::info!("exported {} as a Hugging Face folder", checkpoint.display());
         Ok(())
     }
@@ -114,7 +113,9 @@ impl Section for ExportSection {
                 "there is no model to export: the recipe has no `model:` section",
             ));
         }
-        let model = crate::model::ModelSection::config(recipe)?;
+        // The model itself comes from the checkpoint (`model.json`: what it was trained with,
+        // the phase's RoPE base included), not from the section.
+        crate::model::ModelSection::config(recipe)?;
         // `phases:` adds `train.<phase>` for every phase, in recipe order; the last one holds the
         // finished model.
         let Some((phase, entry)) = recipe
@@ -138,7 +139,7 @@ impl Section for ExportSection {
         Ok(vec![NodeSpec {
             name: "export".into(),
             kind: "export".into(),
-            config: json!({"format": s.format, "model": model, "train": train, "tokenizer": tokenizer, "max_position_embeddings": positions}),
+            config: json!({"format": s.format, "train": train, "tokenizer": tokenizer, "max_position_embeddings": positions}),
             needs,
             resources: None,
             path: "export".into(),
@@ -174,10 +175,9 @@ mod tests {
             (
                 c.train.as_str(),
                 c.tokenizer.as_deref(),
-                c.max_position_embeddings,
-                c.model.hidden_size
+                c.max_position_embeddings
             ),
-            ("train.p2", Some("tokenizer"), 256, 64)
+            ("train.p2", Some("tokenizer"), 256)
         );
         assert!(Export.validate(&c, &n.needs).is_ok());
         assert!(
