@@ -121,6 +121,13 @@ enum Command {
         #[arg(long)]
         path: bool,
     },
+    /// Print the output folder of a stage that is complete (for scripts and other tools).
+    Path {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// The stage.
+        stage: String,
+    },
     /// Remove store entries that none of the given recipes reference.
     Gc {
         /// The store.
@@ -392,6 +399,7 @@ fn main() -> ExitCode {
                 stage,
                 path,
             } => commands::logs(&recipe, &stage, path),
+            Command::Path { recipe, stage } => commands::output_path(&recipe, &stage),
             Command::Gc {
                 store,
                 recipes,
