@@ -39,9 +39,11 @@ impl Segment {
         let mut m = vec![f32::NEG_INFINITY; n * n];
         for a in 0..n {
             for b in 0..=a {
+                // Rows of other branches may sit at later positions: only a row of the same
+                // line (the prefix or this branch, never after `a`'s position) is measured
+                // against the window.
                 let same_line = self.branch[b] == 0 || self.branch[b] == self.branch[a];
-                let near = window.is_none_or(|w| (self.pos[a] - self.pos[b]) < w as u32);
-                if same_line && near {
+                if same_line && window.is_none_or(|w| self.pos[a] - self.pos[b] < w as u32) {
                     m[a * n + b] = 0.0;
                 }
             }
@@ -167,6 +169,25 @@ mod tests {
         assert_eq!(
             &m[12..16],
             &[f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, 0.0]
+        );
+    }
+
+    #[test]
+    fn a_windowed_mask_over_branches_of_different_lengths() {
+        // Branch 1 runs to position 6 before branch 2 starts again at position 2: a row of
+        // branch 2 comes after rows of branch 1 that are at later positions (this subtracted
+        // past zero, which a debug build panics on and a release build wrapped).
+        let p = pack(&[vec![tr(&[1, 2], &[3, 4, 5, 6, 7]), tr(&[1, 2], &[8, 9])]]);
+        let seg = &p.segments[0];
+        assert_eq!(seg.pos, vec![0, 1, 2, 3, 4, 5, 2]);
+        let n = seg.len();
+        let m = seg.mask(Some(2));
+        let allowed = |a: usize, b: usize| m[a * n + b] == 0.0;
+        // The last row (branch 2, position 2) sees itself and the prefix row at position 1.
+        assert!(allowed(6, 6) && allowed(6, 1) && !allowed(6, 0));
+        assert!(
+            (2..6).all(|b| !allowed(6, b)),
+            "branch 1 is not visible from branch 2"
         );
     }
 }
