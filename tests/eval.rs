@@ -309,3 +309,198 @@ fn zflow_report_scores_every_phase_next_to_the_baselines() {
         bad.stderr
     );
 }
+
+/// `zflow eval` of `model` on the `next_line_ll` task (the loglikelihood of each line's
+/// successor): (per-document loglikelihoods, requests scored, requests from the cache).
+fn loglikelihoods(sb: &Sandbox, model: &Path, cache: &str, out: &str) -> (Vec<f64>, usize, usize) {
+    let tokenizer = stage_dir(&sb.path().join("zflow-store"), "tokenizer").join("tokenizer.json");
+    let (m, t) = (model.display().to_string(), tokenizer.display().to_string());
+    let args = [
+        "eval",
+        "--model",
+        &m,
+        "--tokenizer",
+        &t,
+        "--tasks",
+        "next_line_ll",
+        "--tasks-dir",
+        "tasks",
+        "--data",
+        "data",
+    ];
+    let run = sb.ok(&[
+        &args[..],
+        &[
+            "--cache",
+            cache,
+            "--max-length",
+            "64",
+            "--log-samples",
+            "--out",
+            out,
+        ],
+    ]
+    .concat());
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("next_line_ll: "))
+        .unwrap_or_else(|| panic!("no summary line:\n{}", run.stderr));
+    let number = |before: &str| {
+        line.split(before)
+            .next()
+            .unwrap()
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+    };
+    let results: serde_json::Value = serde_json::from_str(&sb.read(out)).unwrap();
+    let samples = results["tasks"][0]["samples"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no samples in {results}"));
+    let lls = samples
+        .iter()
+        .map(|s| s["values"]["perplexity"].as_f64().unwrap())
+        .collect();
+    (lls, number(" requests scored"), number(" from the cache"))
+}
+
+/// A phase that overrides the RoPE base leaves a checkpoint that records it (model.json), so
+/// scoring the checkpoint and scoring its Hugging Face export give the same loglikelihood per
+/// request; and since the model config is part of a model's identity, the same weights under
+/// another RoPE base are never answered from the other's cache.
+#[test]
+fn a_rope_overridden_checkpoint_and_its_export_score_the_same() {
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &tiny_train_recipe(1, 3));
+    sb.ok(&["run", "r.yaml", "--set", "train.rope_base=1000000.0"]);
+    write_task(&sb);
+    sb.write(
+        "tasks/next_line_ll.yaml",
+        "task: next_line_ll\nversion: 1\ndataset: {format: jsonl, path: \"toy/{split}.jsonl\"}\nsplit: test\noutput_type: loglikelihood\ndoc_to_text: \"{{ line }}\\n\"\ndoc_to_target: \"{{ choices[label] }}\"\nmetrics: [perplexity]\n",
+    );
+    let store = sb.path().join("zflow-store");
+    let checkpoint = stage_dir(&store, "train.p1").join("final");
+    let model: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(checkpoint.join("model.json")).unwrap())
+            .unwrap();
+    assert_eq!(model["rope_base"].as_f64(), Some(1e6), "{model}");
+    sb.ok(&[
+        "ckpt",
+        "export",
+        "--format",
+        "hf",
+        checkpoint.to_str().unwrap(),
+        "hf",
+    ]);
+
+    let (ours, scored, _) = loglikelihoods(&sb, &checkpoint, "shared", "ckpt.json");
+    assert!(
+        ours.len() > 100 && scored > 0,
+        "{} documents, {scored} scored",
+        ours.len()
+    );
+    let (exported, _, _) = loglikelihoods(&sb, &sb.path().join("hf"), "fresh", "hf.json");
+    assert_eq!(ours.len(), exported.len());
+    for (i, (a, b)) in ours.iter().zip(&exported).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs().max(1e-6),
+            "document {i}: checkpoint {a}, export {b}"
+        );
+    }
+    // Through the one shared cache, the export still gets the checkpoint's scores.
+    let (shared, _, _) = loglikelihoods(&sb, &sb.path().join("hf"), "shared", "hf-shared.json");
+    for (a, b) in ours.iter().zip(&shared) {
+        assert!((a - b).abs() <= 1e-4 * a.abs().max(1e-6));
+    }
+
+    // The same weights and biases under the recipe's RoPE base (what model.json said before the
+    // fix) are another function: scored afresh, not answered from the shared cache.
+    let wrong = sb.path().join("wrong-rope");
+    std::fs::create_dir(&wrong).unwrap();
+    for e in std::fs::read_dir(&checkpoint).unwrap().flatten() {
+        std::fs::copy(e.path(), wrong.join(e.file_name())).unwrap();
+    }
+    let mut other = model.clone();
+    other["rope_base"] = serde_json::json!(10000.0);
+    std::fs::write(
+        wrong.join("model.json"),
+        serde_json::to_vec_pretty(&other).unwrap(),
+    )
+    .unwrap();
+    let (theirs, scored, cached) = loglikelihoods(&sb, &wrong, "shared", "wrong.json");
+    assert!(
+        scored > 0 && cached == 0,
+        "scored {scored}, cached {cached}: another model was answered from the cache"
+    );
+    assert!(
+        ours.iter().zip(&theirs).any(|(a, b)| (a - b).abs() > 1e-3),
+        "the RoPE base changed no score"
+    );
+}
+
+/// The zflow checkpoint adapter on every shipped task and the real benchmark data: each runs to
+/// completion at its own few-shot count and at the counts the published baselines use (contexts
+/// longer than the model's 64 positions keep their last 64 tokens).
+#[test]
+#[cfg_attr(
+    not(zflow_eval_fixtures),
+    ignore = "needs the real benchmark data: scripts/test.sh fetches it and sets ZFLOW_EVAL_DATA"
+)]
+fn every_task_runs_on_a_zflow_checkpoint_at_its_own_and_the_baselines_few_shot_counts() {
+    let data = std::env::var("ZFLOW_EVAL_DATA")
+        .expect("ZFLOW_EVAL_DATA is not set: scripts/test.sh fetches the data and sets it");
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &tiny_train_recipe(1, 3));
+    sb.ok(&["run", "r.yaml"]);
+    let store = sb.path().join("zflow-store");
+    let model = stage_dir(&store, "train.p1")
+        .join("final")
+        .display()
+        .to_string();
+    let tokenizer = stage_dir(&store, "tokenizer")
+        .join("tokenizer.json")
+        .display()
+        .to_string();
+    let eval = |tasks: &str, shots: Option<usize>, out: &str| -> serde_json::Value {
+        let shots = shots.map(|n| n.to_string());
+        let mut args = vec![
+            "eval",
+            "--model",
+            &model,
+            "--tokenizer",
+            &tokenizer,
+            "--tasks",
+            tasks,
+            "--data",
+            &data,
+            "--limit",
+            "1",
+            "--max-length",
+            "64",
+            "--out",
+            out,
+        ];
+        if let Some(n) = &shots {
+            args.extend(["--num-fewshot", n]);
+        }
+        sb.ok(&args);
+        serde_json::from_str(&sb.read(out)).unwrap()
+    };
+    let all =
+        "arc_easy,arc_challenge,piqa,hellaswag,winogrande,boolq,openbookqa,sciq,gsm8k,lambada,mmlu";
+    let results = eval(all, None, "all.json");
+    let tasks = results["tasks"].as_array().unwrap();
+    assert!(tasks.len() >= 10 + 57, "{} tasks", tasks.len());
+    for (task, shots) in [
+        ("hellaswag", 10),
+        ("arc_challenge", 25),
+        ("winogrande", 5),
+        ("mmlu_anatomy", 5),
+    ] {
+        let results = eval(task, Some(shots), &format!("{task}.json"));
+        assert_eq!(results["tasks"][0]["n_shot"], shots, "{results}");
+    }
+}

