@@ -1,7 +1,9 @@
 //! `zflow bench train`: the training step of a recipe's model, against this machine's matmul
 //! peak and against the same model and step in PyTorch (`scripts/bench_train_torch.py`), in
-//! one run. PyTorch is used when `python3` can import it (`ZFLOW_TORCH_PYTHON` picks another
-//! interpreter); zflow does not install it (a ~1 GB download).
+//! one run, the two alternating for `--rounds` rounds so that a change in the machine's load
+//! shows as a spread, not as a ratio. PyTorch is used when `python3` can import it
+//! (`ZFLOW_TORCH_PYTHON` picks another interpreter); `scripts/bench_train_vs_torch.sh`
+//! installs the PyPI wheel users install and runs this.
 
 use std::process::{Command, ExitCode};
 
@@ -9,8 +11,14 @@ use anyhow::{Context, Result};
 
 use crate::RecipeArgs;
 
-/// Runs the benchmark; prints a table.
-pub fn run(args: &RecipeArgs, batch: usize, seq_len: usize, steps: usize) -> Result<ExitCode> {
+/// Runs the benchmark; prints a table with a row per side and round, and each round's ratio.
+pub fn run(
+    args: &RecipeArgs,
+    batch: usize,
+    seq_len: usize,
+    steps: usize,
+    rounds: usize,
+) -> Result<ExitCode> {
     let engine = crate::commands::open(args)?;
     let model = zflow_stages::model::ModelSection::config(&engine.recipe.document)
         .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
@@ -18,7 +26,7 @@ pub fn run(args: &RecipeArgs, batch: usize, seq_len: usize, steps: usize) -> Res
         .map(|n| n.get())
         .unwrap_or(1);
     println!(
-        "model: {} (hidden {}, {} blocks, {} experts, vocab {}), batch {batch} x {seq_len} tokens, {threads} threads",
+        "model: {} (hidden {}, {} blocks, {} experts, vocab {}), batch {batch} x {seq_len} tokens, {threads} threads, {rounds} rounds",
         engine.recipe.name,
         model.hidden_size,
         model.num_blocks,
@@ -27,52 +35,60 @@ pub fn run(args: &RecipeArgs, batch: usize, seq_len: usize, steps: usize) -> Res
     );
 
     let peak = zflow_runtime::bench::matmul_gflops(1024, 5);
-    let zflow = zflow_runtime::bench::train_step_throughput(&model, batch, seq_len, steps);
-    let achieved = zflow.tokens_per_s * zflow.flops_per_token as f64 / 1e9;
-
-    let torch = torch_step(&model, batch, seq_len, steps, threads);
     println!();
     println!(
-        "{:<34} {:>12} {:>12} {:>14} {:>10}",
+        "{:<42} {:>12} {:>12} {:>14} {:>10}",
         "", "step (s)", "tokens/s", "model GFLOP/s", "of peak"
     );
     println!(
-        "{:<34} {:>12} {:>12} {:>14.1} {:>9.0}%",
+        "{:<42} {:>12} {:>12} {:>14.1} {:>9.0}%",
         "matmul 1024^3 (burn flex, f32)", "", "", peak, 100.0
     );
-    println!(
-        "{:<34} {:>12.3} {:>12.0} {:>14.1} {:>9.1}%",
-        "zflow train step (burn flex)",
-        zflow.step_s,
-        zflow.tokens_per_s,
-        achieved,
-        100.0 * achieved / peak
-    );
-    match &torch {
-        Ok(t) => {
-            let tps = t["tokens_per_s"].as_f64().unwrap_or(0.0);
-            let g = tps * zflow.flops_per_token as f64 / 1e9;
-            let label = format!(
-                "PyTorch {} ({})",
-                t["torch"].as_str().unwrap_or("?"),
-                t["optimizer"].as_str().unwrap_or("?")
-            );
-            println!(
-                "{:<34} {:>12.3} {:>12.0} {:>14.1} {:>9.1}%",
-                label,
-                t["step_s"].as_f64().unwrap_or(0.0),
-                tps,
-                g,
-                100.0 * g / peak
-            );
-            println!();
-            println!("zflow / PyTorch: {:.2}x", zflow.tokens_per_s / tps);
+    let row = |label: &str, step_s: f64, tokens_per_s: f64, flops_per_token: u64| {
+        let gflops = tokens_per_s * flops_per_token as f64 / 1e9;
+        println!(
+            "{label:<42} {step_s:>12.3} {tokens_per_s:>12.0} {gflops:>14.1} {:>9.1}%",
+            100.0 * gflops / peak
+        );
+    };
+    let mut ratios = Vec::new();
+    let mut flops_per_token = 0;
+    for round in 1..=rounds {
+        let zflow = zflow_runtime::bench::train_step_throughput(&model, batch, seq_len, steps);
+        flops_per_token = zflow.flops_per_token;
+        row(
+            &format!("zflow train step (burn flex), round {round}"),
+            zflow.step_s,
+            zflow.tokens_per_s,
+            flops_per_token,
+        );
+        match torch_step(&model, batch, seq_len, steps, threads) {
+            Ok(t) => {
+                let tps = t["tokens_per_s"].as_f64().unwrap_or(0.0);
+                let label = format!(
+                    "PyTorch {} ({}), round {round}",
+                    t["torch"].as_str().unwrap_or("?"),
+                    t["optimizer"].as_str().unwrap_or("?")
+                );
+                row(
+                    &label,
+                    t["step_s"].as_f64().unwrap_or(0.0),
+                    tps,
+                    flops_per_token,
+                );
+                ratios.push(zflow.tokens_per_s / tps);
+            }
+            Err(e) => println!("PyTorch: not run ({e:#})"),
         }
-        Err(e) => println!("PyTorch: not run ({e:#})"),
+    }
+    if !ratios.is_empty() {
+        let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}x")).collect();
+        println!();
+        println!("zflow / PyTorch, per round: {}", shown.join(", "));
     }
     println!(
         "model FLOPs per token (forward + backward): {:.1} M",
-        zflow.flops_per_token as f64 / 1e6
+        flops_per_token as f64 / 1e6
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -862,6 +862,9 @@ pub enum Bench {
         /// Timed steps (the best one is reported).
         #[arg(long, default_value_t = 3)]
         steps: usize,
+        /// Rounds, each timing zflow's step and then PyTorch's.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
     },
 }
 
@@ -874,7 +877,8 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
             batch,
             seq_len,
             steps,
-        } => crate::bench_train::run(&recipe, batch, seq_len, steps),
+            rounds,
+        } => crate::bench_train::run(&recipe, batch, seq_len, steps, rounds),
         Bench::Collectives {
             ranks,
             max_bytes,
