@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what zflow's fetch stages call on a fresh Debian/Ubuntu machine that has only
-# Rust: pip (for pip:// sources), apt lists (for deb:// sources), a C compiler for -sys
-# crates. Safe to run again; does nothing when all is there.
+# Rust: pip (for pip:// and sdist:// sources), npm (for npm:// sources: the nano recipe's
+# corpora and Gemma's tokenizer), apt lists (for deb:// sources), a C compiler for -sys crates.
+# Safe to run again; does nothing when all is there.
 set -euo pipefail
 
 SUDO=""
@@ -11,6 +12,7 @@ need=()
 command -v cc >/dev/null || need+=(gcc libc6-dev)
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+command -v npm >/dev/null || need+=(npm)
 command -v dpkg >/dev/null || { echo "zflow's deb:// sources need a Debian-based system (dpkg)" >&2; }
 
 # apt-get download needs package lists; a fresh container has none.

@@ -150,11 +150,16 @@ fn dir_bytes(dir: &PathBuf) -> u64 {
         .sum()
 }
 
-/// (requests scored, requests from the cache) from `zflow eval`'s summary line of the task.
+/// (requests scored, requests from the cache) from `zflow eval`'s summary line of `next_line`.
 fn counts(stderr: &str) -> (usize, usize) {
+    task_counts(stderr, "next_line")
+}
+
+/// (requests scored, requests from the cache) from `zflow eval`'s summary line of `task`.
+fn task_counts(stderr: &str, task: &str) -> (usize, usize) {
     let line = stderr
         .lines()
-        .find(|l| l.starts_with("next_line: "))
+        .find(|l| l.starts_with(&format!("{task}: ")))
         .unwrap_or_else(|| panic!("no summary line:\n{stderr}"));
     let number = |before: &str| {
         line.split(before)
@@ -341,21 +346,7 @@ fn loglikelihoods(sb: &Sandbox, model: &Path, cache: &str, out: &str) -> (Vec<f6
         ],
     ]
     .concat());
-    let line = run
-        .stderr
-        .lines()
-        .find(|l| l.starts_with("next_line_ll: "))
-        .unwrap_or_else(|| panic!("no summary line:\n{}", run.stderr));
-    let number = |before: &str| {
-        line.split(before)
-            .next()
-            .unwrap()
-            .rsplit(' ')
-            .next()
-            .unwrap()
-            .parse::<usize>()
-            .unwrap()
-    };
+    let (scored, cached) = task_counts(&run.stderr, "next_line_ll");
     let results: serde_json::Value = serde_json::from_str(&sb.read(out)).unwrap();
     let samples = results["tasks"][0]["samples"]
         .as_array()
@@ -364,7 +355,7 @@ fn loglikelihoods(sb: &Sandbox, model: &Path, cache: &str, out: &str) -> (Vec<f6
         .iter()
         .map(|s| s["values"]["perplexity"].as_f64().unwrap())
         .collect();
-    (lls, number(" requests scored"), number(" from the cache"))
+    (lls, scored, cached)
 }
 
 /// A phase that overrides the RoPE base leaves a checkpoint that records it (model.json), so
