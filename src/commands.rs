@@ -489,6 +489,14 @@ pub fn output_path(args: &RecipeArgs, stage: &str) -> Result<ExitCode> {
 }
 
 pub fn gc(store: &Path, recipes: &[PathBuf], dry_run: bool) -> Result<ExitCode> {
+    // Opening a recipe creates its store's folders: check first, so that gc never writes into
+    // (let alone deletes from) a folder that is not a store.
+    if !zflow_pipeline::store::Store::is_store(store) {
+        bail!(
+            "{} is not a zflow store (no .zflow/ folder from a run): gc removes only what a store made, so it refuses other folders",
+            store.display()
+        );
+    }
     let engines = recipes
         .iter()
         .map(|r| {

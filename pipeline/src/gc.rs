@@ -2,13 +2,16 @@
 //!
 //! A recipe references, for every stage whose identity can be computed now, that identity's
 //! output folder and (for resumable stages) its partial folder. Everything else at the top of
-//! the store (old identities, abandoned attempts) goes, together with its log. Stages being
-//! run right now (live lease) are never touched.
+//! the store that the store made (old identities, abandoned attempts) goes, together with its
+//! log; entries the store did not make (another file or folder that lives there) are never
+//! touched, and a folder that is not a store is refused before anything is written
+//! ([`crate::store::Store::is_store`], checked by the caller before it opens the recipes).
+//! Stages being run right now (live lease) are never touched.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::identity::short;
 use crate::lease;
@@ -46,13 +49,7 @@ pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
         }
     }
     let mut report = GcReport::default();
-    for folder in store.stage_folders()? {
-        let slot = folder
-            .split(".tmp-")
-            .next()
-            .unwrap_or(&folder)
-            .trim_end_matches(".partial")
-            .to_string();
+    for (folder, slot) in store.stage_folders()? {
         if keep.contains(&folder) {
             report.kept += 1;
             continue;
@@ -68,11 +65,15 @@ pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
         let path = store.root().join(&folder);
         report.bytes += dir_size(&path);
         if !dry_run {
-            std::fs::remove_dir_all(&path)?;
+            std::fs::remove_dir_all(&path)
+                .with_context(|| format!("removing {}", path.display()))?;
             if !keep.contains(&slot) {
-                let _ = std::fs::remove_file(
-                    store.root().join(".zflow/logs").join(format!("{slot}.log")),
-                );
+                let log = store.root().join(".zflow/logs").join(format!("{slot}.log"));
+                if let Err(e) = std::fs::remove_file(&log) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        return Err(e).with_context(|| format!("removing {}", log.display()));
+                    }
+                }
             }
         }
         report.removed.push(path);

@@ -187,19 +187,48 @@ impl Store {
         Ok(manifest)
     }
 
-    /// Every entry at the top of the store that holds stage data (outputs, partials, attempts),
-    /// with its folder name.
-    pub fn stage_folders(&self) -> Result<Vec<String>> {
+    /// Whether `root` is a zflow store (a run has made its `.zflow/` folder there). Nothing is
+    /// created: commands that must not touch other folders (gc) check this before opening.
+    pub fn is_store(root: &Path) -> bool {
+        ["logs", "leases", "index", "records"]
+            .iter()
+            .all(|sub| root.join(".zflow").join(sub).is_dir())
+    }
+
+    /// The folders at the top of the store that the store owns (outputs, partials, attempts:
+    /// `<stage>-<12 hex digits>`, then nothing, `.partial` or `.tmp-<attempt>`), each with its
+    /// slot (`<stage>-<12 hex digits>`). Anything else there (a file, a folder of someone
+    /// else's) is not the store's and is never listed.
+    pub fn stage_folders(&self) -> Result<Vec<(String, String)>> {
         let mut out = Vec::new();
-        for entry in fs::read_dir(&self.root)? {
-            let name = entry?.file_name().to_string_lossy().into_owned();
-            if !name.starts_with('.') {
-                out.push(name);
+        let entries = fs::read_dir(&self.root)
+            .with_context(|| format!("reading store {}", self.root.display()))?;
+        for entry in entries {
+            let entry = entry.with_context(|| format!("reading store {}", self.root.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if let Some(slot) = owned_slot(&name).filter(|_| is_dir) {
+                out.push((name.clone(), slot.to_string()));
             }
         }
         out.sort();
         Ok(out)
     }
+}
+
+/// The slot (`<stage>-<12 hex digits>`) of a store folder name, if the name is one the store
+/// makes: the slot alone, or followed by `.partial` or `.tmp-<attempt>`.
+fn owned_slot(name: &str) -> Option<&str> {
+    let slot = match name.find(".tmp-") {
+        Some(i) => &name[..i],
+        None => name.strip_suffix(".partial").unwrap_or(name),
+    };
+    let (stage, hash) = slot.rsplit_once('-')?;
+    let hex = hash.len() == 12
+        && hash
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    (hex && !stage.is_empty() && !stage.starts_with('.')).then_some(slot)
 }
 
 /// Milliseconds since the Unix epoch.
@@ -320,6 +349,33 @@ pub fn content_hash(files: &[FileEntry]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owned_slots_are_only_the_names_the_store_makes() {
+        assert_eq!(
+            owned_slot("fetch.web-0123456789ab"),
+            Some("fetch.web-0123456789ab")
+        );
+        assert_eq!(
+            owned_slot("train.p1-0123456789ab.partial"),
+            Some("train.p1-0123456789ab")
+        );
+        assert_eq!(
+            owned_slot("a-b-0123456789ab.tmp-17-3"),
+            Some("a-b-0123456789ab")
+        );
+        for foreign in [
+            "notes",
+            "README",
+            "docs-2024",
+            "x-0123456789AB",
+            "x-0123456789a",
+            ".zflow",
+            "-0123456789ab",
+        ] {
+            assert_eq!(owned_slot(foreign), None, "{foreign}");
+        }
+    }
     use std::collections::BTreeMap;
 
     fn doc() -> IdentityDoc {
