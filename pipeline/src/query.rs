@@ -4,6 +4,10 @@
 //! output in the store: stage, identity, content hash, files, bytes, timings), plus one table
 //! per Parquet file that completed stages wrote at the top of their output folder, named
 //! `"<stage>/<file stem>"` (e.g. `"ingest.web/stats"`), newest identity of each stage.
+//!
+//! Queries are read-only: DDL (`CREATE ...`), DML (`INSERT`, `COPY ... TO`) and statements
+//! (`SET`, ...) are refused before anything runs, so a query never writes a file or changes
+//! what the store's tables hold.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,6 +16,7 @@ use anyhow::{Context, Result};
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::datasource::MemTable;
+use datafusion::execution::context::SQLOptions;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 
 use crate::store::{MANIFEST, Manifest};
@@ -55,10 +60,16 @@ pub async fn query(store: &Path, sql: &str) -> Result<String> {
         .await
         .with_context(|| format!("reading {}", path.display()))?;
     }
+    let read_only = SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false);
     let df = ctx
-        .sql(sql)
+        .sql_with_options(sql, read_only)
         .await
-        .with_context(|| format!("in query `{sql}`"))?;
+        .with_context(|| {
+            format!("in query `{sql}` (queries are read-only: SELECT, WITH, EXPLAIN)")
+        })?;
     let batches = df.collect().await?;
     Ok(arrow::util::pretty::pretty_format_batches(&batches)?.to_string())
 }
