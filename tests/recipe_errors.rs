@@ -277,3 +277,23 @@ fn shipped_recipes_plan() {
     }
     assert!(n >= 4, "{n} recipes");
 }
+
+#[test]
+fn stages_whose_input_variables_collide_are_named_together() {
+    // `a-b` and `a.b` would both be `$ZFLOW_IN_A_B` in a stage that needs them.
+    check(
+        "stages:\n  - {name: a-b, kind: shell, run: x}\n  - {name: a.b, kind: shell, run: x}\n  - {name: c, kind: shell, needs: [a-b, a.b], run: x}\n",
+        "r.yaml:3:5",
+        "stages `a.b` and `a-b` (at r.yaml:2:5) both reach their dependents as `$ZFLOW_IN_A_B`; rename one",
+    );
+}
+
+#[test]
+fn a_stage_name_too_long_for_a_file_name_is_refused_at_load() {
+    let name = "s".repeat(300);
+    check(
+        &format!("stages:\n  - {{name: {name}, kind: shell, run: x}}\n"),
+        "r.yaml:2:",
+        "at most 200 characters",
+    );
+}

@@ -202,17 +202,35 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
 
     let mut nodes: Vec<StageNode> = Vec::with_capacity(specs.len());
     let mut seen: HashMap<String, String> = HashMap::new();
+    // Input variable -> (stage name, its recipe path): `a-b`, `a_b` and `a.b` would all be
+    // `$ZFLOW_IN_A_B`, and one of them would silently win in a stage that reads both.
+    let mut input_vars: HashMap<String, (String, String)> = HashMap::new();
     for spec in specs {
         let loc = locate(&locs, &spec.path, &root.loc);
         if !valid_stage_name(&spec.name) {
             return Err(RecipeError::at(
                 locate(&locs, &join(&spec.path, "name"), &root.loc),
                 format!(
-                    "`{}` is not a valid stage name (letters, digits, `_`, `-`, `.`)",
+                    "`{}` is not a valid stage name (letters, digits, `_`, `-`, `.`, not starting with `.`, at most {MAX_STAGE_NAME} characters)",
                     spec.name
                 ),
             ));
         }
+        let var = crate::stage::input_env_var(&spec.name);
+        if let Some((other, prev)) = input_vars
+            .get(&var)
+            .filter(|(other, _)| *other != spec.name)
+        {
+            return Err(RecipeError::at(
+                loc,
+                format!(
+                    "stages `{}` and `{other}` (at {}) both reach their dependents as `${var}`; rename one",
+                    spec.name,
+                    locate(&locs, prev, &root.loc)
+                ),
+            ));
+        }
+        input_vars.insert(var, (spec.name.clone(), spec.path.clone()));
         if let Some(prev) = seen.insert(spec.name.clone(), spec.path.clone()) {
             return Err(RecipeError::at(
                 loc,
@@ -414,8 +432,13 @@ pub fn locate(locs: &LocMap, path: &str, root: &Loc) -> Loc {
     }
 }
 
+/// The longest stage name: a name becomes store folder and log names with a 12-character
+/// identity and a suffix, which must stay under the file system's 255-byte limit.
+const MAX_STAGE_NAME: usize = 200;
+
 fn valid_stage_name(name: &str) -> bool {
     !name.is_empty()
+        && name.len() <= MAX_STAGE_NAME
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
