@@ -217,6 +217,13 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
         final_weights(&a, "train.p1") == final_weights(&c, "train.p1"),
         "resumed phase 1 differs"
     );
+    // The trainer state too, to the last bit of the balancing controller's floats.
+    let state =
+        |sb: &Sandbox| std::fs::read(sb.output("train.p1").join("final/trainer.json")).unwrap();
+    assert!(
+        state(&a) == state(&c),
+        "resumed phase 1's trainer.json differs"
+    );
     assert!(
         final_weights(&a, "train.p2") == final_weights(&c, "train.p2"),
         "phase 2 after a resumed phase 1 differs"
