@@ -480,3 +480,103 @@ fn logs_graph_gc_and_query() {
     assert_ne!(bad.code, 0);
     assert!(bad.stderr.contains("nope"), "{}", bad.stderr);
 }
+
+/// Every path under `dir` (the `.zflow` folder included) with its size and modification time.
+fn snapshot(dir: &std::path::Path) -> Vec<(String, u64, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let meta = e.metadata().unwrap();
+            out.push((
+                e.path().display().to_string(),
+                meta.len(),
+                meta.modified().unwrap(),
+            ));
+            if meta.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn gc_refuses_what_is_not_a_store_deletes_only_what_the_store_made_and_dry_run_writes_nothing() {
+    let sb = six();
+    // A folder that is not a store: refused, with or without --dry-run, and left as it was.
+    sb.write("home/docs/a.txt", "mine\n");
+    sb.write("home/music/b.txt", "mine too\n");
+    let before = snapshot(&sb.path().join("home"));
+    for args in [
+        &["gc", "home", "six.yaml", "--dry-run"][..],
+        &["gc", "home", "six.yaml"][..],
+    ] {
+        let out = sb.zflow(args);
+        assert_ne!(out.code, 0, "{args:?}: {}", out.stdout);
+        assert!(
+            out.stderr.contains("home is not a zflow store"),
+            "{}",
+            out.stderr
+        );
+        assert_eq!(
+            snapshot(&sb.path().join("home")),
+            before,
+            "{args:?} changed a folder that is not a store"
+        );
+    }
+    assert!(!sb.path().join("home/.zflow").exists());
+
+    // In a store, a second identity of `lines` is garbage; a folder and a file of someone
+    // else's, and a name that only looks like a stage's, are not the store's and stay.
+    sb.ok(&["run", "six.yaml"]);
+    sb.ok(&[
+        "run",
+        "six.yaml",
+        "--set=stages.lines.run=echo 0 > \"$ZFLOW_OUT/lines.txt\"",
+    ]);
+    let store = sb.path().join("zflow-store");
+    sb.write("zflow-store/notes/keep.txt", "mine\n");
+    sb.write("zflow-store/README", "mine\n");
+    sb.write("zflow-store/lines-NOTAHASH1234/keep.txt", "mine\n");
+    let before = snapshot(&store);
+    let dry = sb.ok(&["gc", "zflow-store", "six.yaml", "--dry-run"]);
+    assert!(
+        dry.stdout.contains("would remove 2 folders"),
+        "{}",
+        dry.stdout
+    );
+    assert_eq!(snapshot(&store), before, "--dry-run wrote to the store");
+    let gc = sb.ok(&["gc", "zflow-store", "six.yaml"]);
+    assert!(gc.stdout.contains("removed 2 folders"), "{}", gc.stdout);
+    for kept in ["notes/keep.txt", "README", "lines-NOTAHASH1234/keep.txt"] {
+        assert!(store.join(kept).exists(), "gc removed {kept}");
+    }
+    assert_eq!(sb.ok(&["run", "six.yaml"]).counts(), (0, 6, 0, 0));
+}
+
+#[test]
+fn queries_are_read_only() {
+    let sb = six();
+    sb.ok(&["run", "six.yaml"]);
+    let out_file = sb.path().join("copied.parquet");
+    let writes = [
+        format!("COPY (SELECT * FROM runs) TO '{}'", out_file.display()),
+        "INSERT INTO runs SELECT * FROM runs".to_string(),
+        "CREATE TABLE t AS SELECT 1".to_string(),
+        "SET datafusion.execution.batch_size = 1".to_string(),
+    ];
+    for sql in &writes {
+        let out = sb.zflow(&["query", "zflow-store", sql]);
+        assert_ne!(out.code, 0, "`{sql}` was run:\n{}", out.stdout);
+        assert!(
+            out.stderr.contains("queries are read-only"),
+            "{}",
+            out.stderr
+        );
+    }
+    assert!(!out_file.exists(), "COPY TO wrote a file");
+    let q = sb.ok(&["query", "zflow-store", "SELECT count(*) AS n FROM runs"]);
+    assert!(q.stdout.contains("| 6 "), "{}", q.stdout);
+}
