@@ -182,7 +182,7 @@ impl Stage for Fetch {
                 }
                 match matches.as_slice() {
                     // One folder: its contents, as for package paths.
-                    [(_, dir)] if dir.is_dir() => copy_selected(dir, "", out)?,
+                    [(_, dir)] if dir.is_dir() => copy_selected(dir, "", out, false)?,
                     _ => {
                         for (_, path) in &matches {
                             ctx.check_cancelled()?;
@@ -266,9 +266,9 @@ impl Stage for Fetch {
                     run_tool(ctx, cmd, "tar -xzf", "install tar")?;
                 }
                 // An sdist holds one top folder, `name-version/`; paths are relative to it.
-                let top: Vec<PathBuf> = fs::read_dir(unpacked.path())?
+                let top: Vec<String> = fs::read_dir(unpacked.path())?
                     .flatten()
-                    .map(|e| e.path())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
                     .collect();
                 let [top] = top.as_slice() else {
                     bail!(
@@ -277,7 +277,12 @@ impl Stage for Fetch {
                         top.len()
                     );
                 };
-                copy_selected(top, path, out)?;
+                let sub = if path.is_empty() {
+                    top.clone()
+                } else {
+                    format!("{top}/{path}")
+                };
+                copy_selected(unpacked.path(), &sub, out, true)?;
             }
             Source::Deb { spec, path } => {
                 let deb = cached_download(ctx, &format!("deb-{spec}"), pin.as_deref(), |dir| {
@@ -292,7 +297,7 @@ impl Stage for Fetch {
                     "dpkg -x",
                     "dpkg is part of Debian; on other systems use a local path",
                 )?;
-                copy_selected(unpacked.path(), path, out)?;
+                copy_selected(unpacked.path(), path, out, true)?;
             }
             Source::Npm { spec, path } => {
                 let tgz = cached_download(
@@ -315,7 +320,7 @@ impl Stage for Fetch {
                 let mut cmd = Command::new("tar");
                 cmd.arg("-xzf").arg(&tgz).arg("-C").arg(unpacked.path());
                 run_tool(ctx, cmd, "tar -xzf", "install tar")?;
-                copy_selected(unpacked.path(), path, out)?;
+                copy_selected(unpacked.path(), path, out, true)?;
             }
         }
         if fs::read_dir(out)?.next().is_none() {
@@ -382,44 +387,103 @@ fn walk_files(path: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn copy_tree(src: &Path, dest: &Path) -> Result<()> {
+    copy_within(src, dest, None, 0)
+}
+
+/// Copies `src` to `dest`. With `archive` (an unpacked archive's canonical root), a link is
+/// never followed out of it: every path is resolved and must stay inside the archive, so a link
+/// to a file of the archive is copied as that file, and a link that is absolute or leads out of
+/// the archive (to `/etc/passwd`, to a host folder) is refused. Nothing from outside an archive
+/// enters the store. `depth` stops links that form a cycle.
+fn copy_within(src: &Path, dest: &Path, archive: Option<&Path>, depth: usize) -> Result<()> {
+    let src = match archive {
+        Some(root) => inside_archive(root, src)?,
+        None => src.to_path_buf(),
+    };
     if src.is_dir() {
+        if depth > 64 {
+            bail!(
+                "{}: folders nested over 64 deep (links in the archive that form a cycle?)",
+                src.display()
+            );
+        }
         fs::create_dir_all(dest)?;
-        for e in fs::read_dir(src)? {
+        for e in fs::read_dir(&src)? {
             let e = e?;
-            copy_tree(&e.path(), &dest.join(e.file_name()))?;
+            copy_within(&e.path(), &dest.join(e.file_name()), archive, depth + 1)?;
         }
     } else {
         if let Some(parent) = dest.parent() {
             fs::create_dir_all(parent)?;
         }
-        fs::copy(src, dest)
+        fs::copy(&src, dest)
             .with_context(|| format!("copying {} -> {}", src.display(), dest.display()))?;
     }
     Ok(())
 }
 
+/// `path` (inside the unpacked archive at canonical `root`) with every link resolved, if it
+/// stays inside the archive.
+fn inside_archive(root: &Path, path: &Path) -> Result<PathBuf> {
+    let shown = path
+        .strip_prefix(root)
+        .unwrap_or(path)
+        .display()
+        .to_string();
+    let link = fs::read_link(path).ok().map(|t| t.display().to_string());
+    let what = match &link {
+        Some(target) => format!("`{shown}` in the archive is a link to `{target}`"),
+        None => format!("`{shown}`"),
+    };
+    let real = path
+        .canonicalize()
+        .with_context(|| format!("{what}, which does not exist"))?;
+    if !real.starts_with(root) {
+        bail!(
+            "{what}, outside the archive: refused (nothing from outside an archive enters the store)"
+        );
+    }
+    Ok(real)
+}
+
 /// Copies `sub` (a file or folder inside `root`; `""` for `root` itself) to `out`: a file
-/// under its own name, a folder's contents directly.
-fn copy_selected(root: &Path, sub: &str, out: &Path) -> Result<()> {
+/// under its own name, a folder's contents directly. With `archive`, `root` is an unpacked
+/// archive, whose links are never followed out of it (see [`copy_within`]).
+fn copy_selected(root: &Path, sub: &str, out: &Path, archive: bool) -> Result<()> {
     let src = if sub.is_empty() {
         root.to_path_buf()
     } else {
         root.join(sub)
     };
-    if !src.exists() {
+    if !src.exists() && fs::symlink_metadata(&src).is_err() {
         bail!(
             "`{sub}` is not in the package (it has: {})",
             top_entries(root)
         );
     }
-    if src.is_dir() {
-        for e in fs::read_dir(&src)? {
+    let canonical = if archive {
+        Some(root.canonicalize()?)
+    } else {
+        None
+    };
+    let within = canonical.as_deref();
+    let real = match within {
+        Some(root) => inside_archive(root, &src)?,
+        None => src.clone(),
+    };
+    if real.is_dir() {
+        for e in fs::read_dir(&real)? {
             let e = e?;
-            copy_tree(&e.path(), &out.join(e.file_name()))?;
+            copy_within(&e.path(), &out.join(e.file_name()), within, 0)?;
         }
         Ok(())
     } else {
-        copy_tree(&src, &out.join(src.file_name().unwrap_or_default()))
+        copy_within(
+            &real,
+            &out.join(src.file_name().unwrap_or_default()),
+            within,
+            0,
+        )
     }
 }
 
@@ -787,6 +851,58 @@ mod tests {
                 .unwrap_err()
                 .contains("unsupported URL scheme")
         );
+    }
+
+    #[test]
+    fn links_in_an_archive_never_reach_outside_it() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let host = dir.path().join("host-secret.txt");
+        fs::write(&host, "host").unwrap();
+        let root = dir.path().join("unpacked");
+        fs::create_dir_all(root.join("package/data")).unwrap();
+        fs::write(root.join("package/data/a.txt"), "A").unwrap();
+        // A link to a file of the archive is copied as that file.
+        symlink("a.txt", root.join("package/data/also-a.txt")).unwrap();
+        let out = dir.path().join("out");
+        copy_selected(&root, "package", &out, true).unwrap();
+        assert_eq!(
+            fs::read_to_string(out.join("data/also-a.txt")).unwrap(),
+            "A"
+        );
+        assert!(
+            !fs::symlink_metadata(out.join("data/also-a.txt"))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        // Absolute and escaping links, to a file or a folder, and the selected path itself.
+        for (name, target) in [
+            ("abs", host.display().to_string()),
+            ("up", "../../../host-secret.txt".into()),
+            ("dir", dir.path().display().to_string()),
+        ] {
+            let link = root.join("package/data").join(name);
+            symlink(&target, &link).unwrap();
+            let out = dir.path().join(format!("out-{name}"));
+            let e = format!(
+                "{:#}",
+                copy_selected(&root, "package", &out, true).unwrap_err()
+            );
+            assert!(e.contains(&format!("`package/data/{name}` in the archive is a link to `{target}`, outside the archive")), "{e}");
+            fs::remove_file(&link).unwrap();
+        }
+        symlink(dir.path(), root.join("escape")).unwrap();
+        let e = format!(
+            "{:#}",
+            copy_selected(&root, "escape", &dir.path().join("o"), true).unwrap_err()
+        );
+        assert!(e.contains("outside the archive"), "{e}");
+        let e = format!(
+            "{:#}",
+            copy_selected(&root, "../host-secret.txt", &dir.path().join("o2"), true).unwrap_err()
+        );
+        assert!(e.contains("outside the archive"), "{e}");
     }
 
     #[test]
