@@ -297,3 +297,47 @@ fn a_stage_name_too_long_for_a_file_name_is_refused_at_load() {
         "at most 200 characters",
     );
 }
+
+#[test]
+fn phase_values_out_of_range_are_named_at_load() {
+    let recipe = |phase: &str| {
+        format!(
+            "sources:\n  a: {{url: data.txt, format: text}}\ntokenizer: {{train: {{vocab_size: 320}}}}\nphases:\n  p1:\n{phase}"
+        )
+    };
+    let ok = "    tokens: 1000\n    seq_len: 64\n    mixture: {a: 1.0}\n";
+    for (phase, loc, msg) in [
+        (
+            "    tokens: 0\n    seq_len: 64\n    mixture: {a: 1.0}\n",
+            "r.yaml:6:13",
+            "`tokens` must be > 0 (the tokens the phase trains on), got 0",
+        ),
+        (
+            "    tokens: 1000\n    seq_len: 0\n    mixture: {a: 1.0}\n",
+            "r.yaml:7:14",
+            "`seq_len` must be > 0",
+        ),
+        (
+            "    tokens: 1000\n    seq_len: 64\n    mixture: {a: 0.0}\n",
+            "r.yaml:8:14",
+            "every weight of the mixture is zero",
+        ),
+        (
+            "    tokens: 1000\n    seq_len: 64\n    mixture: {a: -1.0}\n",
+            "r.yaml:8:18",
+            "a mixture weight must be a finite number >= 0, got -1",
+        ),
+        (
+            &format!("{ok}    curriculum: [{{at: 1.5, mixture: {{a: 1.0}}}}]\n"),
+            "r.yaml:9:23",
+            "after 0 and below 1, got 1.5",
+        ),
+        (
+            &format!("{ok}    max_epochs: {{a: 0}}\n"),
+            "r.yaml:9:21",
+            "`max_epochs` must be a finite number > 0, got 0",
+        ),
+    ] {
+        check(&recipe(phase), loc, msg);
+    }
+}

@@ -164,6 +164,75 @@ fn default_block() -> usize {
     512
 }
 
+/// The values of a phase that no run could use, named by their recipe path at load: zero
+/// sizes, negative or non-finite weights, an all-zero mixture, curriculum points outside
+/// (0, 1) or out of order.
+fn check_ranges(data: &PhaseData, path: &str) -> Result<(), ConfigError> {
+    let positive = |value: u64, field: &str, what: &str| {
+        if value == 0 {
+            return Err(ConfigError::new(
+                format!("{path}.{field}"),
+                format!("`{field}` must be > 0 ({what}), got 0"),
+            ));
+        }
+        Ok(())
+    };
+    positive(data.tokens, "tokens", "the tokens the phase trains on")?;
+    positive(data.seq_len as u64, "seq_len", "tokens per sequence")?;
+    positive(
+        data.block_size as u64,
+        "block_size",
+        "samples per mixture block",
+    )?;
+    let weights = |m: &BTreeMap<String, f64>, at: &str| -> Result<(), ConfigError> {
+        for (name, &w) in m {
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(ConfigError::new(
+                    format!("{at}.{name}"),
+                    format!("a mixture weight must be a finite number >= 0, got {w}"),
+                ));
+            }
+        }
+        if m.values().sum::<f64>() <= 0.0 {
+            return Err(ConfigError::new(
+                at,
+                "every weight of the mixture is zero; at least one source needs a positive weight",
+            ));
+        }
+        Ok(())
+    };
+    weights(&data.mixture, &format!("{path}.mixture"))?;
+    let mut previous = 0.0;
+    for (i, step) in data.curriculum.iter().enumerate() {
+        let at = format!("{path}.curriculum[{i}]");
+        if !(step.at > previous && step.at < 1.0) {
+            let after = if i == 0 {
+                "0".to_string()
+            } else {
+                format!("the previous point, {previous}")
+            };
+            return Err(ConfigError::new(
+                format!("{at}.at"),
+                format!(
+                    "a curriculum point `at` is a fraction of the phase: after {after} and below 1, got {}",
+                    step.at
+                ),
+            ));
+        }
+        previous = step.at;
+        weights(&step.mixture, &format!("{at}.mixture"))?;
+    }
+    for (name, &cap) in &data.max_epochs {
+        if !(cap.is_finite() && cap > 0.0) {
+            return Err(ConfigError::new(
+                format!("{path}.max_epochs.{name}"),
+                format!("`max_epochs` must be a finite number > 0, got {cap}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The `phases:` section: `mix.<phase>` per phase, and with a `model:` section
 /// `train.<phase>` too, each phase starting from the previous one's final checkpoint.
 pub struct Phases;
@@ -213,6 +282,7 @@ impl Section for Phases {
                 check(&step.mixture, &format!("{path}.curriculum[{i}].mixture"))?;
             }
             check(&data.max_epochs, &format!("{path}.max_epochs"))?;
+            check_ranges(&data, &path)?;
             // Every source named anywhere in the phase, in recipe order.
             let used: Vec<String> = sources
                 .iter()
