@@ -330,4 +330,38 @@ fn bad_train_settings_are_named() {
     let o = sb.zflow(&["plan", "r.yaml"]);
     assert_ne!(o.code, 0);
     assert!(o.stderr.contains("tpu"), "{}", o.stderr);
+    // Values no run can use, named at load with the field.
+    for (from, to, msg) in [
+        (
+            "num_experts: 4",
+            "num_experts: 0",
+            "`num_experts` must be > 0, got 0",
+        ),
+        (
+            "num_blocks: 2",
+            "num_blocks: 0",
+            "`num_blocks` must be > 0, got 0",
+        ),
+        (
+            "balance: {lr: 0.02}",
+            "balance: {lr: 0.02}\n  launch: {hang_timeout_s: 0}",
+            "`hang_timeout_s` must be > 0",
+        ),
+        (
+            "balance: {lr: 0.02}",
+            "balance: {lr: 0.02}\n  launch: {backoff_s: -1.0}",
+            "`backoff_s` must be a finite number of seconds >= 0, got -1",
+        ),
+    ] {
+        let text = recipe().replace(from, to);
+        assert_ne!(text, recipe(), "{from}");
+        sb.write("r.yaml", &text);
+        let o = sb.zflow(&["plan", "r.yaml"]);
+        assert_eq!(o.code, 2, "{}", o.stderr);
+        assert!(
+            o.stderr.contains("r.yaml:") && o.stderr.contains(msg),
+            "{}",
+            o.stderr
+        );
+    }
 }

@@ -136,6 +136,21 @@ impl Stage for Train {
                 ),
             ));
         }
+        if c.launch.hang_timeout_s == 0 {
+            return Err(ConfigError::new(
+                "train.launch.hang_timeout_s",
+                "`hang_timeout_s` must be > 0 (seconds of silence before a rank counts as hung), got 0",
+            ));
+        }
+        if !(c.launch.backoff_s.is_finite() && c.launch.backoff_s >= 0.0) {
+            return Err(ConfigError::new(
+                "train.launch.backoff_s",
+                format!(
+                    "`backoff_s` must be a finite number of seconds >= 0, got {}",
+                    c.launch.backoff_s
+                ),
+            ));
+        }
         zflow_runtime::backend::BackendKind::parse(&c.train.backend)
             .map_err(|e| ConfigError::new("train.backend", e.to_string()))?;
         let want = format!("mix.{}", c.phase);
