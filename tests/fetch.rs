@@ -195,3 +195,43 @@ fn every_fetch_of_every_shipped_recipe_resolves_and_matches_its_pin() {
         recipes.len()
     );
 }
+
+#[test]
+fn a_fifo_or_a_device_as_a_fetch_path_is_an_error_not_a_hang() {
+    let sb = Sandbox::new();
+    let fifo = sb.path().join("pipe");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    for url in [fifo.display().to_string(), "/dev/zero".to_string()] {
+        sb.write(
+            "r.yaml",
+            &format!("stages:\n  - {{name: a, kind: fetch, url: '{url}'}}\n"),
+        );
+        let mut child = sb
+            .cmd(&["run", "r.yaml"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("`zflow run` on a fetch of {url} hangs");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("is not a regular file or folder"),
+            "{url}: {stderr}"
+        );
+    }
+}

@@ -341,3 +341,32 @@ fn phase_values_out_of_range_are_named_at_load() {
         check(&recipe(phase), loc, msg);
     }
 }
+
+#[test]
+fn a_recipe_that_is_not_a_regular_file_is_refused() {
+    check(
+        "extends: /dev/zero\nstages:\n  - {name: a, kind: shell, run: x}\n",
+        "r.yaml:1:10",
+        "recipe `/dev/zero` is not a regular file",
+    );
+}
+
+#[test]
+fn vars_that_grow_exponentially_are_refused() {
+    // Each var repeats the one before ten times: `g` would be 10 MB.
+    let mut vars = String::from("vars:\n  a: xxxxxxxxxx\n");
+    for (prev, name) in ["a", "b", "c", "d", "e", "f"]
+        .iter()
+        .zip(["b", "c", "d", "e", "f", "g"])
+    {
+        vars.push_str(&format!(
+            "  {name}: \"{}\"\n",
+            format!("${{{prev}}}").repeat(10)
+        ));
+    }
+    check(
+        &format!("{vars}stages:\n  - {{name: a, kind: shell, run: \"echo ${{g}}\"}}\n"),
+        "r.yaml:",
+        "grow exponentially",
+    );
+}

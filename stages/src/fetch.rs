@@ -371,9 +371,17 @@ fn local_matches(cwd: &Path, pattern: &str) -> Result<Vec<(String, PathBuf)>> {
     Ok(out)
 }
 
-/// Every regular file under `path` (or `path` itself), sorted.
+/// Every regular file under `path` (or `path` itself), sorted. Anything else (a FIFO, a
+/// device such as `/dev/zero`, a socket) is refused: reading it would block or never end.
 fn walk_files(path: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
+    let meta = fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if !meta.is_dir() && !meta.is_file() {
+        bail!(
+            "{} is not a regular file or folder (a FIFO or a device?): fetch reads only files",
+            path.display()
+        );
+    }
     if path.is_dir() {
         let mut entries: Vec<_> = fs::read_dir(path)?.collect::<Result<_, _>>()?;
         entries.sort_by_key(|e| e.file_name());

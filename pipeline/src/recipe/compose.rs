@@ -8,6 +8,13 @@ use std::path::{Path, PathBuf};
 use super::RecipeError;
 use super::tree::{self, Key, Loc, Node, Value};
 
+/// The largest recipe file read (a recipe is configuration, not data).
+const MAX_RECIPE_BYTES: u64 = 16 << 20;
+
+/// The longest string that `${var}` interpolation may produce: vars that repeat one another
+/// grow exponentially, and would otherwise exhaust memory.
+const MAX_INTERPOLATED_BYTES: usize = 1 << 20;
+
 /// Loads `path` and, recursively, the recipes it `extends:`, merged parent first.
 pub fn load_with_parents(path: &Path) -> Result<Node, RecipeError> {
     let mut seen = HashSet::new();
@@ -20,13 +27,25 @@ fn load_chain(
     from: Option<&Loc>,
 ) -> Result<Node, RecipeError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        let msg = format!("cannot read recipe `{shown}`: {e}");
-        match from {
-            Some(loc) => RecipeError::at(loc.clone(), msg),
-            None => RecipeError::at(Loc::origin(&shown), msg),
+    let fail = |msg: String| match from {
+        Some(loc) => RecipeError::at(loc.clone(), msg),
+        None => RecipeError::at(Loc::origin(&shown), msg),
+    };
+    // A recipe is a regular file of modest size: `/dev/zero` or a FIFO would read forever.
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => {
+            return Err(fail(format!("recipe `{shown}` is not a regular file")));
         }
-    })?;
+        Ok(m) if m.len() > MAX_RECIPE_BYTES => {
+            return Err(fail(format!(
+                "recipe `{shown}` is {} bytes, more than the {MAX_RECIPE_BYTES} a recipe may have",
+                m.len()
+            )));
+        }
+        _ => {}
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| fail(format!("cannot read recipe `{shown}`: {e}")))?;
     let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     if !seen.insert(canonical) {
         return Err(RecipeError::at(
@@ -430,6 +449,14 @@ fn interpolate_str(
                 Value::Bool(b) => out.push_str(&b.to_string()),
                 Value::Null => {}
                 _ => unreachable!("vars are scalars"),
+            }
+            if out.len() > MAX_INTERPOLATED_BYTES {
+                return Err(RecipeError::at(
+                    loc.clone(),
+                    format!(
+                        "expanding the vars in this value gives more than {MAX_INTERPOLATED_BYTES} bytes (at `${{{name}}}`): vars that repeat one another grow exponentially"
+                    ),
+                ));
             }
             rest = &tail[end + 1..];
         } else {
