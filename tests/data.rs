@@ -254,7 +254,7 @@ fn bad_data_inputs_are_clear_errors() {
             "--set",
             "phases.p2.curriculum=[]",
         ],
-        "weights",
+        "every weight of the mixture is zero",
     );
     // A budget larger than the data when upsampling is capped.
     expect_failure(
