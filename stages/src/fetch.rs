@@ -255,16 +255,14 @@ impl Stage for Fetch {
                         )?;
                         single_file(dir, spec)
                     })?;
-                let unpacked =
-                    tempdir_in(ctx.out_dir().parent().unwrap_or(Path::new(".")), "sdist")?;
                 ctx.progress().set_message(format!("unpacking {path}"));
-                if archive.extension().is_some_and(|e| e == "zip") {
+                let unpacked = if archive.extension().is_some_and(|e| e == "zip") {
+                    let unpacked = unpack_dir(ctx, "sdist")?;
                     unzip_path(&archive, "", unpacked.path())?;
+                    unpacked
                 } else {
-                    let mut cmd = Command::new("tar");
-                    cmd.arg("-xzf").arg(&archive).arg("-C").arg(unpacked.path());
-                    run_tool(ctx, cmd, "tar -xzf", "install tar")?;
-                }
+                    untar(ctx, &archive, "sdist")?
+                };
                 // An sdist holds one top folder, `name-version/`; paths are relative to it.
                 let top: Vec<String> = fs::read_dir(unpacked.path())?
                     .flatten()
@@ -288,7 +286,7 @@ impl Stage for Fetch {
                 let deb = cached_download(ctx, &format!("deb-{spec}"), pin.as_deref(), |dir| {
                     apt_download(ctx, spec, dir)
                 })?;
-                let unpacked = tempdir_in(ctx.out_dir().parent().unwrap_or(Path::new(".")), "deb")?;
+                let unpacked = unpack_dir(ctx, "deb")?;
                 let mut cmd = Command::new("dpkg");
                 cmd.arg("-x").arg(&deb).arg(unpacked.path());
                 run_tool(
@@ -316,10 +314,7 @@ impl Stage for Fetch {
                         single_file(dir, spec)
                     },
                 )?;
-                let unpacked = tempdir_in(ctx.out_dir().parent().unwrap_or(Path::new(".")), "npm")?;
-                let mut cmd = Command::new("tar");
-                cmd.arg("-xzf").arg(&tgz).arg("-C").arg(unpacked.path());
-                run_tool(ctx, cmd, "tar -xzf", "install tar")?;
+                let unpacked = untar(ctx, &tgz, "npm")?;
                 copy_selected(unpacked.path(), path, out, true)?;
             }
         }
@@ -474,25 +469,14 @@ fn copy_selected(root: &Path, sub: &str, out: &Path, archive: bool) -> Result<()
     } else {
         None
     };
-    let within = canonical.as_deref();
-    let real = match within {
-        Some(root) => inside_archive(root, &src)?,
-        None => src.clone(),
-    };
-    if real.is_dir() {
-        for e in fs::read_dir(&real)? {
-            let e = e?;
-            copy_within(&e.path(), &out.join(e.file_name()), within, 0)?;
-        }
-        Ok(())
+    // A folder's contents go straight into `out`, a file under its own name; `copy_within`
+    // resolves (and, in an archive, checks) `src` itself before reading anything.
+    let dest = if src.is_dir() {
+        out.to_path_buf()
     } else {
-        copy_within(
-            &real,
-            &out.join(src.file_name().unwrap_or_default()),
-            within,
-            0,
-        )
-    }
+        out.join(src.file_name().unwrap_or_default())
+    };
+    copy_within(&src, &dest, canonical.as_deref(), 0)
 }
 
 fn top_entries(root: &Path) -> String {
@@ -774,6 +758,21 @@ fn unzip_path(zip_path: &Path, prefix: &str, out: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A fresh folder beside the stage's output to unpack a downloaded archive into (removed when
+/// dropped).
+fn unpack_dir(ctx: &StageContext, prefix: &str) -> Result<tempfile::TempDir> {
+    tempdir_in(ctx.out_dir().parent().unwrap_or(Path::new(".")), prefix)
+}
+
+/// `archive` (a `.tar.gz`: an npm tarball, an sdist) unpacked by `tar` into a fresh folder.
+fn untar(ctx: &StageContext, archive: &Path, prefix: &str) -> Result<tempfile::TempDir> {
+    let unpacked = unpack_dir(ctx, prefix)?;
+    let mut cmd = Command::new("tar");
+    cmd.arg("-xzf").arg(archive).arg("-C").arg(unpacked.path());
+    run_tool(ctx, cmd, "tar -xzf", "install tar")?;
+    Ok(unpacked)
 }
 
 fn tempdir_in(parent: &Path, prefix: &str) -> Result<tempfile::TempDir> {
