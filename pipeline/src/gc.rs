@@ -6,7 +6,8 @@
 //! log; entries the store did not make (another file or folder that lives there) are never
 //! touched, and a folder that is not a store is refused before anything is written
 //! ([`crate::store::Store::is_store`], checked by the caller before it opens the recipes).
-//! Stages being run right now (live lease) are never touched.
+//! Stages being run right now (live lease) are never touched, nor the inputs they read (the
+//! lease names them), even when the recipe that started them is not among those given.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -48,6 +49,8 @@ pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
             keep.insert(slot);
         }
     }
+    // What running stages read stays, whichever recipe started them.
+    keep.extend(live_leases(&store.root().join(".zflow/leases")).flat_map(|l| l.inputs));
     let mut report = GcReport::default();
     for (folder, slot) in store.stage_folders()? {
         if keep.contains(&folder) {
@@ -79,6 +82,18 @@ pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
         report.removed.push(path);
     }
     Ok(report)
+}
+
+/// The leases in `dir` whose owners are alive.
+fn live_leases(dir: &std::path::Path) -> impl Iterator<Item = lease::LeaseInfo> {
+    let timeout = lease::lease_timeout();
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "lease"))
+        .filter_map(|e| lease::read(&e.path()))
+        .filter(move |l| !l.is_stale(timeout))
 }
 
 fn dir_size(path: &std::path::Path) -> u64 {

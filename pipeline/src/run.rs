@@ -294,7 +294,11 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                 continue;
             }
             let lease_path = engine.store.lease_path(&node.name, &identity);
-            let guard = match lease::try_acquire(&lease_path, &run_id) {
+            let reads: Vec<String> = input_dirs
+                .values()
+                .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect();
+            let guard = match lease::try_acquire(&lease_path, &run_id, &reads) {
                 Ok(Acquire::Held(g)) => g,
                 Ok(Acquire::Busy(info)) => {
                     if !matches!(states[i], NodeState::WaitingLease { .. }) {
@@ -332,6 +336,31 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                     progressed = true;
                     continue;
                 }
+            }
+            // A gc that listed the leases before we took ours may have removed an input
+            // since we found it cached; now that our lease names it, it stays.
+            if let Some(gone) = inputs.iter().find(|&&j| {
+                let NodeState::Done { dir, .. } = &states[j] else {
+                    return false;
+                };
+                !dir.join(crate::store::MANIFEST).is_file()
+            }) {
+                let msg = format!(
+                    "its input `{}` was removed from the store after this run found it \
+                     (a `zflow gc` for other recipes?); run again to rebuild it",
+                    nodes[*gone].name
+                );
+                drop(guard);
+                fail(
+                    &mut states,
+                    &mut summary,
+                    i,
+                    node.name.clone(),
+                    msg,
+                    PathBuf::new(),
+                );
+                progressed = true;
+                continue;
             }
             free.cpus -= want.cpus;
             free.gpus -= want.gpus;
