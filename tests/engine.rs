@@ -409,6 +409,118 @@ fn a_stale_lease_of_a_dead_owner_is_taken_over() {
     assert_eq!(std::fs::read_dir(&leases).unwrap().count(), 0);
 }
 
+/// A stage whose shell leaves a grandchild: a background `sleep` that is not the stage's
+/// direct child, so zflow's parent-death signal does not reach it.
+const TREE: &str = r#"
+stages:
+  - name: tree
+    kind: shell
+    run: |
+      echo started >> "$PWD/tree-starts"
+      sleep 300 &
+      echo $! > "$PWD/grandchild.pid"
+      while [ ! -e "$PWD/go" ]; do sleep 0.05; done
+      echo done > "$ZFLOW_OUT/out"
+"#;
+
+/// Waits until process `pid` is gone (or a zombie: dead, not yet reaped by its new parent).
+fn wait_gone(pid: i32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+        if stat.is_empty() || zombie {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) outlived zflow"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_whole_process_tree_of_a_stage_dies_with_zflow_and_with_the_stage() {
+    let sb = Sandbox::new();
+    sb.write("tree.yaml", TREE);
+    let mut child = sb
+        .cmd(&["run", "tree.yaml"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(
+        &sb.path().join("grandchild.pid"),
+        "the stage to start its grandchild",
+    );
+    let grandchild: i32 = sb.read("grandchild.pid").trim().parse().unwrap();
+    assert!(alive(grandchild));
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    wait_gone(grandchild, "the stage's grandchild");
+
+    // The rerun starts a new attempt only once the old tree is gone, and when the stage ends,
+    // what it left in the background ends with it.
+    sb.write("go", "");
+    let rerun = sb.ok(&["run", "tree.yaml"]);
+    assert_eq!(rerun.ran(), ["tree"], "{}", rerun.stderr);
+    assert_eq!(sb.read("tree-starts").lines().count(), 2);
+    let second: i32 = sb.read("grandchild.pid").trim().parse().unwrap();
+    assert_ne!(second, grandchild);
+    wait_gone(second, "the finished stage's background process");
+}
+
+#[test]
+fn gc_keeps_what_a_running_stage_of_another_recipe_reads() {
+    let sb = Sandbox::new();
+    sb.write("data/a.txt", "some text\n");
+    // `reader` reads `corpus` only once `go` exists; meanwhile gc runs for a recipe that does
+    // not know `corpus` at all.
+    sb.write(
+        "a.yaml",
+        r#"
+stages:
+  - name: corpus
+    kind: fetch
+    url: data/*.txt
+  - name: reader
+    kind: shell
+    needs: [corpus]
+    run: |
+      touch "$PWD/reader.started"
+      while [ ! -e "$PWD/go" ]; do sleep 0.05; done
+      cat "$ZFLOW_IN_CORPUS"/a.txt > "$ZFLOW_OUT/copy.txt"
+"#,
+    );
+    sb.write(
+        "b.yaml",
+        "stages:\n  - name: other\n    kind: shell\n    run: echo b > \"$ZFLOW_OUT/b\"\n",
+    );
+    sb.ok(&["run", "b.yaml"]);
+    let a = sb
+        .cmd(&["run", "a.yaml"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&sb.path().join("reader.started"), "the reader to start");
+    let gc = sb.ok(&["gc", "zflow-store", "b.yaml"]);
+    assert!(gc.stdout.contains("removed 0 folders"), "{}", gc.stdout);
+    assert!(common::stage_dir(&sb.path().join("zflow-store"), "corpus").exists());
+    sb.write("go", "");
+    let a = a.wait_with_output().unwrap();
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert_eq!(
+        std::fs::read_to_string(sb.output("reader").join("copy.txt")).unwrap(),
+        "some text\n"
+    );
+    // Once nothing runs, what b.yaml does not reference is garbage.
+    let gc = sb.ok(&["gc", "zflow-store", "b.yaml"]);
+    assert!(gc.stdout.contains("removed 2 folders"), "{}", gc.stdout);
+}
+
 #[test]
 fn only_from_until_select_stages() {
     let sb = six();

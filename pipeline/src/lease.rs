@@ -30,6 +30,14 @@ pub struct LeaseInfo {
     pub run_id: String,
     /// Unix ms of the last heartbeat.
     pub heartbeat_ms: i64,
+    /// The store folders (`<stage>-<short>`) the leased stage reads: gc keeps them while the
+    /// lease lives, whichever recipe it was told about.
+    #[serde(default)]
+    pub inputs: Vec<String>,
+    /// The owner's process reaper ([`crate::reaper`]), which outlives the owner until the
+    /// owner's stage processes are gone.
+    #[serde(default)]
+    pub reaper_pid: Option<u32>,
 }
 
 /// How long a lease may go without a heartbeat before others take it over.
@@ -54,17 +62,26 @@ pub fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// Whether process `pid` exists on this host.
+/// Whether process `pid` exists on this host and is not a zombie (a dead process whose
+/// parent has not reaped it yet, which kill(2) still finds).
 pub fn pid_alive(pid: u32) -> bool {
+    if let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) {
+        return crate::reaper::stat_state_and_group(&stat).0 != Some('Z');
+    }
     // SAFETY: signal 0 only checks for existence and permission.
     let rc = unsafe { libc::kill(pid as i32, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 impl LeaseInfo {
-    /// Whether the owner is gone.
+    /// Whether the owner is gone: on this host, its process has ended and its reaper has
+    /// stopped every process its stages started; anywhere, its heartbeat is older than
+    /// `timeout`.
     pub fn is_stale(&self, timeout: Duration) -> bool {
-        if self.host == hostname() && !pid_alive(self.pid) {
+        if self.host == hostname()
+            && !pid_alive(self.pid)
+            && !self.reaper_pid.is_some_and(pid_alive)
+        {
             return true;
         }
         now_ms() - self.heartbeat_ms > timeout.as_millis() as i64
@@ -100,14 +117,17 @@ pub fn read(path: &Path) -> Option<LeaseInfo> {
     serde_json::from_slice(&fs::read(path).ok()?).ok()
 }
 
-/// Tries to take the lease at `path` for `run_id`.
-pub fn try_acquire(path: &Path, run_id: &str) -> Result<Acquire> {
+/// Tries to take the lease at `path` for `run_id`, recording the store folders the stage
+/// will read (`inputs`).
+pub fn try_acquire(path: &Path, run_id: &str, inputs: &[String]) -> Result<Acquire> {
     let timeout = lease_timeout();
     let me = LeaseInfo {
         host: hostname(),
         pid: std::process::id(),
         run_id: run_id.to_string(),
         heartbeat_ms: now_ms(),
+        inputs: inputs.to_vec(),
+        reaper_pid: crate::reaper::pid(),
     };
     for _ in 0..3 {
         match fs::OpenOptions::new()
@@ -236,10 +256,10 @@ mod tests {
     fn second_owner_is_busy_and_dead_owner_is_taken_over() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.lease");
-        let Acquire::Held(guard) = try_acquire(&path, "run-a").unwrap() else {
+        let Acquire::Held(guard) = try_acquire(&path, "run-a", &[]).unwrap() else {
             panic!("should hold")
         };
-        match try_acquire(&path, "run-b").unwrap() {
+        match try_acquire(&path, "run-b", &[]).unwrap() {
             Acquire::Busy(info) => assert_eq!(info.run_id, "run-a"),
             Acquire::Held(_) => panic!("two owners"),
         }
@@ -252,10 +272,12 @@ mod tests {
             pid: 999_999_999,
             run_id: "ghost".into(),
             heartbeat_ms: now_ms(),
+            inputs: vec![],
+            reaper_pid: None,
         };
         fs::write(&path, serde_json::to_vec(&dead).unwrap()).unwrap();
         assert!(matches!(
-            try_acquire(&path, "run-c").unwrap(),
+            try_acquire(&path, "run-c", &[]).unwrap(),
             Acquire::Held(_)
         ));
     }
@@ -267,6 +289,8 @@ mod tests {
             pid: 1,
             run_id: "x".into(),
             heartbeat_ms: now_ms() - 60_000,
+            inputs: vec![],
+            reaper_pid: None,
         };
         assert!(info.is_stale(Duration::from_secs(30)));
         let fresh = LeaseInfo {

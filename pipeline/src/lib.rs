@@ -15,6 +15,7 @@ pub mod logging;
 pub mod plan;
 pub mod progress;
 pub mod query;
+pub mod reaper;
 pub mod recipe;
 pub mod records;
 pub mod registry;

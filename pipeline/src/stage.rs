@@ -355,8 +355,9 @@ impl StageContext {
     }
 
     /// Runs a child process to completion with its output in the stage log and the stage's
-    /// environment set (working directory: zflow's, unless `cmd` sets one). It dies with zflow (even on SIGKILL) and is stopped (SIGTERM to its
-    /// process group, then SIGKILL) when the stage is cancelled.
+    /// environment set (working directory: zflow's, unless `cmd` sets one). Its process group
+    /// dies with zflow (even on SIGKILL) and when it exits (what it left in the background),
+    /// and is stopped (SIGTERM, then SIGKILL) when the stage is cancelled.
     pub fn run_command(&self, mut cmd: Command) -> Result<ExitStatus> {
         if cmd.get_current_dir().is_none() {
             cmd.current_dir(&self.cwd);
@@ -393,8 +394,44 @@ pub fn input_env_var(name: &str) -> String {
     var
 }
 
-/// Spawns `cmd` in its own process group, arranged to receive SIGKILL when zflow dies.
-pub fn spawn_supervised(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+/// A stage's child process, leader of its own process group. The group dies with zflow,
+/// however zflow dies (the direct child by its parent-death signal, the rest through the
+/// [`crate::reaper`]), and with this value: dropping it kills what is left of the group.
+pub struct Supervised {
+    child: std::process::Child,
+}
+
+impl std::ops::Deref for Supervised {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.child
+    }
+}
+
+impl std::ops::DerefMut for Supervised {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.child
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        let pgid = self.child.id();
+        if matches!(self.child.try_wait(), Ok(None)) {
+            terminate_group(pgid as i32, Duration::from_secs(5), &mut self.child);
+        } else {
+            // The leader is gone; what it left running in its group goes too. (Its pid is not
+            // handed out again this soon: Linux allocates pids in sequence.)
+            // SAFETY: kill(2) on the process group this value created.
+            unsafe { libc::kill(-(pgid as i32), libc::SIGKILL) };
+        }
+        crate::reaper::forget(pgid);
+    }
+}
+
+/// Spawns `cmd` in its own process group, arranged to die with zflow: the direct child by
+/// SIGKILL when zflow dies, the whole group by the [`crate::reaper`].
+pub fn spawn_supervised(cmd: &mut Command) -> std::io::Result<Supervised> {
     use std::os::unix::process::CommandExt;
     // SAFETY: only async-signal-safe calls (setpgid, prctl, getppid) between fork and exec.
     unsafe {
@@ -412,7 +449,11 @@ pub fn spawn_supervised(cmd: &mut Command) -> std::io::Result<std::process::Chil
             Ok(())
         });
     }
-    cmd.spawn()
+    // Started before the child, so that no group goes unwatched.
+    crate::reaper::pid();
+    let child = cmd.spawn()?;
+    crate::reaper::watch(child.id());
+    Ok(Supervised { child })
 }
 
 /// SIGTERM to the process group, then SIGKILL after `grace`, then reaps the child.
