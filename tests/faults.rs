@@ -576,3 +576,74 @@ fn preflight_leaves_out_a_slow_rank() {
         "{status}"
     );
 }
+
+/// The phase's step count, from a finished run's log ("phase done at step N").
+fn total_steps(sb: &Sandbox) -> u64 {
+    let log = log(sb);
+    let at = log.find("phase done at step ").expect("a finished phase") + 19;
+    log[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_rank_lost_after_the_last_checkpoint_and_a_paused_supervisor_still_end_identical() {
+    let reference = Sandbox::new();
+    reference.write("r.yaml", &recipe(2, 2));
+    reference.ok(&["run", "r.yaml"]);
+    let want = final_weights(&reference);
+    let total = total_steps(&reference);
+
+    // Rank 1 dies right after the last step's checkpoint is committed, before `done`: the
+    // relaunched ranks have no step left to run and finish at that checkpoint.
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &recipe(2, 2));
+    let (stderr, text) = run_with(&sb, &format!("crash@{total}:rank=1"));
+    assert_eq!(stderr.matches("relaunching").count(), 1, "{stderr}");
+    assert!(
+        text.contains(&format!("resuming at step {total}")),
+        "{text}"
+    );
+    assert!(final_weights(&sb) == want, "final weights differ");
+
+    // `zflow run` itself stopped (SIGSTOP) for longer than hang_timeout_s (3 s), then
+    // continued: its own pause is not the ranks' hang.
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &recipe(2, 0));
+    let child = sb
+        .cmd(&["run", "r.yaml"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let store = sb.path().join("zflow-store");
+    let started = Instant::now();
+    while !partial_metrics(&store)
+        .and_then(|m| std::fs::read_to_string(m).ok())
+        .is_some_and(|m| m.matches("\"type\":\"step\"").count() >= 10)
+    {
+        assert!(started.elapsed() < Duration::from_secs(300), "no step 10");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_secs(6));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("hung"), "{stderr}");
+    assert!(
+        log(&sb).contains("the supervisor did not run for"),
+        "{}",
+        log(&sb)
+    );
+    assert!(
+        final_weights(&sb) == want,
+        "final weights differ after the pause"
+    );
+}

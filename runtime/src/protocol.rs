@@ -74,8 +74,9 @@ pub enum WorkerMessage {
     Done {
         /// Final step.
         step: u64,
-        /// Final training loss.
-        loss: f64,
+        /// Final training loss (`None` when no step was ever recorded, e.g. a phase that
+        /// ran out of samples before its first step).
+        loss: Option<f64>,
     },
     /// The worker failed; it exits non-zero right after.
     Error {

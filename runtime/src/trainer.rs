@@ -303,8 +303,10 @@ pub fn train<B: AutodiffBackend>(
         emit.clone(),
     );
     let mut spike_fired = false;
-    let mut last_loss = f64::NAN;
-    let mut saved_step = None;
+    // A relaunch after the last step's checkpoint (a rank that died at teardown) runs no
+    // step: the phase is done at the checkpoint it resumed from, with that step's loss.
+    let mut last_loss = state.loss_history.last().copied();
+    let mut saved_step = (state.step > 0).then_some(state.step);
     while state.step < total_steps {
         // Batches skipped after a loss spike are passed over; the phase ends early if that
         // leaves too few samples for a whole batch.
@@ -419,7 +421,7 @@ pub fn train<B: AutodiffBackend>(
         state.step += 1;
         let tokens = (t.global_batch * seq_len) as u64;
         state.tokens += tokens;
-        last_loss = out.loss;
+        last_loss = Some(out.loss);
         let mut load = vec![0u64; routes];
         for c in &counts {
             for (r, n) in c.iter().enumerate() {
@@ -428,7 +430,7 @@ pub fn train<B: AutodiffBackend>(
         }
         emit(WorkerMessage::Step(StepMetrics {
             step: state.step,
-            loss: last_loss,
+            loss: out.loss,
             lr,
             grad_norm,
             tokens_per_s: tokens as f64 / started.elapsed().as_secs_f64(),

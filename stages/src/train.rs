@@ -295,9 +295,13 @@ enum Outcome {
     },
 }
 
+/// A gap between two turns of the supervisor's loop longer than this means the supervisor
+/// itself was paused.
+const SUPERVISOR_PAUSE: Duration = Duration::from_secs(2);
+
 /// One rank's process as the supervisor sees it.
 struct Rank {
-    child: std::process::Child,
+    child: zflow_pipeline::stage::Supervised,
     last_message: Instant,
     step: u64,
     done: bool,
@@ -379,6 +383,7 @@ impl Train {
         };
         let hang = Duration::from_secs(c.launch.hang_timeout_s);
         let mut preflight_pending = c.launch.preflight.enabled;
+        let mut last_tick = Instant::now();
         loop {
             if preflight_pending && ranks.iter().all(|r| r.probe.is_some()) {
                 preflight_pending = false;
@@ -464,10 +469,14 @@ impl Train {
                             .find(|i| !lost_peer(i))
                             .unwrap_or(rank);
                         let r = &ranks[culprit];
-                        let why = r
-                            .error
-                            .clone()
-                            .unwrap_or_else(|| describe(&r.exited.expect("exited")));
+                        let status = r.exited.expect("exited");
+                        let why = r.error.clone().unwrap_or_else(|| {
+                            if status.success() {
+                                "exited with status 0 without reporting `done`".into()
+                            } else {
+                                describe(&status)
+                            }
+                        });
                         let step = r.step;
                         stop_all(&mut ranks);
                         return Ok(Outcome::Failed {
@@ -487,6 +496,20 @@ impl Train {
             if ctx.cancel_token().is_cancelled() {
                 stop_all(&mut ranks);
                 bail!("cancelled");
+            }
+            // A loop turn takes ~100 ms. A long gap means this process was not running (SIGSTOP,
+            // a suspended laptop, a starved host): the ranks' silence over that time is ours,
+            // not theirs, so their hang clocks start again.
+            let gap = last_tick.elapsed();
+            last_tick = Instant::now();
+            if gap > SUPERVISOR_PAUSE {
+                tracing::warn!(
+                    "the supervisor did not run for {:.1} s; not counting that time against the ranks' hang timeout",
+                    gap.as_secs_f64()
+                );
+                for r in &mut ranks {
+                    r.last_message = last_tick;
+                }
             }
             if let Some((rank, r)) = ranks
                 .iter()
@@ -602,7 +625,10 @@ impl Train {
             }
             WorkerMessage::Done { step, loss } => {
                 if rank == 0 {
-                    tracing::info!("phase done at step {step}, loss {loss:.4}");
+                    match loss {
+                        Some(loss) => tracing::info!("phase done at step {step}, loss {loss:.4}"),
+                        None => tracing::info!("phase done at step {step}"),
+                    }
                 }
                 r.done = true;
             }
