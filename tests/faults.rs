@@ -621,9 +621,9 @@ fn a_rank_lost_after_the_last_checkpoint_and_a_paused_supervisor_still_end_ident
         .unwrap();
     let store = sb.path().join("zflow-store");
     let started = Instant::now();
-    while !partial_metrics(&store)
+    while partial_metrics(&store)
         .and_then(|m| std::fs::read_to_string(m).ok())
-        .is_some_and(|m| m.matches("\"type\":\"step\"").count() >= 10)
+        .is_none_or(|m| m.matches("\"type\":\"step\"").count() < 10)
     {
         assert!(started.elapsed() < Duration::from_secs(300), "no step 10");
         std::thread::sleep(Duration::from_millis(20));

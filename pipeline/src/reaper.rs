@@ -97,10 +97,10 @@ fn send(line: &str) {
         return;
     }
     let mut reaper = REAPER.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, stdin)) = reaper.as_mut() {
-        if let Err(e) = writeln!(stdin, "{line}") {
-            tracing::warn!("the process reaper stopped listening ({e})");
-        }
+    if let Some((_, stdin)) = reaper.as_mut()
+        && let Err(e) = writeln!(stdin, "{line}")
+    {
+        tracing::warn!("the process reaper stopped listening ({e})");
     }
 }
 
