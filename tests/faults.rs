@@ -396,23 +396,35 @@ fn two_ranks_reshaped_to_one_and_four_continue_the_same_run() {
 /// Runs `ranks` `zflow worker` processes on `job` (as the train stage would) and returns
 /// rank 0's stdout.
 fn run_workers(job: &Path, ranks: usize) -> String {
+    run_workers_with(job, ranks, |_, _| {}).0
+}
+
+/// [`run_workers`], calling `meddle(rendezvous, rank 0's ring address)` once rank 0 has
+/// started and before the other ranks start. Returns rank 0's stdout and stderr.
+fn run_workers_with(job: &Path, ranks: usize, meddle: impl FnOnce(&str, &str)) -> (String, String) {
     let rendezvous = format!("127.0.0.1:{}", free_port());
-    let children: Vec<_> = (0..ranks)
-        .map(|rank| {
-            let mut c = Command::new(env!("CARGO_BIN_EXE_zflow"));
-            c.args(["worker", "--job"])
-                .arg(job)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            if ranks > 1 {
-                c.env("ZFLOW_RANK", rank.to_string())
-                    .env("ZFLOW_WORLD", ranks.to_string())
-                    .env("ZFLOW_RENDEZVOUS", &rendezvous)
-                    .env("ZFLOW_DATA_ADDRESS", format!("127.0.0.1:{}", free_port()));
-            }
-            c.spawn().unwrap()
-        })
+    let secret = "0123456789abcdef".repeat(4);
+    let data: Vec<String> = (0..ranks)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
+    let spawn = |rank: usize| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_zflow"));
+        c.args(["worker", "--job"])
+            .arg(job)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if ranks > 1 {
+            c.env("ZFLOW_RANK", rank.to_string())
+                .env("ZFLOW_WORLD", ranks.to_string())
+                .env("ZFLOW_RENDEZVOUS", &rendezvous)
+                .env("ZFLOW_DATA_ADDRESS", &data[rank])
+                .env("ZFLOW_GROUP_SECRET", &secret);
+        }
+        c.spawn().unwrap()
+    };
+    let mut children = vec![spawn(0)];
+    meddle(&rendezvous, &data[0]);
+    children.extend((1..ranks).map(spawn));
     let outputs: Vec<_> = children
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
@@ -424,7 +436,8 @@ fn run_workers(job: &Path, ranks: usize) -> String {
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    String::from_utf8_lossy(&outputs[0].stdout).into_owned()
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (text(&outputs[0].stdout), text(&outputs[0].stderr))
 }
 
 fn free_port() -> u16 {
@@ -646,4 +659,69 @@ fn a_rank_lost_after_the_last_checkpoint_and_a_paused_supervisor_still_end_ident
         final_weights(&sb) == want,
         "final weights differ after the pause"
     );
+}
+
+/// Connects to `address` once something listens there (within 60 s).
+fn connect_when_up(address: &str) -> std::net::TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match std::net::TcpStream::connect(address) {
+            Ok(s) => return s,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{address} never listened: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+#[test]
+fn strangers_at_the_rendezvous_and_the_ring_are_turned_away_at_no_cost() {
+    use std::io::{BufRead, BufReader, Write};
+    let reference = Sandbox::new();
+    reference.write("r.yaml", &recipe(2, 0));
+    reference.ok(&["run", "r.yaml"]);
+    let want = losses(
+        &std::fs::read_to_string(reference.output("train.p1").join("metrics.jsonl")).unwrap(),
+    );
+    let mut job: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(reference.output("train.p1").join("job.json")).unwrap(),
+    )
+    .unwrap();
+    let dir = reference.path().join("attacked");
+    job["checkpoints"] = serde_json::json!(dir.join("checkpoints"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let job_path = dir.join("job.json");
+    std::fs::write(&job_path, serde_json::to_vec(&job).unwrap()).unwrap();
+
+    let mut strangers = Vec::new();
+    let (stdout, stderr) = run_workers_with(&job_path, 2, |rendezvous, ring| {
+        // At the rendezvous, before the real rank 1: one that connects and stays silent, one
+        // that sends an endless line, one that claims to be rank 1 with a made-up proof; and one
+        // at rank 0's ring listener, claiming to be rank 1 there.
+        strangers.push(connect_when_up(rendezvous));
+        let mut flood = connect_when_up(rendezvous);
+        let _ = flood.write_all(&vec![b'1'; 200_000]);
+        strangers.push(flood);
+        let mut claim = connect_when_up(rendezvous);
+        let mut greeting = String::new();
+        BufReader::new(claim.try_clone().unwrap())
+            .read_line(&mut greeting)
+            .unwrap();
+        assert!(greeting.starts_with("zflow-group v1 "), "{greeting:?}");
+        let nonce = "ab".repeat(32);
+        let fake = "cd".repeat(32);
+        writeln!(claim, "{nonce} {fake} 1 127.0.0.1:9").unwrap();
+        let mut answer = String::new();
+        let closed = BufReader::new(claim).read_line(&mut answer).unwrap_or(0);
+        assert_eq!(closed, 0, "rank 0 answered a stranger: {answer:?}");
+        strangers.push(connect_when_up(ring));
+    });
+    // Training went on as if nobody had called: the same losses as the unattacked run.
+    assert_eq!(losses(&stdout), want);
+    assert!(
+        stderr.matches("rejected a connection").count() >= 2,
+        "{stderr}"
+    );
+    drop(strangers);
 }

@@ -29,7 +29,9 @@ use std::net::{TcpListener, TcpStream};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
+
+use crate::handshake::{self, Key};
 
 /// Environment variables that place a worker in its group (set by the supervisor, or derived
 /// from Slurm's by the executor).
@@ -42,9 +44,12 @@ pub mod env {
     pub const RENDEZVOUS: &str = "ZFLOW_RENDEZVOUS";
     /// `host:port` on which this worker accepts its ring neighbour.
     pub const DATA_ADDRESS: &str = "ZFLOW_DATA_ADDRESS";
+    /// The launch's secret, which every rank proves it holds ([`crate::handshake`]).
+    pub const SECRET: &str = "ZFLOW_GROUP_SECRET";
 }
 
-/// How long a rank keeps trying to reach the rendezvous and its neighbour.
+/// How long the ranks of a launch have to find each other: rank 0 to hear from every rank,
+/// each rank to reach rank 0 and its neighbour.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Where a worker finds its group.
@@ -58,6 +63,8 @@ pub struct Placement {
     pub rendezvous: String,
     /// `host:port` of this worker's ring listener.
     pub data_address: String,
+    /// The launch's secret (see [`crate::handshake`]); the same for every rank of a launch.
+    pub secret: String,
 }
 
 impl Placement {
@@ -87,6 +94,7 @@ impl Placement {
             world,
             rendezvous: get(env::RENDEZVOUS)?,
             data_address: get(env::DATA_ADDRESS)?,
+            secret: get(env::SECRET)?,
         }))
     }
 
@@ -97,12 +105,15 @@ impl Placement {
             (env::WORLD, self.world.to_string()),
             (env::RENDEZVOUS, self.rendezvous.clone()),
             (env::DATA_ADDRESS, self.data_address.clone()),
+            (env::SECRET, self.secret.clone()),
         ]
     }
 
-    /// Placements for `world` ranks on this machine, on free loopback ports.
+    /// Placements for `world` ranks on this machine, on free loopback ports, with a fresh
+    /// secret.
     pub fn local(world: usize) -> Result<Vec<Placement>> {
         let rendezvous = format!("127.0.0.1:{}", free_port()?);
+        let secret = crate::handshake::generate_secret()?;
         (0..world)
             .map(|rank| {
                 Ok(Placement {
@@ -110,6 +121,7 @@ impl Placement {
                     world,
                     rendezvous: rendezvous.clone(),
                     data_address: format!("127.0.0.1:{}", free_port()?),
+                    secret: secret.clone(),
                 })
             })
             .collect()
@@ -150,12 +162,16 @@ impl Group {
         }
     }
 
-    /// Joins the group described by `placement`; returns once the ring is closed.
+    /// Joins the group described by `placement`; returns once the ring is closed. Every
+    /// connection is authenticated with the launch's secret ([`crate::handshake`]); peers
+    /// that are not ranks of this launch are turned away while the real ones are awaited.
     pub fn join(placement: &Placement) -> Result<Group> {
         let (rank, world) = (placement.rank, placement.world);
         if world == 1 {
             return Ok(Group::single());
         }
+        let key = Key::from_secret(&placement.secret)?;
+        let deadline = Instant::now() + CONNECT_TIMEOUT;
         let listener = TcpListener::bind(&placement.data_address)
             .with_context(|| format!("rank {rank}: listening on {}", placement.data_address))?;
         // The rendezvous: everyone learns everyone's ring address.
@@ -168,33 +184,34 @@ impl Group {
             })?;
             let mut table = vec![String::new(); world];
             table[0] = placement.data_address.clone();
-            let mut members = Vec::new();
-            for _ in 1..world {
-                let (stream, _) = hub.accept()?;
-                let mut reader = BufReader::new(stream.try_clone()?);
-                let mut line = String::new();
-                reader.read_line_exact(&mut line)?;
-                let (r, address) = line
-                    .trim()
+            let missing = |joined: usize| format!("{} of the other ranks", world - 1 - joined);
+            let members = handshake::accept_peers(&hub, &key, world - 1, deadline, &missing)?;
+            for (said, _) in &members {
+                let (r, address) = said
                     .split_once(' ')
-                    .context("a bad rendezvous message")?;
-                let r: usize = r.parse().context("a bad rank in a rendezvous message")?;
+                    .with_context(|| format!("a bad rendezvous message {said:?}"))?;
+                let r: usize = r
+                    .parse()
+                    .with_context(|| format!("a bad rank in the rendezvous message {said:?}"))?;
                 ensure!(
                     r > 0 && r < world && table[r].is_empty(),
                     "rendezvous: rank {r} is out of range or came twice"
                 );
                 table[r] = address.to_string();
-                members.push(stream);
             }
-            for mut m in members {
+            for (_, mut m) in members {
                 writeln!(m, "{}", table.join(" "))?;
             }
             table
         } else {
-            let mut stream = connect(&placement.rendezvous, "the rendezvous (rank 0)")?;
-            writeln!(stream, "{rank} {}", placement.data_address)?;
-            let mut line = String::new();
-            BufReader::new(stream).read_line_exact(&mut line)?;
+            let payload = format!("{rank} {}", placement.data_address);
+            let what = "the rendezvous (rank 0)";
+            let mut stream =
+                handshake::connect(&placement.rendezvous, what, &key, &payload, deadline)?;
+            // Rank 0 answers once every rank has joined.
+            stream.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now())))?;
+            let line = handshake::read_line(&mut stream)
+                .context("waiting for the table of ranks from rank 0")?;
             line.split_whitespace().map(str::to_string).collect()
         };
         ensure!(
@@ -202,12 +219,24 @@ impl Group {
             "rendezvous: expected {world} addresses, got {}",
             table.len()
         );
-        // Close the ring: connect forward, accept from behind.
-        let next = connect(
-            &table[(rank + 1) % world],
-            &format!("rank {}", (rank + 1) % world),
-        )?;
-        let (prev, _) = listener.accept()?;
+        // Close the ring: connect forward while accepting from behind (the previous rank, and
+        // only it). Both at once: each handshake needs the other side to answer.
+        let (after, before) = ((rank + 1) % world, (rank + world - 1) % world);
+        let (next, accepted) = std::thread::scope(|scope| {
+            let behind = scope.spawn(|| {
+                let missing = |_| format!("rank {before}");
+                handshake::accept_peers(&listener, &key, 1, deadline, &missing)
+            });
+            let what = format!("rank {after}");
+            let next = handshake::connect(&table[after], &what, &key, &rank.to_string(), deadline);
+            (next, behind.join().expect("the accepting thread"))
+        });
+        let (said, prev) = accepted?.pop().expect("one peer");
+        let next = next?;
+        ensure!(
+            said == before.to_string(),
+            "rank {said} connected where rank {before} was expected"
+        );
         for s in [&next, &prev] {
             s.set_nodelay(true)?;
         }
@@ -334,34 +363,6 @@ pub fn even_blocks(len: usize, parts: usize) -> Vec<Range<usize>> {
     (0..parts)
         .map(|i| len * i / parts..len * (i + 1) / parts)
         .collect()
-}
-
-fn connect(address: &str, what: &str) -> Result<TcpStream> {
-    let started = Instant::now();
-    loop {
-        match TcpStream::connect(address) {
-            Ok(s) => return Ok(s),
-            Err(e) if started.elapsed() < CONNECT_TIMEOUT => {
-                tracing::debug!("waiting for {what} at {address}: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => bail!("could not reach {what} at {address} within {CONNECT_TIMEOUT:?}: {e}"),
-        }
-    }
-}
-
-trait ReadLineExact {
-    fn read_line_exact(&mut self, line: &mut String) -> Result<()>;
-}
-
-impl<R: std::io::BufRead> ReadLineExact for R {
-    fn read_line_exact(&mut self, line: &mut String) -> Result<()> {
-        ensure!(
-            self.read_line(line)? > 0,
-            "the connection closed during the rendezvous"
-        );
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ pub mod collective_bench;
 pub mod data;
 pub mod data_parallel;
 pub mod faults;
+pub mod handshake;
 pub mod hf;
 pub mod microbench;
 pub mod model;

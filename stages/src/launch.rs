@@ -66,12 +66,14 @@ impl SlurmJob {
         }
         let rendezvous = format!("{}:{}", self.hosts[0], free_port()?);
         let base = 20_000 + ((self.id * 7 + attempt as u64 * 131) % 20_000) as usize;
+        let secret = zflow_runtime::handshake::generate_secret()?;
         Ok((0..world)
             .map(|rank| Placement {
                 rank,
                 world,
                 rendezvous: rendezvous.clone(),
                 data_address: format!("{}:{}", self.hosts[self.node_of(rank, world)], base + rank),
+                secret: secret.clone(),
             })
             .collect())
     }
