@@ -219,6 +219,20 @@ fn an_existing_megatron_dataset_is_a_source() {
         "fetch, megatron import, mix: {}",
         run.stderr
     );
+
+    // The ids go up to 499: a model of 256 tokens cannot read them, and the import says so.
+    sb.write(
+        "small.yaml",
+        "model: {hidden_size: 64, num_blocks: 2, vocab_size: 256, num_query_heads: 2, num_kv_heads: 1, head_dim: 32, num_experts: 4, expert_ffn: 64, router_dim: 32}\nsources:\n  legacy: {url: legacy, format: megatron}\n",
+    );
+    let out = sb.zflow(&["run", "small.yaml"]);
+    assert_ne!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("old_text_document.bin holds token id 499, beyond model.vocab_size 256"),
+        "{}",
+        out.stderr
+    );
 }
 
 fn expect_failure(sb: &Sandbox, args: &[&str], needle: &str) -> String {

@@ -725,3 +725,58 @@ fn strangers_at_the_rendezvous_and_the_ring_are_turned_away_at_no_cost() {
     );
     drop(strangers);
 }
+
+#[test]
+fn token_ids_beyond_the_vocabulary_fail_at_once_naming_both_sizes() {
+    // A tokenizer larger than the model: the train stage refuses before any rank starts, and
+    // nothing is retried.
+    let sb = Sandbox::new();
+    sb.write(
+        "r.yaml",
+        &recipe(2, 3).replace("train: {vocab_size: 512,", "train: {vocab_size: 1024,"),
+    );
+    let out = sb.zflow(&["run", "r.yaml"]);
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr
+            .contains("tokens, more than model.vocab_size 512"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("relaunching"), "{}", out.stderr);
+
+    // A worker handed ids beyond its vocabulary (here: a job whose model is smaller than its
+    // data) fails with an error no relaunch can fix, and says so in its exit code.
+    let reference = Sandbox::new();
+    reference.write("r.yaml", &recipe(1, 0));
+    reference.ok(&["run", "r.yaml"]);
+    let mut job: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(reference.output("train.p1").join("job.json")).unwrap(),
+    )
+    .unwrap();
+    job["model"]["vocab_size"] = serde_json::json!(100);
+    let dir = reference.path().join("small");
+    job["checkpoints"] = serde_json::json!(dir.join("checkpoints"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let job_path = dir.join("job.json");
+    std::fs::write(&job_path, serde_json::to_vec(&job).unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_zflow"))
+        .args(["worker", "--job"])
+        .arg(&job_path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(zflow_runtime::failure::EXIT_FATAL),
+        "{stdout}"
+    );
+    let error = stdout
+        .lines()
+        .find(|l| l.contains("\"type\":\"error\""))
+        .unwrap_or_else(|| panic!("no error message in {stdout}"));
+    assert!(
+        error.contains("beyond model.vocab_size 100") && error.contains("\"fatal\":true"),
+        "{error}"
+    );
+}

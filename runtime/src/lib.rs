@@ -11,6 +11,7 @@ pub mod collective;
 pub mod collective_bench;
 pub mod data;
 pub mod data_parallel;
+pub mod failure;
 pub mod faults;
 pub mod handshake;
 pub mod hf;

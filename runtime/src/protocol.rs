@@ -78,10 +78,15 @@ pub enum WorkerMessage {
         /// ran out of samples before its first step).
         loss: Option<f64>,
     },
-    /// The worker failed; it exits non-zero right after.
+    /// The worker failed; it exits non-zero right after (with
+    /// [`crate::failure::EXIT_FATAL`] when `fatal`).
     Error {
         /// What went wrong.
         message: String,
+        /// No relaunch can fix it (bad settings or data, a full disk): the supervisor fails
+        /// the stage at once instead of restarting ([`crate::failure`]).
+        #[serde(default)]
+        fatal: bool,
     },
 }
 

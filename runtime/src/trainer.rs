@@ -334,6 +334,18 @@ pub fn train<B: AutodiffBackend>(
         let mut micro_batches = Vec::with_capacity(accumulation);
         for _ in 0..accumulation {
             let mut batch = reader.batch(&state.cursor, rank, world, t.micro_batch)?;
+            if let Some(&id) = batch
+                .tokens
+                .iter()
+                .find(|&&id| id as usize >= job.model.vocab_size)
+            {
+                // burn would panic indexing the embedding; no relaunch reads other data.
+                return Err(crate::failure::Fatal(format!(
+                    "phase `{}`: the batch at sample {} holds token id {id}, beyond model.vocab_size {}",
+                    job.phase, state.cursor.sample, job.model.vocab_size
+                ))
+                .into());
+            }
             if garbage {
                 // Fault injection: this batch is noise, as a corrupt shard would be.
                 let mut rng = crate::rng::SplitMix64(batch_start ^ 0xbad);

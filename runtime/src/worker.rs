@@ -14,6 +14,7 @@ use burn::tensor::backend::AutodiffBackend;
 use crate::backend::{self, BackendKind};
 use crate::checkpoint;
 use crate::collective::{Group, Placement};
+use crate::failure::Fatal;
 use crate::faults::{self, Faults};
 use crate::protocol::{Emit, WorkerMessage};
 use crate::trainer::{self, TrainJob};
@@ -63,21 +64,25 @@ pub fn run(job_path: &Path, backend: &str, device: usize) -> i32 {
     match run_inner(job_path, backend, device, &emit) {
         Ok(()) => 0,
         Err(e) => {
+            let fatal = crate::failure::is_fatal(&e);
             emit(WorkerMessage::Error {
                 message: format!("{e:#}"),
+                fatal,
             });
             eprintln!("error: {e:#}");
-            1
+            if fatal { crate::failure::EXIT_FATAL } else { 1 }
         }
     }
 }
 
 fn run_inner(job_path: &Path, backend: &str, device: usize, emit: &Emit) -> Result<()> {
+    let bad_settings = |e: anyhow::Error| e.context(Fatal("bad settings".into()));
     let job: TrainJob = serde_json::from_slice(
         &std::fs::read(job_path).with_context(|| format!("reading {}", job_path.display()))?,
     )
-    .with_context(|| format!("parsing the train job {}", job_path.display()))?;
-    let kind = BackendKind::parse(backend)?;
+    .with_context(|| format!("parsing the train job {}", job_path.display()))
+    .map_err(bad_settings)?;
+    let kind = BackendKind::parse(backend).map_err(bad_settings)?;
     let description = backend::probe(kind, device)?;
     let placement = Placement::from_env()?;
     let rank = placement.as_ref().map_or(0, |p| p.rank);

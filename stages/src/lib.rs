@@ -18,6 +18,7 @@ pub mod preflight;
 pub mod report;
 pub mod shell;
 pub mod sources;
+pub mod token_ids;
 pub mod tokenize;
 pub mod tokenizer;
 pub mod train;

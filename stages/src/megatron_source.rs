@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
 use zflow_pipeline::{Stage, StageContext};
 use zflow_runtime::data::megatron::IndexedDataset;
@@ -28,12 +28,17 @@ pub struct MegatronConfig {
     /// there is exactly one dataset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
+    /// The model's vocabulary (`model.vocab_size`, filled in from the recipe): every token id
+    /// must lie below it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<usize>,
 }
 
 impl Stage for MegatronSource {
     type Config = MegatronConfig;
     const KIND: &'static str = "megatron";
-    const VERSION: u32 = 1;
+    // v2: checks ids against the model's vocabulary and writes stats.json (max_token_id).
+    const VERSION: u32 = 2;
 
     fn run(&self, c: &MegatronConfig, ctx: &StageContext) -> Result<()> {
         let input = ctx
@@ -49,11 +54,29 @@ impl Stage for MegatronSource {
             ds.total_tokens(),
             ds.dtype()
         );
+        let max_token_id = ds.max_token_id()?;
+        if let (Some(max), Some(vocab)) = (max_token_id, c.vocab_size) {
+            ensure!(
+                (max as usize) < vocab,
+                "{}.bin holds token id {max}, beyond model.vocab_size {vocab}: this dataset was tokenized for a larger vocabulary",
+                prefix.display()
+            );
+        }
         for ext in ["bin", "idx"] {
             let src = PathBuf::from(format!("{}.{ext}", prefix.display()));
             std::fs::copy(&src, ctx.out_dir().join(format!("tokens.{ext}")))
                 .with_context(|| format!("copying {}", src.display()))?;
         }
+        let stats = serde_json::json!({
+            "sequences": ds.num_sequences(),
+            "tokens": ds.total_tokens(),
+            "dtype": ds.dtype().name(),
+            "max_token_id": max_token_id,
+        });
+        std::fs::write(
+            ctx.out_dir().join("stats.json"),
+            serde_json::to_vec_pretty(&stats)?,
+        )?;
         Ok(())
     }
 }

@@ -70,8 +70,12 @@ impl Section for Sources {
             };
             if is_megatron {
                 // Already tokenized: no ingest, and `tokenize.<name>` just validates and copies;
-                // the non-fetch keys (but `format`) configure it.
+                // the non-fetch keys (but `format`) configure it, with the model's vocabulary
+                // to check the ids against.
                 ingest.remove("format");
+                if let Some(vocab) = recipe.pointer("/model/vocab_size") {
+                    ingest.entry("vocab_size").or_insert_with(|| vocab.clone());
+                }
                 nodes.push(fetch_node);
                 nodes.push(NodeSpec {
                     name: format!("tokenize.{name}"),

@@ -130,6 +130,9 @@ pub struct TokenizeStats {
     pub dtype: String,
     /// Size of the `.bin` file.
     pub bin_bytes: u64,
+    /// Tokens in the tokenizer's vocabulary: every id is below it ([`crate::token_ids`]).
+    #[serde(default)]
+    pub vocab_size: Option<u64>,
 }
 
 /// Tokenizes `documents` (an ingest stage's Parquet file) with the tokenizer in `tok_dir` into
@@ -223,5 +226,6 @@ pub fn tokenize_documents(
         bytes_per_token: n_bytes as f64 / n_tokens.max(1) as f64,
         dtype: dtype.name().to_string(),
         bin_bytes: summary.bin_bytes,
+        vocab_size: Some(info.vocab_size as u64),
     })
 }

@@ -194,6 +194,7 @@ impl Stage for Train {
         let mut sources = Vec::new();
         for name in &c.sources {
             let dir = ctx.input(&format!("tokenize.{name}"))?;
+            crate::token_ids::check(name, dir, c.model.vocab_size)?;
             let heldout = dir.join("heldout");
             sources.push(SourcePaths {
                 name: name.clone(),
@@ -238,8 +239,15 @@ impl Stage for Train {
                     world -= slow;
                     tracing::warn!("relaunching on {world} rank(s) without the slow one(s)");
                 }
-                Outcome::Failed { cause, step } => {
+                Outcome::Failed { cause, step, fatal } => {
                     let detected = now_ms();
+                    if fatal {
+                        events.push(Event::failure(attempt, &cause, step, detected, None))?;
+                        bail!(
+                            "the training workers failed: {cause} (not retried: no relaunch can fix this; log: {})",
+                            ctx.log().path().display()
+                        );
+                    }
                     if restarts >= sup.max_restarts {
                         events.push(Event::failure(attempt, &cause, step, detected, None))?;
                         bail!(
@@ -292,6 +300,8 @@ enum Outcome {
     Failed {
         cause: String,
         step: u64,
+        /// No relaunch can fix it ([`zflow_runtime::failure`]).
+        fatal: bool,
     },
 }
 
@@ -307,6 +317,8 @@ struct Rank {
     done: bool,
     exited: Option<std::process::ExitStatus>,
     error: Option<String>,
+    /// The rank's error is one no relaunch can fix.
+    fatal: bool,
     probe: Option<zflow_runtime::preflight::Probe>,
 }
 
@@ -370,6 +382,7 @@ impl Train {
                 done: false,
                 exited: None,
                 error: None,
+                fatal: false,
                 probe: None,
             });
         }
@@ -444,10 +457,11 @@ impl Train {
                             std::thread::sleep(Duration::from_millis(20));
                         }
                         while let Ok((rank, Some(line))) = rx.try_recv() {
-                            if let Some(WorkerMessage::Error { message }) =
+                            if let Some(WorkerMessage::Error { message, fatal }) =
                                 WorkerMessage::parse(&line)
                             {
                                 ranks[rank].error = Some(message);
+                                ranks[rank].fatal |= fatal;
                             }
                         }
                         let failed: Vec<usize> = (0..ranks.len())
@@ -463,11 +477,18 @@ impl Train {
                                 .as_deref()
                                 .is_some_and(|e| e.contains("did it die?"))
                         };
+                        let fatal = |i: &usize| {
+                            ranks[*i].fatal
+                                || ranks[*i].exited.and_then(|s| s.code())
+                                    == Some(zflow_runtime::failure::EXIT_FATAL)
+                        };
                         let culprit = failed
                             .iter()
                             .copied()
-                            .find(|i| !lost_peer(i))
+                            .find(fatal)
+                            .or_else(|| failed.iter().copied().find(|i| !lost_peer(i)))
                             .unwrap_or(rank);
+                        let fatal = fatal(&culprit);
                         let r = &ranks[culprit];
                         let status = r.exited.expect("exited");
                         let why = r.error.clone().unwrap_or_else(|| {
@@ -482,6 +503,7 @@ impl Train {
                         return Ok(Outcome::Failed {
                             cause: format!("rank {culprit} failed after step {step}: {why}"),
                             step,
+                            fatal,
                         });
                     }
                     if ranks.iter().all(|r| r.exited.is_some()) {
@@ -524,6 +546,7 @@ impl Train {
                         c.launch.hang_timeout_s
                     ),
                     step,
+                    fatal: false,
                 });
             }
         }
@@ -632,7 +655,10 @@ impl Train {
                 }
                 r.done = true;
             }
-            WorkerMessage::Error { message } => r.error = Some(message),
+            WorkerMessage::Error { message, fatal } => {
+                r.error = Some(message);
+                r.fatal |= fatal;
+            }
         }
         Ok(())
     }

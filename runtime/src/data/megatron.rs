@@ -544,6 +544,27 @@ impl IndexedDataset {
         })
     }
 
+    /// The largest token id in the dataset (`None` when it holds no tokens), read through
+    /// the whole `.bin` in blocks of 1 Mi tokens. Fails on a value that is not a `u32` id.
+    pub fn max_token_id(&self) -> Result<Option<u32>> {
+        let size = self.dtype.size();
+        let mut buf = vec![0u32; 1 << 20];
+        let mut max = None;
+        for block in self.bin.chunks(buf.len() * size) {
+            let out = &mut buf[..block.len() / size];
+            self.dtype
+                .decode(&block[..out.len() * size], out)
+                .map_err(|value| {
+                    anyhow!(
+                        "{} holds {value}, which is not a token id",
+                        self.bin_path.display()
+                    )
+                })?;
+            max = max.max(out.iter().copied().max());
+        }
+        Ok(max)
+    }
+
     /// Checks the document index: starts at 0, never decreases, ends at the sequence count
     /// (the same invariant Megatron asserts when it opens a dataset).
     fn check_document_indices(&self, idx_path: &Path) -> Result<()> {
@@ -785,6 +806,20 @@ mod tests {
         (0..dataset.num_sequences())
             .map(|s| dataset.sequence(s).unwrap())
             .collect()
+    }
+
+    #[test]
+    fn max_token_id_reads_every_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path().join("d");
+        let mut big: Vec<u32> = (0..3_000_000).map(|i| i % 1000).collect();
+        big[2_500_000] = 60_000;
+        write(&prefix, DType::U16, &[vec![5, 7], big]);
+        let dataset = IndexedDataset::open(&prefix).unwrap();
+        assert_eq!(dataset.max_token_id().unwrap(), Some(60_000));
+        write(&prefix, DType::U16, &[]);
+        let empty = IndexedDataset::open(&prefix).unwrap();
+        assert_eq!(empty.max_token_id().unwrap(), None);
     }
 
     fn open_err(prefix: &Path) -> String {
