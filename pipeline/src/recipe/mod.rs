@@ -37,8 +37,25 @@ impl RecipeError {
 
 impl fmt::Display for RecipeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.loc, self.message)
+        write!(f, "{}: {}", self.loc, abbreviate(&self.message))
     }
+}
+
+/// A message of at most ~1,000 characters: one quoting a huge value from the recipe (a
+/// 100 kB name) keeps its start and its end, which say what was expected.
+fn abbreviate(message: &str) -> std::borrow::Cow<'_, str> {
+    const KEEP: usize = 400;
+    let chars = message.chars().count();
+    if chars <= 3 * KEEP {
+        return message.into();
+    }
+    let head: String = message.chars().take(KEEP).collect();
+    let tail: String = message.chars().skip(chars - KEEP).collect();
+    format!(
+        "{head} ... ({} characters left out) ... {tail}",
+        chars - 2 * KEEP
+    )
+    .into()
 }
 
 impl std::error::Error for RecipeError {}
