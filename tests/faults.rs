@@ -780,3 +780,97 @@ fn token_ids_beyond_the_vocabulary_fail_at_once_naming_both_sizes() {
         "{error}"
     );
 }
+
+/// Every file of every complete stage output in the store, by path, with what depends on
+/// when and how often it ran left out (manifest times; a train stage's throughput and
+/// restarts, but not its losses).
+fn store_outputs(sb: &Sandbox) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let store = sb.path().join("zflow-store");
+    let mut out = std::collections::BTreeMap::new();
+    for stage in std::fs::read_dir(&store).unwrap().flatten() {
+        let name = stage.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || name.contains(".partial") || name.contains(".tmp-") {
+            continue;
+        }
+        let mut stack = vec![stage.path()];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = e.path();
+                let rel = path.strip_prefix(&store).unwrap().display().to_string();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if rel.ends_with("metrics.jsonl") {
+                    // Throughput differs from run to run; the losses may not.
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    out.insert(rel, format!("{:?}", losses(&text)).into_bytes());
+                } else if name.starts_with("train.")
+                    && (rel.ends_with(".zflow-manifest.json") || rel.contains("/metrics.parquet"))
+                    || rel.contains("/events.")
+                {
+                    // The training record: times, throughput, restarts.
+                } else if rel.ends_with(".zflow-manifest.json") {
+                    // The manifest holds times; its content hash covers every file.
+                    let m: serde_json::Value =
+                        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+                    out.insert(rel, m["content_hash"].to_string().into_bytes());
+                } else if rel.ends_with(".json") {
+                    // Paths into the store (job.json) differ between sandboxes.
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    let text = text.replace(&*store.to_string_lossy(), "<store>");
+                    out.insert(rel, text.into_bytes());
+                } else {
+                    out.insert(rel, std::fs::read(&path).unwrap());
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn sigkill_of_zflow_run_at_drawn_moments_ends_with_the_uninterrupted_outputs() {
+    let seed = std::env::var("ZFLOW_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(16u64);
+    let reference = Sandbox::new();
+    reference.write("r.yaml", &recipe(2, 2));
+    let started = Instant::now();
+    reference.ok(&["run", "r.yaml"]);
+    let full_ms = started.elapsed().as_millis() as u64;
+    let want = store_outputs(&reference);
+
+    let mut dice = Dice(seed);
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &recipe(2, 2));
+    let mut moments = Vec::new();
+    for _ in 0..6 {
+        // Anywhere in a whole run's time: data stages, commits, training, checkpoint writes.
+        let at = full_ms * dice.roll(30, 1000) / 1000;
+        moments.push(at);
+        let mut child = sb
+            .cmd(&["run", "r.yaml"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(at));
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        child.wait().unwrap();
+    }
+    eprintln!("seed {seed} (ZFLOW_KILL_SEED): SIGKILLs at {moments:?} ms of a {full_ms} ms run");
+    sb.ok(&["run", "r.yaml"]);
+    let got = store_outputs(&sb);
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "seed {seed}: the killed runs' store holds other outputs"
+    );
+    for (file, bytes) in &want {
+        assert!(
+            got[file] == *bytes,
+            "seed {seed}: {file} differs from the uninterrupted run's"
+        );
+    }
+}
