@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 scripts/setup.sh
 scripts/slurm-local.sh start
 export SLURM_CONF="$PWD/target/slurm-local/slurm.conf"

@@ -73,7 +73,7 @@ pub fn gemm(args: &RecipeArgs, backend: &str, tokens: usize, out: &Path) -> Resu
                     "multiples of 64",
                     points
                         .into_iter()
-                        .filter(|p| p.0 as usize % 64 == 0)
+                        .filter(|p| (p.0 as usize).is_multiple_of(64))
                         .collect(),
                 )
             },

@@ -11,7 +11,7 @@
 //! ```
 
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -60,7 +60,7 @@ enum Cmd {
     },
 }
 
-fn load(model: &PathBuf, tokenizer: &Option<PathBuf>) -> Result<GgufModel> {
+fn load(model: &Path, tokenizer: &Option<PathBuf>) -> Result<GgufModel> {
     let tok = tokenizer.clone().or_else(|| {
         Some(model.with_file_name("tokenizer-gemma3/tokenizer.json")).filter(|p| p.exists())
     });

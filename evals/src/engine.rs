@@ -158,13 +158,13 @@ struct Progress {
 
 impl Progress {
     fn tick(&mut self, done: usize, total: usize, tokens: usize, force: bool) -> Result<()> {
-        if let Some(sink) = &self.sink {
-            if !sink(&self.label, done, total) {
-                bail!(
-                    "cancelled while scoring {} ({done} of {total} requests done and cached)",
-                    self.label
-                );
-            }
+        if let Some(sink) = &self.sink
+            && !sink(&self.label, done, total)
+        {
+            bail!(
+                "cancelled while scoring {} ({done} of {total} requests done and cached)",
+                self.label
+            );
         }
         if !self.enabled || (!force && self.last.elapsed() < Duration::from_secs(10)) {
             return Ok(());

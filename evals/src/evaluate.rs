@@ -102,6 +102,9 @@ pub fn evaluate(
     })
 }
 
+/// A group's aggregate: metric -> (value, standard error).
+type Metrics = BTreeMap<String, (f64, Option<f64>)>;
+
 /// Aggregates group `name` (members first), appending to `out`; returns (metric -> value,
 /// stderr), and the group's document count.
 fn group_results(
@@ -109,7 +112,7 @@ fn group_results(
     name: &str,
     tasks: &[TaskResult],
     out: &mut Vec<GroupResult>,
-) -> Result<(BTreeMap<String, (f64, Option<f64>)>, usize)> {
+) -> Result<(Metrics, usize)> {
     if let Some(g) = out.iter().find(|g| g.group == name) {
         let m = g
             .metrics

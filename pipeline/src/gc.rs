@@ -72,10 +72,10 @@ pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
                 .with_context(|| format!("removing {}", path.display()))?;
             if !keep.contains(&slot) {
                 let log = store.root().join(".zflow/logs").join(format!("{slot}.log"));
-                if let Err(e) = std::fs::remove_file(&log) {
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        return Err(e).with_context(|| format!("removing {}", log.display()));
-                    }
+                if let Err(e) = std::fs::remove_file(&log)
+                    && e.kind() != std::io::ErrorKind::NotFound
+                {
+                    return Err(e).with_context(|| format!("removing {}", log.display()));
                 }
             }
         }

@@ -252,13 +252,11 @@ pub fn render(engine: &Engine, states: &[StageState]) -> String {
                 cached += 1;
                 (
                     "cached",
-                    format!(
-                        "{}",
-                        short_path(
-                            &engine.output_dir(&n.name, &manifest.identity),
-                            engine.store.root()
-                        )
-                    ),
+                    short_path(
+                        &engine.output_dir(&n.name, &manifest.identity),
+                        engine.store.root(),
+                    )
+                    .to_string(),
                 )
             }
             StageState::WillRun {

@@ -82,10 +82,10 @@ fn read_manifests(store: &Path) -> Result<(MemTable, OutputTables)> {
         std::fs::read_dir(store).with_context(|| format!("reading store {}", store.display()))?
     {
         let path = entry?.path();
-        if let Ok(bytes) = std::fs::read(path.join(MANIFEST)) {
-            if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes) {
-                manifests.push(m);
-            }
+        if let Ok(bytes) = std::fs::read(path.join(MANIFEST))
+            && let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
+        {
+            manifests.push(m);
         }
     }
     manifests.sort_by_key(|m| (m.stage.clone(), m.finished_ms));

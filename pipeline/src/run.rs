@@ -252,17 +252,17 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                 }
             };
             let identity = doc.hash();
-            if !opts.force.contains(&i) {
-                if let Some(m) = engine.store.manifest(&node.name, &identity) {
-                    states[i] = NodeState::Done {
-                        content_hash: m.content_hash,
-                        dir: engine.output_dir(&node.name, &identity),
-                    };
-                    summary.cached.push(node.name.clone());
-                    tracing::debug!("cached {}", node.name);
-                    progressed = true;
-                    continue;
-                }
+            if !opts.force.contains(&i)
+                && let Some(m) = engine.store.manifest(&node.name, &identity)
+            {
+                states[i] = NodeState::Done {
+                    content_hash: m.content_hash,
+                    dir: engine.output_dir(&node.name, &identity),
+                };
+                summary.cached.push(node.name.clone());
+                tracing::debug!("cached {}", node.name);
+                progressed = true;
+                continue;
             }
             // Resources: clamp to capacity so an oversized stage still runs (alone).
             let want = Resources {
@@ -326,16 +326,16 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                 }
             };
             // The other run may have finished while we waited for the lease.
-            if !opts.force.contains(&i) {
-                if let Some(m) = engine.store.manifest(&node.name, &identity) {
-                    states[i] = NodeState::Done {
-                        content_hash: m.content_hash,
-                        dir: engine.output_dir(&node.name, &identity),
-                    };
-                    summary.cached.push(node.name.clone());
-                    progressed = true;
-                    continue;
-                }
+            if !opts.force.contains(&i)
+                && let Some(m) = engine.store.manifest(&node.name, &identity)
+            {
+                states[i] = NodeState::Done {
+                    content_hash: m.content_hash,
+                    dir: engine.output_dir(&node.name, &identity),
+                };
+                summary.cached.push(node.name.clone());
+                progressed = true;
+                continue;
             }
             // A gc that listed the leases before we took ours may have removed an input
             // since we found it cached; now that our lease names it, it stays.

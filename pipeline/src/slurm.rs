@@ -627,14 +627,14 @@ fn finished(report: &mut JobReport, exit_code: &str, exit_file: &Path) -> Result
     let script_rc = std::fs::read_to_string(exit_file)
         .ok()
         .map(|s| s.trim().to_string());
-    if let Some(rc) = &script_rc {
-        if report.state == "COMPLETED?" {
-            report.state = if rc == "0" {
-                "COMPLETED".into()
-            } else {
-                "FAILED".into()
-            };
-        }
+    if let Some(rc) = &script_rc
+        && report.state == "COMPLETED?"
+    {
+        report.state = if rc == "0" {
+            "COMPLETED".into()
+        } else {
+            "FAILED".into()
+        };
     }
     match (report.state.as_str(), script_rc.as_deref()) {
         ("COMPLETED", Some("0")) => Ok(()),

@@ -476,17 +476,6 @@ pub fn terminate_group(pgid: i32, grace: Duration, child: &mut std::process::Chi
     let _ = child.wait();
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn input_env_var_names() {
-        assert_eq!(input_env_var("corpus"), "ZFLOW_IN_CORPUS");
-        assert_eq!(input_env_var("fetch.web-2"), "ZFLOW_IN_FETCH_WEB_2");
-    }
-}
-
 /// The running zflow binary, for the processes a stage starts (workers, probes).
 ///
 /// When the file was replaced while zflow runs (a rebuild during a long run), Linux reports
@@ -498,4 +487,15 @@ pub fn zflow_exe() -> Result<PathBuf> {
         return Ok(PathBuf::from("/proc/self/exe"));
     }
     Ok(exe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_env_var_names() {
+        assert_eq!(input_env_var("corpus"), "ZFLOW_IN_CORPUS");
+        assert_eq!(input_env_var("fetch.web-2"), "ZFLOW_IN_FETCH_WEB_2");
+    }
 }

@@ -489,7 +489,7 @@ pub fn list(root: &Path) -> Vec<(u64, PathBuf)> {
             Some((step, e.path()))
         })
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
     found
 }
 

@@ -159,6 +159,44 @@ pub fn stream_gbps(kernel: Stream, len: usize, threads: usize, reps: usize) -> f
     (kernel.bytes_per_element() * len) as f64 / best / 1e9
 }
 
+/// [`gemm_gflops`] for every shape on `backend` (`cpu`, `cuda`, `rocm`) device `device`;
+/// returns the device description and the GFLOP/s in `shapes`' order.
+pub fn gemm_sweep(
+    backend: &str,
+    device: usize,
+    shapes: &[GemmShape],
+    reps: usize,
+) -> anyhow::Result<(String, Vec<f64>)> {
+    use crate::backend::BackendKind;
+    let kind = BackendKind::parse(backend)?;
+    let description = crate::backend::probe(kind, device)?;
+    let results = match kind {
+        BackendKind::Cpu => shapes
+            .iter()
+            .map(|s| gemm_gflops::<burn_flex::Flex>(s, reps, &burn_flex::FlexDevice))
+            .collect(),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            let d = burn::backend::cuda::CudaDevice::new(device);
+            shapes
+                .iter()
+                .map(|s| gemm_gflops::<burn::backend::Cuda>(s, reps, &d))
+                .collect()
+        }
+        #[cfg(feature = "rocm")]
+        BackendKind::Rocm => {
+            let d = burn::backend::rocm::RocmDevice::new(device);
+            shapes
+                .iter()
+                .map(|s| gemm_gflops::<burn::backend::Rocm>(s, reps, &d))
+                .collect()
+        }
+        #[allow(unreachable_patterns)]
+        _ => unreachable!("probe rejects backends that are not compiled in"),
+    };
+    Ok((description, results))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,42 +245,4 @@ mod tests {
             "never a zero dimension"
         );
     }
-}
-
-/// [`gemm_gflops`] for every shape on `backend` (`cpu`, `cuda`, `rocm`) device `device`;
-/// returns the device description and the GFLOP/s in `shapes`' order.
-pub fn gemm_sweep(
-    backend: &str,
-    device: usize,
-    shapes: &[GemmShape],
-    reps: usize,
-) -> anyhow::Result<(String, Vec<f64>)> {
-    use crate::backend::BackendKind;
-    let kind = BackendKind::parse(backend)?;
-    let description = crate::backend::probe(kind, device)?;
-    let results = match kind {
-        BackendKind::Cpu => shapes
-            .iter()
-            .map(|s| gemm_gflops::<burn_flex::Flex>(s, reps, &burn_flex::FlexDevice))
-            .collect(),
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => {
-            let d = burn::backend::cuda::CudaDevice::new(device);
-            shapes
-                .iter()
-                .map(|s| gemm_gflops::<burn::backend::Cuda>(s, reps, &d))
-                .collect()
-        }
-        #[cfg(feature = "rocm")]
-        BackendKind::Rocm => {
-            let d = burn::backend::rocm::RocmDevice::new(device);
-            shapes
-                .iter()
-                .map(|s| gemm_gflops::<burn::backend::Rocm>(s, reps, &d))
-                .collect()
-        }
-        #[allow(unreachable_patterns)]
-        _ => unreachable!("probe rejects backends that are not compiled in"),
-    };
-    Ok((description, results))
 }

@@ -164,7 +164,7 @@ impl TrainSettings {
         if self.global_batch == 0 || self.micro_batch == 0 {
             return Err("`global_batch` and `micro_batch` must be at least 1".into());
         }
-        if self.global_batch % self.micro_batch != 0 {
+        if !self.global_batch.is_multiple_of(self.micro_batch) {
             return Err(format!(
                 "`global_batch` ({}) must be a multiple of `micro_batch` ({})",
                 self.global_batch, self.micro_batch
@@ -236,7 +236,7 @@ pub fn train<B: AutodiffBackend>(
         .map_err(|e| anyhow::anyhow!("phase `{}`: {e}", job.phase))?;
     let (rank, world) = (group.rank, group.world);
     ensure!(
-        t.global_batch % (world * t.micro_batch) == 0,
+        t.global_batch.is_multiple_of(world * t.micro_batch),
         "phase `{}`: global_batch {} is not a multiple of {world} ranks x micro_batch {}",
         job.phase,
         t.global_batch,
@@ -787,10 +787,10 @@ fn split_grads<B: AutodiffBackend>(
     }
     impl<B: AutodiffBackend> ModuleVisitor<B> for Split<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-            if self.ids.contains(&p.id) {
-                if let Some(g) = self.from.remove::<B::InnerBackend, D>(p.id) {
-                    self.to.register::<B::InnerBackend, D>(p.id, g);
-                }
+            if self.ids.contains(&p.id)
+                && let Some(g) = self.from.remove::<B::InnerBackend, D>(p.id)
+            {
+                self.to.register::<B::InnerBackend, D>(p.id, g);
             }
         }
     }

@@ -79,7 +79,7 @@ impl Layout {
         }
         let experts = experts_per_layer(params);
         ensure!(
-            experts == 0 || experts % ep == 0,
+            experts == 0 || experts.is_multiple_of(ep),
             "{experts} experts per MoE layer cannot be placed evenly on {ep} expert-parallel ranks"
         );
         let slots = params

@@ -128,13 +128,13 @@ impl Stage for Fetch {
 
     fn validate(&self, config: &FetchConfig, _needs: &[String]) -> Result<(), ConfigError> {
         parse_url(&config.url).map_err(|m| ConfigError::new("url", m))?;
-        if let Some(sha) = &config.sha256 {
-            if sha.len() != 64 || !sha.chars().all(|c| c.is_ascii_hexdigit()) {
-                return Err(ConfigError::new(
-                    "sha256",
-                    format!("`{sha}` is not a sha256 (64 hex digits)"),
-                ));
-            }
+        if let Some(sha) = &config.sha256
+            && (sha.len() != 64 || !sha.chars().all(|c| c.is_ascii_hexdigit()))
+        {
+            return Err(ConfigError::new(
+                "sha256",
+                format!("`{sha}` is not a sha256 (64 hex digits)"),
+            ));
         }
         Ok(())
     }
@@ -539,22 +539,21 @@ fn cached_download(
             .join("downloads")
             .join(format!(".{safe}.lock")),
     )?;
-    if dir.is_dir() {
-        if let Some(file) = fs::read_dir(&dir)?
+    if dir.is_dir()
+        && let Some(file) = fs::read_dir(&dir)?
             .flatten()
             .map(|e| e.path())
             .find(|p| p.is_file())
-        {
-            match pin {
-                Some(pin) if sha256_file(&file)? != pin => {
-                    tracing::warn!(
-                        "cached {} does not match its pin; downloading again",
-                        file.display()
-                    );
-                    fs::remove_dir_all(&dir)?;
-                }
-                _ => return Ok(file),
+    {
+        match pin {
+            Some(pin) if sha256_file(&file)? != pin => {
+                tracing::warn!(
+                    "cached {} does not match its pin; downloading again",
+                    file.display()
+                );
+                fs::remove_dir_all(&dir)?;
             }
+            _ => return Ok(file),
         }
     }
     let tmp = tempdir_in(&ctx.cache_dir().join("downloads"), "dl")?;

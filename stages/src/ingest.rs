@@ -140,13 +140,13 @@ impl Stage for Ingest {
                 })?;
             }
         }
-        if let Some(max) = c.max_chars {
-            if max < c.min_chars {
-                return Err(ConfigError::new(
-                    "max_chars",
-                    format!("max_chars {max} is below min_chars {}", c.min_chars),
-                ));
-            }
+        if let Some(max) = c.max_chars
+            && max < c.min_chars
+        {
+            return Err(ConfigError::new(
+                "max_chars",
+                format!("max_chars {max} is below min_chars {}", c.min_chars),
+            ));
         }
         Ok(())
     }

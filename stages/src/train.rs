@@ -127,7 +127,12 @@ impl Stage for Train {
             .validate()
             .map_err(|e| ConfigError::new("train", e))?;
         let ranks = c.launch.data_parallel;
-        if ranks == 0 || c.train.global_batch % (ranks * c.train.micro_batch) != 0 {
+        if ranks == 0
+            || !c
+                .train
+                .global_batch
+                .is_multiple_of(ranks * c.train.micro_batch)
+        {
             return Err(ConfigError::new(
                 "train.launch.data_parallel",
                 format!(
@@ -160,13 +165,13 @@ impl Stage for Train {
                 format!("a train stage needs its phase's mixture `{want}`"),
             ));
         }
-        if let Some(p) = &c.previous {
-            if !needs.contains(p) {
-                return Err(ConfigError::new(
-                    "needs",
-                    format!("the phase starts from `{p}` but does not need it"),
-                ));
-            }
+        if let Some(p) = &c.previous
+            && !needs.contains(p)
+        {
+            return Err(ConfigError::new(
+                "needs",
+                format!("the phase starts from `{p}` but does not need it"),
+            ));
         }
         Ok(())
     }
@@ -419,7 +424,11 @@ impl Train {
                 }
                 let rest = world - slow.len();
                 if c.launch.preflight.exclude && !slow.is_empty() {
-                    if rest > 0 && c.train.global_batch % (rest * c.train.micro_batch) == 0 {
+                    if rest > 0
+                        && c.train
+                            .global_batch
+                            .is_multiple_of(rest * c.train.micro_batch)
+                    {
                         stop_all(&mut ranks);
                         return Ok(Outcome::Exclude { slow: slow.len() });
                     }

@@ -292,7 +292,12 @@ impl QMatrix {
         (0..n.div_ceil(TASK_COLS)).into_par_iter().for_each(|t| {
             let (c_lo, c_hi) = (t * TASK_COLS, ((t + 1) * TASK_COLS).min(n));
             // SAFETY: each task writes only its own columns of `out`.
-            unsafe { self.columns(x, c_lo, c_hi, (&ptr).0, n) };
+            // `(&ptr).0`, not `ptr.0`: the closure must capture the Sync wrapper, not the raw
+            // pointer field (which a disjoint capture would take, and which is not Sync).
+            #[allow(clippy::needless_borrow)]
+            unsafe {
+                self.columns(x, c_lo, c_hi, (&ptr).0, n)
+            };
         });
         Ok(out)
     }

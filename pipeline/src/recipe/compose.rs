@@ -309,11 +309,10 @@ pub fn interpolate(root: &mut Node) -> Result<(), RecipeError> {
         for (k, v) in entries.iter_mut() {
             if k.name == "vars" {
                 for (name, val) in resolved.iter() {
-                    if let Value::Map(ventries) = &mut v.value {
-                        if let Some((_, slot)) = ventries.iter_mut().find(|(k, _)| &k.name == name)
-                        {
-                            *slot = val.clone();
-                        }
+                    if let Value::Map(ventries) = &mut v.value
+                        && let Some((_, slot)) = ventries.iter_mut().find(|(k, _)| &k.name == name)
+                    {
+                        *slot = val.clone();
                     }
                 }
             }
@@ -361,16 +360,14 @@ fn resolve_var(
 
 fn substitute(node: &mut Node, vars: &BTreeMap<String, Node>) -> Result<(), RecipeError> {
     match &mut node.value {
-        Value::Str(s) => {
-            if s.contains('$') {
-                let loc = node.loc.clone();
-                let mut lookup = |var: &str| {
-                    vars.get(var)
-                        .cloned()
-                        .ok_or_else(|| unknown_var(var, &loc, vars))
-                };
-                *node = interpolate_str(&s.clone(), &loc, &mut lookup)?;
-            }
+        Value::Str(s) if s.contains('$') => {
+            let loc = node.loc.clone();
+            let mut lookup = |var: &str| {
+                vars.get(var)
+                    .cloned()
+                    .ok_or_else(|| unknown_var(var, &loc, vars))
+            };
+            *node = interpolate_str(&s.clone(), &loc, &mut lookup)?;
         }
         Value::Seq(items) => {
             for n in items {
@@ -410,12 +407,12 @@ fn interpolate_str(
     lookup: &mut dyn FnMut(&str) -> Result<Node, RecipeError>,
 ) -> Result<Node, RecipeError> {
     // The whole string is one reference: keep the var's type.
-    if let Some(inner) = s.strip_prefix("${").and_then(|r| r.strip_suffix('}')) {
-        if is_var_name(inner) {
-            let mut v = lookup(inner)?;
-            v.loc = loc.clone();
-            return Ok(v);
-        }
+    if let Some(inner) = s.strip_prefix("${").and_then(|r| r.strip_suffix('}'))
+        && is_var_name(inner)
+    {
+        let mut v = lookup(inner)?;
+        v.loc = loc.clone();
+        return Ok(v);
     }
     let mut out = String::with_capacity(s.len());
     let mut rest = s;

@@ -171,10 +171,10 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
         Some(serde_json::Value::String(s)) => s.clone(),
         Some(_) => return Err(at("name", "`name` must be a string".into())),
     };
-    if let Some(d) = obj.get("description") {
-        if !d.is_string() {
-            return Err(at("description", "`description` must be a string".into()));
-        }
+    if let Some(d) = obj.get("description")
+        && !d.is_string()
+    {
+        return Err(at("description", "`description` must be a string".into()));
     }
     let store = match (&opts.store, obj.get("store")) {
         (Some(s), _) => s.clone(),
