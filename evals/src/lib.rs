@@ -18,6 +18,8 @@
 //! - [`checkpoint`]: the zflow checkpoint adapter (the runtime's ZAYA1 in burn; Hugging Face
 //!   ZAYA1 folders through the import).
 
+#![warn(missing_docs)]
+
 pub mod cache;
 pub mod checkpoint;
 pub mod dataset;

@@ -62,11 +62,6 @@ impl Metric {
             Metric::BytePerplexity => "byte_perplexity",
         }
     }
-
-    /// Whether a larger value is better (for the results table's arrow).
-    pub fn higher_is_better(self) -> bool {
-        matches!(self, Metric::Acc | Metric::AccNorm | Metric::ExactMatch)
-    }
 }
 
 /// The on-disk layout of a dataset.

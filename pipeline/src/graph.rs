@@ -107,15 +107,6 @@ impl StageGraph {
             .collect()
     }
 
-    /// Node indices that read node `i`'s output.
-    pub fn dependents_of(&self, i: usize) -> Vec<usize> {
-        let ix = self.index[&self.nodes[i].name];
-        self.graph
-            .neighbors_directed(ix, Direction::Outgoing)
-            .map(|n| self.graph[n])
-            .collect()
-    }
-
     /// The graph in Graphviz dot.
     pub fn to_dot(&self, label: impl Fn(&StageNode) -> String) -> String {
         let mut out =

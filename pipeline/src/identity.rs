@@ -82,19 +82,35 @@ fn write_canonical(value: &serde_json::Value, out: &mut String) {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Change {
     /// The kind changed.
-    Kind { from: String, to: String },
+    Kind {
+        /// The kind before.
+        from: String,
+        /// The kind now.
+        to: String,
+    },
     /// The kind's version changed (its code changed what it produces).
-    Version { from: u32, to: u32 },
+    Version {
+        /// The version before.
+        from: u32,
+        /// The version now.
+        to: u32,
+    },
     /// A config field changed (`None` = absent).
     Field {
+        /// Dotted path of the field.
         path: String,
+        /// Its value before.
         from: Option<serde_json::Value>,
+        /// Its value now.
         to: Option<serde_json::Value>,
     },
     /// An input's content changed (or it was added/removed).
     Input {
+        /// The input stage.
         name: String,
+        /// Its content hash before.
         from: Option<String>,
+        /// Its content hash now.
         to: Option<String>,
     },
     /// Files outside the store changed.

@@ -7,6 +7,8 @@
 //! -> [`run::run`] walks the graph, computing each stage's [`identity`] from its config and its
 //! inputs' content, reusing complete outputs and running the rest under a [`lease`].
 
+#![warn(missing_docs)]
+
 pub mod gc;
 pub mod graph;
 pub mod identity;

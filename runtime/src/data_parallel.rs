@@ -13,11 +13,10 @@
 //! Traffic per step is that of one all-reduce of the model (2 x (world-1)/world x parameters),
 //! as for plain data parallelism, while the optimizer state per rank shrinks by `world`.
 
-use std::collections::BTreeSet;
 use std::ops::Range;
 
 use anyhow::Result;
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
@@ -280,13 +279,4 @@ pub fn all_gather_parameters<B: AutodiffBackend>(
         buf: &buf,
         index: 0,
     }))
-}
-
-/// The ids of the parameters `rank` owns.
-pub fn owned_ids(layout: &Layout, rank: usize) -> BTreeSet<ParamId> {
-    layout
-        .owned_by(rank)
-        .into_iter()
-        .map(ParamId::from)
-        .collect()
 }

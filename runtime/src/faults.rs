@@ -33,7 +33,10 @@ pub enum Kind {
     /// The process stops making progress and stops its heartbeats.
     Hang,
     /// Every step from this one on takes `ms` longer on this rank.
-    Slow { ms: u64 },
+    Slow {
+        /// The delay per step, milliseconds.
+        ms: u64,
+    },
     /// The process aborts halfway through writing this step's checkpoint.
     KillInCheckpoint,
     /// A committed file of this step's checkpoint gets a flipped byte.

@@ -3,6 +3,8 @@
 //! ([`protocol`]) and Hugging Face export/import ([`hf`]). This crate never depends on
 //! DataFusion, so the trainer builds without the query engine.
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod balance;
 pub mod bench;

@@ -14,7 +14,7 @@
 //! the resumed run reads the same data in the same order.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
@@ -276,20 +276,6 @@ pub fn read_layout(dir: &Path, files: &BTreeMap<String, Vec<u8>>) -> Result<Layo
         .get("layout.json")
         .with_context(|| format!("{}: no layout.json", dir.display()))?;
     serde_json::from_slice(bytes).with_context(|| format!("{}/layout.json", dir.display()))
-}
-
-/// The checkpoint directory a reshape writes by default: `<input>-dpN` next to the input.
-pub fn default_output(input: &Path, dp: usize, ep: usize) -> PathBuf {
-    let name = input
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "checkpoint".into());
-    let suffix = if ep > 1 {
-        format!("-dp{dp}-ep{ep}")
-    } else {
-        format!("-dp{dp}")
-    };
-    input.with_file_name(format!("{name}{suffix}"))
 }
 
 #[cfg(test)]

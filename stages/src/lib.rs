@@ -3,6 +3,8 @@
 //! Adding a kind: write `src/<kind>.rs` with a type implementing
 //! [`zflow_pipeline::Stage`], then add one `.register(...)` line below.
 
+#![warn(missing_docs)]
+
 pub mod docs;
 pub mod eval;
 pub mod export;

@@ -65,8 +65,11 @@ pub struct Baseline {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {
+    /// All parameters.
     pub total_b: f64,
+    /// Parameters active per token (equal to `total_b` for a dense model).
     pub active_b: f64,
+    /// How the counts were obtained, when not from the source.
     #[serde(default)]
     pub note: Option<String>,
 }
@@ -75,14 +78,18 @@ pub struct Params {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BaselineScore {
+    /// The task, by zflow's task name.
     pub task: String,
+    /// The metric (`acc`, `acc_norm`, ...).
     pub metric: String,
+    /// Few-shot examples the number was measured with.
     pub num_fewshot: u32,
     /// In percent, as published.
     pub value: f64,
     /// Overrides the file's `source` for this number.
     #[serde(default)]
     pub source: Option<String>,
+    /// A remark shown beside the number (how it differs from ours).
     #[serde(default)]
     pub note: Option<String>,
 }

@@ -62,28 +62,27 @@ impl TaskScore {
         }
     }
 
+    /// The score with its standard error.
     pub fn with_stderr(mut self, stderr: f64) -> TaskScore {
         self.stderr = Some(stderr);
         self
     }
 
+    /// The score with where it was published.
     pub fn with_source(mut self, source: impl Into<String>) -> TaskScore {
         self.source = Some(source.into());
         self
     }
 
+    /// The score with the task version it was measured on.
     pub fn with_version(mut self, version: impl Into<String>) -> TaskScore {
         self.version = Some(version.into());
         self
     }
 
+    /// The score with the hash of the task configuration it was measured on.
     pub fn with_config_hash(mut self, hash: impl Into<String>) -> TaskScore {
         self.config_hash = Some(hash.into());
-        self
-    }
-
-    pub fn with_note(mut self, note: impl Into<String>) -> TaskScore {
-        self.note = Some(note.into());
         self
     }
 }

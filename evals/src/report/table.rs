@@ -9,6 +9,7 @@ use super::score::{TaskScore, natural_cmp};
 /// Which columns to show, in which order, and (optionally) which metric / n-shot each shows.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TableSpec {
+    /// The columns, left to right.
     pub columns: Vec<ColumnSpec>,
 }
 
@@ -24,6 +25,7 @@ impl TableSpec {
 /// One wanted column.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ColumnSpec {
+    /// The task the column shows.
     pub task: String,
     /// The metric the column shows; `None`: that of the first row that has the task.
     pub metric: Option<String>,
@@ -32,6 +34,7 @@ pub struct ColumnSpec {
 }
 
 impl ColumnSpec {
+    /// A column for `task`, metric and n-shot taken from the scores.
     pub fn new(task: impl Into<String>) -> ColumnSpec {
         ColumnSpec {
             task: task.into(),
@@ -40,11 +43,13 @@ impl ColumnSpec {
         }
     }
 
+    /// The column with this metric.
     pub fn metric(mut self, metric: impl Into<String>) -> ColumnSpec {
         self.metric = Some(metric.into());
         self
     }
 
+    /// The column with this n-shot.
     pub fn fewshot(mut self, n: u32) -> ColumnSpec {
         self.num_fewshot = Some(n);
         self
@@ -54,23 +59,32 @@ impl ColumnSpec {
 /// A column as shown: the task and the setting in its header.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Column {
+    /// The task.
     pub task: String,
+    /// The metric in its header.
     pub metric: String,
+    /// The n-shot in its header.
     pub num_fewshot: u32,
 }
 
 /// One cell: the chosen score of a row on a column's task.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cell {
+    /// The metric of the score shown.
     pub metric: String,
+    /// Its n-shot.
     pub num_fewshot: u32,
     /// Fraction.
     pub value: f64,
     /// Fraction.
     pub stderr: Option<f64>,
+    /// Where a published score comes from.
     pub source: Option<String>,
+    /// The task version it was measured on.
     pub version: Option<String>,
+    /// The hash of the task configuration it was measured on.
     pub config_hash: Option<String>,
+    /// A remark shown beside it.
     pub note: Option<String>,
 }
 
@@ -84,6 +98,7 @@ impl Cell {
 /// One model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
+    /// The model's name.
     pub model: String,
     /// True for a published (baseline) row: one whose scores carry sources.
     pub published: bool,
@@ -96,6 +111,7 @@ pub struct Row {
 /// Rows = models, columns = tasks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Table {
+    /// The columns, left to right.
     pub columns: Vec<Column>,
     /// Measured rows first, then published rows; each group in natural order of model name.
     pub rows: Vec<Row>,
