@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Single-node Slurm for tests: munged + slurmctld + slurmd, no systemd, no cgroups.
 # Usage: slurm-local.sh start|stop   (state lives in ./target/slurm-local)
-# The project's shared copy (../shared/scripts/slurm-local.sh), plus: `start` does nothing when
-# this folder's Slurm already answers, so the test command can run it every time.
+# `start` does nothing when this folder's Slurm already answers, so the test command can run it
+# every time.
 # tests/slurm.rs finds the config at target/slurm-local/slurm.conf.
 set -euo pipefail
 D="$(pwd)/target/slurm-local"

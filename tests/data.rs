@@ -358,7 +358,7 @@ fn the_gemma3_tokenizer_loads_from_npm_and_tokenizes_with_i32_ids() {
         &std::fs::read(stage_dir(&store, "tokenizer").join("tokenizer_info.json")).unwrap(),
     )
     .unwrap();
-    // Gemma 3: 262,144 ids + <image_soft_token>; bos 2, eos 1, pad 0 (ZAYA1.md).
+    // Gemma 3: 262,144 ids + <image_soft_token>; bos 2, eos 1, pad 0 (its tokenizer_config.json).
     assert_eq!(info["vocab_size"], 262145, "{info}");
     assert_eq!(
         (

@@ -16,7 +16,7 @@
 //! gets the same bytes, and the same world size gives the same bytes run after run: a resumed
 //! multi-rank run stays bit-identical to an uninterrupted one.
 //!
-//! Why not burn-collective (burn's own library, which the issue suggested): in 0.21 its
+//! Why not burn-collective (burn's own library, the obvious choice): in 0.21 its
 //! multi-process ("global") operations end with a sync whose list of synced peers is cleared on
 //! a copy, so the second all-reduce of a process waits forever (seen here: two ranks hung in
 //! their first step); it also numbers nodes in registration order, so the summation order

@@ -53,12 +53,12 @@ use crate::size::ModelConfig;
 /// `model.safetensors` has the same bytes as one the trainer wrote for the same weights.
 const CHECKPOINT_FORMAT: &str = crate::checkpoint::WEIGHTS_FORMAT;
 
-/// Gemma3's vocabulary, ZAYA1's (ZAYA1.md): with it and no tokenizer, the special ids are
+/// Gemma3's vocabulary, ZAYA1's (the ZAYA1 report): with it and no tokenizer, the special ids are
 /// ZAYA1's bos=2, eos=1, pad=0.
 const GEMMA3_VOCAB: usize = 262_272;
 
 /// `max_position_embeddings` when the caller knows no context length: ZAYA1's pretraining
-/// context (4K, ZAYA1.md). The reference's default RoPE does not depend on it.
+/// context (4K, the ZAYA1 report). The reference's default RoPE does not depend on it.
 pub const DEFAULT_MAX_POSITIONS: usize = 4096;
 
 /// The phase name an imported checkpoint's `trainer.json` carries.

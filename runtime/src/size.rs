@@ -2,9 +2,9 @@
 //! token, memory per device under data parallelism with ZeRO-1, and a sizing lint. Pure
 //! arithmetic, no tensors; `zflow size` prints [`ModelConfig::report`].
 //!
-//! Every number comes from the shapes in `/work/shared/ZAYA1.md` ("ZAYA1.md" below), which
-//! were read from Zyphra's released inference code (`modular_zaya.py`). The defaults are
-//! ZAYA1-base, and [`ModelConfig::params`] reproduces the counts ZAYA1.md derives: attention
+//! Every number comes from the ZAYA1 report (arXiv 2511.17127, "the report" below) and the
+//! shapes in Zyphra's released inference code (`modular_zaya.py`). The defaults are
+//! ZAYA1-base, and [`ModelConfig::params`] reproduces the counts those shapes give: attention
 //! 5.586M per layer, router 0.661M per MoE layer, expert 12.583M, 8.303B total and 753.6M
 //! active without the 537M tied embedding.
 //!
@@ -30,60 +30,60 @@ const GIB: f64 = (1u64 << 30) as f64;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
-    /// Width of the residual stream. 2048 (ZAYA1.md, "The model": hidden size 2048).
+    /// Width of the residual stream. 2048 (the report, "The model": hidden size 2048).
     pub hidden_size: usize,
     /// Number of blocks; each block is one attention sub-layer plus one MoE sub-layer, so the
-    /// released checkpoint has `2 * num_blocks` layer entries. 40 (ZAYA1.md, "40 blocks").
+    /// released checkpoint has `2 * num_blocks` layer entries. 40 (the report, "40 blocks").
     pub num_blocks: usize,
-    /// Vocabulary size. 262,272 = 2049 x 128, the Gemma3 tokenizer (ZAYA1.md).
+    /// Vocabulary size. 262,272 = 2049 x 128, the Gemma3 tokenizer (the report).
     pub vocab_size: usize,
     /// CCA query heads. 8, i.e. 2x query compression of a 16-head reference MHA; the query
-    /// latent is `num_query_heads * head_dim` = 1024 (ZAYA1.md, "Attention: CCA / CCGQA").
+    /// latent is `num_query_heads * head_dim` = 1024 (the report, "Attention: CCA / CCGQA").
     pub num_query_heads: usize,
     /// CCA key/value heads (GQA groups). 2; the key latent is `num_kv_heads * head_dim` = 256
-    /// (ZAYA1.md, "8x KV-cache compression").
+    /// (the report, "8x KV-cache compression").
     pub num_kv_heads: usize,
-    /// Channels per attention head. 128 (ZAYA1.md; `hidden_size / 16` in the released code).
+    /// Channels per attention head. 128 (the report; `hidden_size / 16` in the released code).
     pub head_dim: usize,
     /// Kernel size of each of the two causal convolutions over the `[q;k]` latent (the
-    /// depthwise one and the grouped one). 2 (ZAYA1.md, "Conv1d(k=2 ...)").
+    /// depthwise one and the grouped one). 2 (the report, "Conv1d(k=2 ...)").
     pub conv_kernel: usize,
-    /// Fraction of each head's channels that get RoPE. 0.5, i.e. 64 of 128 (ZAYA1.md,
+    /// Fraction of each head's channels that get RoPE. 0.5, i.e. 64 of 128 (the report,
     /// "Partial RoPE on half of each head's channels").
     pub rope_fraction: f64,
     /// RoPE base. 10,000 in pretraining phases 1-2; the long-context mid-train uses 1M
-    /// (ZAYA1.md, "Context 4K ... RoPE base 10K ... 32K ... RoPE base 1M").
+    /// (the report, "Context 4K ... RoPE base 10K ... 32K ... RoPE base 1M").
     pub rope_base: f64,
-    /// Routed experts per MoE sub-layer, not counting the skip route. 16 (ZAYA1.md, "MoE
+    /// Routed experts per MoE sub-layer, not counting the skip route. 16 (the report, "MoE
     /// layer and the ZAYA1 router").
     pub num_experts: usize,
-    /// Experts each token is routed to. 1 (ZAYA1.md, "top-1, no shared expert").
+    /// Experts each token is routed to. 1 (the report, "top-1, no shared expert").
     pub top_k: usize,
     /// Expert SwiGLU width F: gate and up are `hidden -> 2F` in one matrix, down is
-    /// `F -> hidden`. 2048 (ZAYA1.md, "Expert = SwiGLU, 2048 -> 2x2048 (gate+up) -> 2048").
+    /// `F -> hidden`. 2048 (the report, "Expert = SwiGLU, 2048 -> 2x2048 (gate+up) -> 2048").
     pub expert_ffn: usize,
     /// Mixture-of-depths: the router has one extra "skip" choice that passes the token through
-    /// (17 router outputs for 16 experts). true for the base checkpoint (ZAYA1.md).
+    /// (17 router outputs for 16 experts). true for the base checkpoint (the report).
     pub mod_skip: bool,
     /// Width of the router's hidden state (`down_proj` output, EDA state, MLP width). 256
-    /// (ZAYA1.md, "down_proj 2048->256").
+    /// (the report, "down_proj 2048->256").
     pub router_dim: usize,
     /// Linear layers in the router MLP: `router_mlp_layers - 1` layers `router_dim ->
     /// router_dim` with bias and GELU, then one `router_dim -> experts` without bias. 3
-    /// (ZAYA1.md, "MLP 256->256 GELU ->256 GELU ->E (last layer without bias)"). At least 1.
+    /// (the report, "MLP 256->256 GELU ->256 GELU ->E (last layer without bias)"). At least 1.
     pub router_mlp_layers: usize,
     /// Exponential depth averaging in the router: a learned `router_dim` vector gamma mixes in
-    /// the previous MoE layer's router state (absent at the first MoE layer). true (ZAYA1.md,
+    /// the previous MoE layer's router state (absent at the first MoE layer). true (the report,
     /// "EDA").
     pub eda: bool,
     /// Residual scaling: learned per-channel gate and bias on the residual stream and on each
-    /// sub-layer output, plus a final pair of pairs before the final norm. true (ZAYA1.md,
+    /// sub-layer output, plus a final pair of pairs before the final norm. true (the report,
     /// "Residual scaling").
     pub residual_scaling: bool,
-    /// Input and output embeddings share one matrix. true (ZAYA1.md, "Tied input/output
+    /// Input and output embeddings share one matrix. true (the report, "Tied input/output
     /// embeddings").
     pub tie_embeddings: bool,
-    /// RMSNorm epsilon. 1e-5 (ZAYA1.md, "Pre-norm RMSNorm (eps 1e-5)").
+    /// RMSNorm epsilon. 1e-5 (the report, "Pre-norm RMSNorm (eps 1e-5)").
     pub rms_norm_eps: f64,
 }
 
@@ -115,7 +115,7 @@ impl Default for ModelConfig {
 }
 
 /// Parameter counts of a [`ModelConfig`]. "Total" and "active" are counted *without* the
-/// embedding, as ZAYA1's "760M active / 8.3B total" is (ZAYA1.md, "Parameters").
+/// embedding, as ZAYA1's "760M active / 8.3B total" is (the report, "Parameters").
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ParamCounts {
     /// One attention sub-layer: q/k/v/o projections, both convolutions with their biases,
@@ -189,7 +189,7 @@ pub struct FlopsPerToken {
 
 /// Storage precisions and recomputation assumed by [`ModelConfig::memory_with`].
 ///
-/// The optimizer assumption (ZAYA1.md, "Optimizer"): Muon for the matrices inside the blocks,
+/// The optimizer assumption (the report, "Optimizer"): Muon for the matrices inside the blocks,
 /// AdamW for the rest. Every parameter has an fp32 master copy; Muon keeps one momentum per
 /// matrix weight, AdamW two moments per other parameter. The convolution filters are 3-D and
 /// tiny, so they go with AdamW. With ZeRO-1 only this optimizer state (master copy included)
@@ -507,7 +507,7 @@ impl ModelConfig {
 
     /// Sizing warnings; empty for ZAYA1-base.
     ///
-    /// The report's systems section (ZAYA1.md, "The systems side") asks for hidden, head, FFN
+    /// The report's systems section (the report, "The systems side") asks for hidden, head, FFN
     /// and vocabulary dims that are multiples of 64/128: GEMMs are computed in tiles on the
     /// MI300X/H100 matrix cores, and a dim that is not a tile multiple wastes a partial tile
     /// per row or column (and can fall off the fast kernel path). The GEMM dims that carry
@@ -720,7 +720,7 @@ fn row(out: &mut String, label: &str, a: &str, b: &str) {
     title(out, line.trim_end());
 }
 
-/// A parameter count in B or M with three decimals, the precision ZAYA1.md quotes
+/// A parameter count in B or M with three decimals, the precision the report quotes
 /// (8.303 B, 753.609 M, 0.661 M); small counts as plain numbers.
 fn count(n: u64) -> String {
     let x = n as f64;
@@ -830,7 +830,7 @@ mod tests {
         assert_eq!(p.total, 8_303_355_728);
         assert_eq!(p.active, 753_608_528);
 
-        // ... and to the precision ZAYA1.md quotes them.
+        // ... and to the precision the report quotes them.
         let near = |x: u64, want: f64, tol: f64| (x as f64 - want).abs() <= tol;
         assert!(near(p.attention_per_layer, 5.586e6, 0.0005e6));
         assert!(near(p.router_per_layer, 0.661e6, 0.0005e6));
@@ -941,7 +941,7 @@ mod tests {
 
     #[test]
     fn zaya1_base_fits_an_mi300x() {
-        // ZAYA1.md: "192 GB HBM per GPU holds the whole model" with plain DP + ZeRO-1.
+        // The report: "192 GB HBM per GPU holds the whole model" with plain DP + ZeRO-1.
         let m = ModelConfig::zaya1_base().memory(4096, 1, 1024);
         assert!(m.total < 192_000_000_000, "{m:?}");
         assert_eq!(m.weights, 8_840_488_784 * 2);
