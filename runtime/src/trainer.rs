@@ -460,7 +460,7 @@ pub fn train<B: AutodiffBackend>(
                 t.eval_tokens,
                 t.micro_batch,
                 &biases,
-            );
+            )?;
             emit(WorkerMessage::Eval {
                 step: state.step,
                 losses,
@@ -827,11 +827,11 @@ pub fn evaluate<B: Backend>(
     tokens: usize,
     batch: usize,
     biases: &[Vec<f32>],
-) -> Vec<(String, f64)> {
+) -> Result<Vec<(String, f64)>> {
     let device = model.embed_tokens.val().device();
     let mut out = Vec::new();
     for (name, ds) in heldout {
-        let stream = read_stream(ds, tokens + 1);
+        let stream = read_stream(ds, tokens + 1)?;
         let windows: Vec<&[u32]> = stream.windows(seq_len + 1).step_by(seq_len).collect();
         if windows.is_empty() {
             continue;
@@ -846,22 +846,22 @@ pub fn evaluate<B: Backend>(
         }
         out.push((name.clone(), sum / count as f64));
     }
-    out
+    Ok(out)
 }
 
 /// The first `n` tokens of a dataset's documents, concatenated.
-fn read_stream(ds: &IndexedDataset, n: usize) -> Vec<u32> {
+fn read_stream(ds: &IndexedDataset, n: usize) -> Result<Vec<u32>> {
     let mut out = Vec::with_capacity(n);
     for doc in 0..ds.num_docs() {
         let len = ds.doc_len(doc).min(n - out.len());
         let start = out.len();
         out.resize(start + len, 0);
-        ds.read(doc, 0, &mut out[start..]);
+        ds.read(doc, 0, &mut out[start..])?;
         if out.len() == n {
             break;
         }
     }
-    out
+    Ok(out)
 }
 
 /// This rank's files of a checkpoint of the current state: every rank its optimizer shards;

@@ -129,7 +129,7 @@ fn python_writes_rust_reads(dtype: DType, docs: &[Vec<u32>], seqs_per_doc: usize
     // The TokenSource view reads the same tokens.
     for (seq, tokens) in sequences.iter().enumerate() {
         let mut out = vec![0; dataset.doc_len(seq)];
-        dataset.read(seq, 0, &mut out);
+        dataset.read(seq, 0, &mut out).unwrap();
         assert_eq!(&out, tokens);
     }
 }

@@ -1000,7 +1000,7 @@ impl MixtureReader {
                     layout.order[j] as usize,
                     offset as usize,
                     &mut out[filled..filled + take],
-                );
+                )?;
             }
             filled += take;
             pos += take as u64;
@@ -1108,8 +1108,9 @@ mod tests {
         fn doc_len(&self, doc: usize) -> usize {
             self.docs[doc].len()
         }
-        fn read(&self, doc: usize, offset: usize, out: &mut [u32]) {
+        fn read(&self, doc: usize, offset: usize, out: &mut [u32]) -> Result<()> {
             out.copy_from_slice(&self.docs[doc][offset..offset + out.len()]);
+            Ok(())
         }
     }
 

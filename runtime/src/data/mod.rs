@@ -14,7 +14,8 @@ pub trait TokenSource: Send + Sync {
     fn num_docs(&self) -> usize;
     /// Length in tokens of document `doc`.
     fn doc_len(&self, doc: usize) -> usize;
-    /// Copies tokens `offset .. offset + out.len()` of document `doc` into `out`.
-    /// Panics if the range is out of bounds (callers compute ranges from `doc_len`).
-    fn read(&self, doc: usize, offset: usize, out: &mut [u32]);
+    /// Copies tokens `offset .. offset + out.len()` of document `doc` into `out`; fails on
+    /// data that holds no valid token id (a corrupt dataset). Panics if the range is out of
+    /// bounds (callers compute ranges from `doc_len`).
+    fn read(&self, doc: usize, offset: usize, out: &mut [u32]) -> anyhow::Result<()>;
 }
