@@ -768,7 +768,7 @@ fn token_ids_beyond_the_vocabulary_fail_at_once_naming_both_sizes() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
-        Some(zflow_runtime::failure::EXIT_FATAL),
+        Some(zflow_runtime::contract::exit::EXIT_FATAL),
         "{stdout}"
     );
     let error = stdout
@@ -776,7 +776,7 @@ fn token_ids_beyond_the_vocabulary_fail_at_once_naming_both_sizes() {
         .find(|l| l.contains("\"type\":\"error\""))
         .unwrap_or_else(|| panic!("no error message in {stdout}"));
     assert!(
-        error.contains("beyond model.vocab_size 100") && error.contains("\"fatal\":true"),
+        error.contains("beyond model.vocab_size 100") && error.contains("\"class\":\"fatal\""),
         "{error}"
     );
 }

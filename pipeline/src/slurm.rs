@@ -30,6 +30,12 @@ use serde::{Deserialize, Serialize};
 use crate::progress::StageProgress;
 use crate::stage::{CancelToken, Resources, StageLog};
 
+/// The variable a stage running inside a Slurm job finds set to [`EXECUTOR_SLURM`] (the job
+/// script exports it), so that its per-rank processes go out as `srun` steps.
+pub const EXECUTOR_ENV: &str = "ZFLOW_EXECUTOR";
+/// The value of [`EXECUTOR_ENV`] inside a Slurm job.
+pub const EXECUTOR_SLURM: &str = "slurm";
+
 /// `executor: {kind: slurm, ...}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -226,7 +232,7 @@ if [ "${{SLURM_RESTART_COUNT:-0}}" -gt {max} ]; then
   echo 75 > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
   exit 75
 fi
-export ZFLOW_EXECUTOR=slurm
+export {executor_var}={executor}
 {exe} exec-stage "${{specs[$i]}}"
 rc=$?
 echo $rc > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
@@ -236,6 +242,8 @@ exit $rc
         exits = exits.join(" "),
         max = cfg.max_requeues,
         exe = q(exe),
+        executor_var = EXECUTOR_ENV,
+        executor = EXECUTOR_SLURM,
     ));
     s
 }

@@ -147,7 +147,7 @@ pub fn checkpoint_overhead(
             .map(|_| vec![0.0; zaya.routes()])
             .collect();
         let root = dir.join(format!("mode-{mode}"));
-        let emit: crate::protocol::Emit = std::sync::Arc::new(|_| {});
+        let emit: crate::contract::protocol::Emit = std::sync::Arc::new(|_| {});
         let mut saver =
             crate::saver::Saver::new(root, 0, 1, 1, mode == 1, Default::default(), emit);
         let t = Instant::now();

@@ -31,22 +31,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 
+use crate::contract::env;
+use crate::contract::exit::PeerLost;
 use crate::handshake::{self, Key};
-
-/// Environment variables that place a worker in its group (set by the supervisor, or derived
-/// from Slurm's by the executor).
-pub mod env {
-    /// This worker's rank, 0-based.
-    pub const RANK: &str = "ZFLOW_RANK";
-    /// Ranks in the group.
-    pub const WORLD: &str = "ZFLOW_WORLD";
-    /// `host:port` where rank 0 waits for the others.
-    pub const RENDEZVOUS: &str = "ZFLOW_RENDEZVOUS";
-    /// `host:port` on which this worker accepts its ring neighbour.
-    pub const DATA_ADDRESS: &str = "ZFLOW_DATA_ADDRESS";
-    /// The launch's secret, which every rank proves it holds ([`crate::handshake`]).
-    pub const SECRET: &str = "ZFLOW_GROUP_SECRET";
-}
 
 /// How long the ranks of a launch have to find each other: rank 0 to hear from every rank,
 /// each rank to reach rank 0 and its neighbour.
@@ -317,7 +304,9 @@ impl Group {
             if rank != root {
                 ring.prev
                     .read_exact(bytemuck::cast_slice_mut(piece))
-                    .context("receiving a broadcast (did the previous rank die?)")?;
+                    .context(PeerLost(
+                        "receiving a broadcast (did the previous rank die?)",
+                    ))?;
             }
             if rank != last {
                 ring.next.write_all(bytemuck::cast_slice(piece))?;
@@ -351,8 +340,8 @@ impl Ring {
             sender
                 .join()
                 .expect("sender thread")
-                .context("sending to the next rank (did it die?)")?;
-            received.context("receiving from the previous rank (did it die?)")?;
+                .context(PeerLost("sending to the next rank (did it die?)"))?;
+            received.context(PeerLost("receiving from the previous rank (did it die?)"))?;
             Ok(incoming)
         })
     }

@@ -20,10 +20,7 @@
 
 use anyhow::{Context, Result, bail};
 
-/// The variable holding the faults.
-pub const FAULTS: &str = "ZFLOW_FAULTS";
-/// The variable the supervisor numbers attempts in (1 = first launch).
-pub const ATTEMPT: &str = "ZFLOW_ATTEMPT";
+use crate::contract::env::{ATTEMPT, FAULTS};
 
 /// What goes wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

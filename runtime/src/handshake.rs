@@ -2,7 +2,7 @@
 //! the launch's secret, before anything else is said.
 //!
 //! The supervisor makes a fresh secret for every launch ([`generate_secret`]) and hands it to
-//! its workers in the environment ([`crate::collective::env::SECRET`]; a process's environment
+//! its workers in the environment ([`crate::contract::env::SECRET`]; a process's environment
 //! is readable only by its own user, unlike its command line). Every connection of the
 //! rendezvous and the ring starts with a mutual challenge-response keyed by that secret, so
 //! neither side sends it:

@@ -15,8 +15,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 
 use crate::checkpoint;
+use crate::contract::protocol::{Emit, WorkerMessage};
 use crate::faults::{self, Faults, Kind};
-use crate::protocol::{Emit, WorkerMessage};
 
 /// How long rank 0 waits for the other ranks' parts of a checkpoint.
 const PART_TIMEOUT: Duration = Duration::from_secs(900);

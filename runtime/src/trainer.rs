@@ -10,7 +10,7 @@
 //! floating-point operations).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,13 +31,14 @@ use serde::{Deserialize, Serialize};
 use crate::balance::{self, BalanceConfig, BalanceState};
 use crate::checkpoint::{self, TrainerState};
 use crate::collective::Group;
+use crate::contract::job::TrainJob;
+use crate::contract::protocol::{Emit, StepMetrics, WorkerMessage};
 use crate::data::TokenSource;
 use crate::data::megatron::IndexedDataset;
 use crate::data::mixture::MixtureReader;
 use crate::data_parallel::{self, Plan, StepSums};
 use crate::faults::{self, Faults, Kind};
 use crate::model::Zaya;
-use crate::protocol::{Emit, StepMetrics, WorkerMessage};
 use crate::saver::{Saver, Snapshot};
 use crate::schedule::WsdSchedule;
 use crate::size::ModelConfig;
@@ -94,6 +95,10 @@ impl Default for AdamWSettings {
     }
 }
 
+fn is_native(engine: &str) -> bool {
+    engine == "native"
+}
+
 /// A phase's training settings (the `train:` part of a `phases:` entry).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -126,6 +131,10 @@ pub struct TrainSettings {
     pub eval_tokens: usize,
     /// Seed of the weight initialisation.
     pub seed: u64,
+    /// The training engine each rank runs (`stages/src/engine.rs`); `native` is zflow's own.
+    /// Left out of the serialised settings when native, so it changes no existing identity.
+    #[serde(skip_serializing_if = "is_native")]
+    pub engine: String,
     /// Where workers run: cpu, cuda or rocm.
     pub backend: String,
     /// Write checkpoints in a background thread while training goes on.
@@ -151,6 +160,7 @@ impl Default for TrainSettings {
             eval_every: 50,
             eval_tokens: 16384,
             seed: 0,
+            engine: "native".into(),
             backend: "cpu".into(),
             async_checkpoints: true,
             spike: SpikeGuard::default(),
@@ -173,48 +183,6 @@ impl TrainSettings {
         self.schedule
             .validate()
             .map_err(|e| format!("schedule: {e}"))
-    }
-}
-
-/// One token source as the worker sees it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SourcePaths {
-    /// Source name.
-    pub name: String,
-    /// Megatron dataset prefix of its training tokens.
-    pub tokens: PathBuf,
-    /// Prefix of its held-out tokens, if any.
-    pub heldout: Option<PathBuf>,
-}
-
-/// Everything a worker needs to train one phase; written by the train stage as JSON.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrainJob {
-    /// Phase name.
-    pub phase: String,
-    /// The model.
-    pub model: ModelConfig,
-    /// Training settings.
-    pub train: TrainSettings,
-    /// The phase's mixture index (`samples.idx` of `mix.<phase>`).
-    pub mixture: PathBuf,
-    /// Sources in the mixture's order.
-    pub sources: Vec<SourcePaths>,
-    /// Where checkpoints go (`<dir>/step-N`).
-    pub checkpoints: PathBuf,
-    /// The previous phase's final checkpoint to start from.
-    pub init: Option<PathBuf>,
-}
-
-impl TrainJob {
-    /// The model this phase trains: the recipe's `model:` with the phase's `rope_base`
-    /// applied. Its checkpoints record exactly this config (`model.json`), which is what every
-    /// reader of a checkpoint builds the model from.
-    pub fn phase_model(&self) -> ModelConfig {
-        ModelConfig {
-            rope_base: self.train.rope_base.unwrap_or(self.model.rope_base),
-            ..self.model.clone()
-        }
     }
 }
 
@@ -340,7 +308,7 @@ pub fn train<B: AutodiffBackend>(
                 .find(|&&id| id as usize >= job.model.vocab_size)
             {
                 // burn would panic indexing the embedding; no relaunch reads other data.
-                return Err(crate::failure::Fatal(format!(
+                return Err(crate::contract::exit::Fatal(format!(
                     "phase `{}`: the batch at sample {} holds token id {id}, beyond model.vocab_size {}",
                     job.phase, state.cursor.sample, job.model.vocab_size
                 ))

@@ -1,12 +1,12 @@
 //! `zflow worker`: one training rank. Reads a [`TrainJob`] (JSON), probes its device, trains,
-//! and speaks the [`protocol`](crate::protocol) on stdout. Logs go to stderr.
+//! and speaks the [`protocol`](crate::contract::protocol) on stdout. Logs go to stderr.
 
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use burn::backend::Autodiff;
 
 use burn::tensor::backend::AutodiffBackend;
@@ -14,17 +14,13 @@ use burn::tensor::backend::AutodiffBackend;
 use crate::backend::{self, BackendKind};
 use crate::checkpoint;
 use crate::collective::{Group, Placement};
-use crate::failure::Fatal;
+use crate::contract::env;
+use crate::contract::exit::Failure;
+use crate::contract::exit::Fatal;
+use crate::contract::job::TrainJob;
+use crate::contract::protocol::{Emit, WorkerMessage};
 use crate::faults::{self, Faults};
-use crate::protocol::{Emit, WorkerMessage};
-use crate::trainer::{self, TrainJob};
-
-/// Seconds between heartbeats (a step can take longer than the supervisor's hang timeout
-/// would like to wait for a sign of life); the supervisor sets it from its hang timeout.
-pub const HEARTBEAT_ENV: &str = "ZFLOW_HEARTBEAT_S";
-
-/// Set by the supervisor when the workers are to probe their devices before training.
-pub const PREFLIGHT_ENV: &str = "ZFLOW_PREFLIGHT";
+use crate::trainer;
 
 /// Runs the job in `job_path` on `backend` device `device`; returns the process exit code.
 /// The rank, world and rendezvous come from the environment ([`Placement::from_env`]).
@@ -48,7 +44,7 @@ pub fn run(job_path: &Path, backend: &str, device: usize) -> i32 {
     };
     {
         let (emit, step) = (emit.clone(), step.clone());
-        let every: u64 = std::env::var(HEARTBEAT_ENV)
+        let every: u64 = std::env::var(env::HEARTBEAT_S)
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(15);
@@ -64,24 +60,20 @@ pub fn run(job_path: &Path, backend: &str, device: usize) -> i32 {
     match run_inner(job_path, backend, device, &emit) {
         Ok(()) => 0,
         Err(e) => {
-            let fatal = crate::failure::is_fatal(&e);
+            let class = Failure::of(&e);
             emit(WorkerMessage::Error {
                 message: format!("{e:#}"),
-                fatal,
+                class,
             });
             eprintln!("error: {e:#}");
-            if fatal { crate::failure::EXIT_FATAL } else { 1 }
+            class.exit_code()
         }
     }
 }
 
 fn run_inner(job_path: &Path, backend: &str, device: usize, emit: &Emit) -> Result<()> {
     let bad_settings = |e: anyhow::Error| e.context(Fatal("bad settings".into()));
-    let job: TrainJob = serde_json::from_slice(
-        &std::fs::read(job_path).with_context(|| format!("reading {}", job_path.display()))?,
-    )
-    .with_context(|| format!("parsing the train job {}", job_path.display()))
-    .map_err(bad_settings)?;
+    let job = TrainJob::read(job_path).map_err(bad_settings)?;
     let kind = BackendKind::parse(backend).map_err(bad_settings)?;
     let description = backend::probe(kind, device)?;
     let placement = Placement::from_env()?;
@@ -140,7 +132,7 @@ fn go<B: AutodiffBackend>(
     faults: &Faults,
     placement: Option<&Placement>,
 ) -> Result<()> {
-    if std::env::var_os(PREFLIGHT_ENV).is_some() {
+    if std::env::var_os(env::PREFLIGHT).is_some() {
         let probe = crate::preflight::probe::<B::InnerBackend>(device, faults.delay_ms(0));
         emit(WorkerMessage::Preflight {
             rank: placement.map_or(0, |p| p.rank),

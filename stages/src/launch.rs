@@ -21,11 +21,13 @@ pub struct SlurmJob {
 impl SlurmJob {
     /// The job from the environment: `None` outside the Slurm executor.
     pub fn from_env() -> Result<Option<SlurmJob>> {
-        if std::env::var("ZFLOW_EXECUTOR").as_deref() != Ok("slurm") {
+        use zflow_pipeline::slurm::{EXECUTOR_ENV, EXECUTOR_SLURM};
+        if std::env::var(EXECUTOR_ENV).as_deref() != Ok(EXECUTOR_SLURM) {
             return Ok(None);
         }
-        let id = std::env::var("SLURM_JOB_ID")
-            .context("ZFLOW_EXECUTOR=slurm but SLURM_JOB_ID is unset")?;
+        let id = std::env::var("SLURM_JOB_ID").with_context(|| {
+            format!("{EXECUTOR_ENV}={EXECUTOR_SLURM} but SLURM_JOB_ID is unset")
+        })?;
         let nodelist = std::env::var("SLURM_JOB_NODELIST")
             .context("SLURM_JOB_NODELIST is unset in a Slurm job")?;
         let out = Command::new("scontrol")

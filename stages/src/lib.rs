@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod docs;
+pub mod engine;
 pub mod eval;
 pub mod export;
 pub mod fetch;

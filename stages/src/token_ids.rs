@@ -9,8 +9,8 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use zflow_runtime::contract::exit::Fatal;
 use zflow_runtime::data::megatron::IndexedDataset;
-use zflow_runtime::failure::Fatal;
 
 /// What bounds a source's token ids, and how that is known.
 #[derive(Debug, PartialEq)]
@@ -95,7 +95,10 @@ mod tests {
 
         std::fs::write(dir.path().join("stats.json"), r#"{"vocab_size": 1024}"#).unwrap();
         let err = check("web", dir.path(), 512).unwrap_err();
-        assert!(zflow_runtime::failure::is_fatal(&err));
+        assert_eq!(
+            zflow_runtime::contract::exit::Failure::of(&err),
+            zflow_runtime::contract::exit::Failure::Fatal
+        );
         assert!(
             format!("{err:#}")
                 .contains("its tokenizer has 1024 tokens, more than model.vocab_size 512"),

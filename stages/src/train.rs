@@ -32,9 +32,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use zflow_pipeline::stage::{parse_config, spawn_supervised, terminate_group};
 use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
-use zflow_runtime::protocol::{StepMetrics, WorkerMessage};
+use zflow_runtime::contract::env;
+use zflow_runtime::contract::exit::Failure;
+use zflow_runtime::contract::job::{JOB_VERSION, SourcePaths, TrainJob};
+use zflow_runtime::contract::protocol::{StepMetrics, WorkerMessage};
 use zflow_runtime::size::ModelConfig;
-use zflow_runtime::trainer::{SourcePaths, TrainJob, TrainSettings};
+use zflow_runtime::trainer::TrainSettings;
 
 use crate::jsonl::JsonLines;
 use crate::util::write_parquet;
@@ -158,6 +161,16 @@ impl Stage for Train {
         }
         zflow_runtime::backend::BackendKind::parse(&c.train.backend)
             .map_err(|e| ConfigError::new("train.backend", e.to_string()))?;
+        if !crate::engine::ENGINES.contains(&c.train.engine.as_str()) {
+            return Err(ConfigError::new(
+                "train.engine",
+                format!(
+                    "unknown training engine `{}` (engines: {})",
+                    c.train.engine,
+                    crate::engine::ENGINES.join(", ")
+                ),
+            ));
+        }
         let want = format!("mix.{}", c.phase);
         if !needs.contains(&want) {
             return Err(ConfigError::new(
@@ -208,6 +221,7 @@ impl Stage for Train {
             });
         }
         let job = TrainJob {
+            version: JOB_VERSION,
             phase: c.phase.clone(),
             model: c.model.clone(),
             train: c.train.clone(),
@@ -305,7 +319,7 @@ enum Outcome {
     Failed {
         cause: String,
         step: u64,
-        /// No relaunch can fix it ([`zflow_runtime::failure`]).
+        /// No relaunch can fix it ([`Failure::Fatal`]).
         fatal: bool,
     },
 }
@@ -322,9 +336,23 @@ struct Rank {
     done: bool,
     exited: Option<std::process::ExitStatus>,
     error: Option<String>,
-    /// The rank's error is one no relaunch can fix.
-    fatal: bool,
+    /// The class its `error` message gave.
+    class: Option<Failure>,
     probe: Option<zflow_runtime::preflight::Probe>,
+}
+
+impl Rank {
+    /// Why this (failed) rank failed: as its `error` message said, else as its exit code
+    /// says, else (a signal, an unknown code) worth a retry.
+    fn failure(&self) -> Failure {
+        self.class
+            .or_else(|| {
+                self.exited
+                    .and_then(|s| s.code())
+                    .and_then(Failure::from_exit_code)
+            })
+            .unwrap_or(Failure::Retry)
+    }
 }
 
 impl Train {
@@ -343,25 +371,22 @@ impl Train {
     ) -> Result<Outcome> {
         let slurm = crate::launch::SlurmJob::from_env()?;
         let placements = crate::launch::placements(slurm.as_ref(), world, attempt)?;
-        let exe = zflow_pipeline::stage::zflow_exe()?;
+        let (program, args) =
+            crate::engine::worker_command(&c.train.engine, job_path, &c.train.backend)?;
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
         let mut ranks = Vec::new();
         let heartbeat = (c.launch.hang_timeout_s / 4).max(1);
         for p in &placements {
             let mut cmd =
-                crate::launch::rank_command(slurm.as_ref(), &exe, p.rank, world, ctx.name());
-            cmd.arg("worker")
-                .arg("--job")
-                .arg(job_path)
-                .arg("--backend")
-                .arg(&c.train.backend);
+                crate::launch::rank_command(slurm.as_ref(), &program, p.rank, world, ctx.name());
+            cmd.args(&args);
             if world > 1 {
                 cmd.envs(p.to_env());
             }
-            cmd.env(zflow_runtime::faults::ATTEMPT, attempt.to_string())
-                .env(zflow_runtime::worker::HEARTBEAT_ENV, heartbeat.to_string());
+            cmd.env(env::ATTEMPT, attempt.to_string())
+                .env(env::HEARTBEAT_S, heartbeat.to_string());
             if c.launch.preflight.enabled {
-                cmd.env(zflow_runtime::worker::PREFLIGHT_ENV, "1");
+                cmd.env(env::PREFLIGHT, "1");
             }
             cmd.current_dir(ctx.out_dir())
                 .envs(ctx.child_env())
@@ -387,7 +412,7 @@ impl Train {
                 done: false,
                 exited: None,
                 error: None,
-                fatal: false,
+                class: None,
                 probe: None,
             });
         }
@@ -466,11 +491,11 @@ impl Train {
                             std::thread::sleep(Duration::from_millis(20));
                         }
                         while let Ok((rank, Some(line))) = rx.try_recv() {
-                            if let Some(WorkerMessage::Error { message, fatal }) =
+                            if let Some(WorkerMessage::Error { message, class }) =
                                 WorkerMessage::parse(&line)
                             {
                                 ranks[rank].error = Some(message);
-                                ranks[rank].fatal |= fatal;
+                                ranks[rank].class = Some(class);
                             }
                         }
                         let failed: Vec<usize> = (0..ranks.len())
@@ -480,24 +505,19 @@ impl Train {
                                     .is_some_and(|s| !(s.success() && ranks[i].done))
                             })
                             .collect();
-                        let lost_peer = |i: &usize| {
-                            ranks[*i]
-                                .error
-                                .as_deref()
-                                .is_some_and(|e| e.contains("did it die?"))
-                        };
-                        let fatal = |i: &usize| {
-                            ranks[*i].fatal
-                                || ranks[*i].exited.and_then(|s| s.code())
-                                    == Some(zflow_runtime::failure::EXIT_FATAL)
-                        };
+                        let class = |i: &usize| ranks[*i].failure();
                         let culprit = failed
                             .iter()
                             .copied()
-                            .find(fatal)
-                            .or_else(|| failed.iter().copied().find(|i| !lost_peer(i)))
+                            .find(|i| class(i) == Failure::Fatal)
+                            .or_else(|| {
+                                failed
+                                    .iter()
+                                    .copied()
+                                    .find(|i| class(i) != Failure::LostPeer)
+                            })
                             .unwrap_or(rank);
-                        let fatal = fatal(&culprit);
+                        let fatal = class(&culprit) == Failure::Fatal;
                         let r = &ranks[culprit];
                         let status = r.exited.expect("exited");
                         let why = r.error.clone().unwrap_or_else(|| {
@@ -664,9 +684,9 @@ impl Train {
                 }
                 r.done = true;
             }
-            WorkerMessage::Error { message, fatal } => {
+            WorkerMessage::Error { message, class } => {
                 r.error = Some(message);
-                r.fatal |= fatal;
+                r.class = Some(class);
             }
         }
         Ok(())

@@ -78,15 +78,13 @@ pub enum WorkerMessage {
         /// ran out of samples before its first step).
         loss: Option<f64>,
     },
-    /// The worker failed; it exits non-zero right after (with
-    /// [`crate::failure::EXIT_FATAL`] when `fatal`).
+    /// The worker failed; it exits right after, with its class's exit code.
     Error {
         /// What went wrong.
         message: String,
-        /// No relaunch can fix it (bad settings or data, a full disk): the supervisor fails
-        /// the stage at once instead of restarting ([`crate::failure`]).
+        /// What the supervisor should do about it ([`crate::contract::exit`]).
         #[serde(default)]
-        fatal: bool,
+        class: crate::contract::exit::Failure,
     },
 }
 

@@ -1,0 +1,28 @@
+//! The environment a rank gets from its supervisor. Every variable a worker engine reads is
+//! named here and nowhere else.
+//!
+//! Besides these, a rank gets the stage's own variables (`ZFLOW_OUT`, `ZFLOW_STAGE`,
+//! `ZFLOW_THREADS`, `ZFLOW_IN_<INPUT>`: `zflow_pipeline::stage::StageContext::child_env`), its
+//! working directory is the train stage's output folder, and its stdin is closed.
+
+/// This rank, 0-based. Absent (with the rest of the placement) in a single-rank run.
+pub const RANK: &str = "ZFLOW_RANK";
+/// Ranks in the launch.
+pub const WORLD: &str = "ZFLOW_WORLD";
+/// `host:port` where rank 0 waits for the others.
+pub const RENDEZVOUS: &str = "ZFLOW_RENDEZVOUS";
+/// `host:port` on which this rank accepts its ring neighbour.
+pub const DATA_ADDRESS: &str = "ZFLOW_DATA_ADDRESS";
+/// The launch's secret, which every rank proves it holds ([`crate::handshake`]). Fresh for
+/// every launch; never on a command line.
+pub const SECRET: &str = "ZFLOW_GROUP_SECRET";
+/// Seconds between heartbeats (a step can take longer than the supervisor's hang timeout
+/// would like to wait for a sign of life); set from the hang timeout.
+pub const HEARTBEAT_S: &str = "ZFLOW_HEARTBEAT_S";
+/// Set (to `1`) when the ranks are to probe their devices before training and send a
+/// `preflight` message.
+pub const PREFLIGHT: &str = "ZFLOW_PREFLIGHT";
+/// Faults to inject, for testing ([`crate::faults`]).
+pub const FAULTS: &str = "ZFLOW_FAULTS";
+/// The launch number, 1 for the first; injected faults fire in their attempt only.
+pub const ATTEMPT: &str = "ZFLOW_ATTEMPT";

@@ -1,0 +1,38 @@
+//! The engine contract: what a training worker and zflow's supervisor (the train stage,
+//! `stages/src/train.rs`) agree on. zflow's native worker (`zflow worker`,
+//! [`crate::worker`]) implements the worker side; any other engine that keeps this contract
+//! can be supervised the same way, and is added in `stages/src/engine.rs` without touching
+//! the supervisor.
+//!
+//! A worker engine is a program the supervisor starts once per rank, per launch:
+//!
+//! 1. **Its input** is the train job, a JSON file ([`job::TrainJob`], versioned by
+//!    [`job::JOB_VERSION`]): the phase, the model, the training settings, the mixture index
+//!    and token sources, the checkpoint folder and the checkpoint to start from.
+//! 2. **Its environment** ([`env`]) places it in the launch: rank, world, rendezvous and ring
+//!    addresses, the launch secret that every connection between ranks must prove
+//!    ([`crate::handshake`]), the heartbeat interval, whether to probe the device first, and
+//!    the faults to inject in tests.
+//! 3. **It reports on stdout**, one JSON object per line ([`protocol::WorkerMessage`]):
+//!    `hello` first, then `preflight` when asked, `step` per optimizer step, `eval`,
+//!    `checkpoint_committed`, `loss_spike`, `heartbeat` when a step takes long, and last
+//!    `done` or `error`. Anything else it prints (stderr) goes to the stage log.
+//! 4. **It ends** with an exit code that says what the supervisor should do ([`exit`]): done,
+//!    retry, lost peer, fatal.
+//! 5. **It reads and writes checkpoints** in the format of [`crate::checkpoint`]: `step-N/`
+//!    folders with `model.safetensors` (the reference's tensor names), per-rank optimizer
+//!    shards laid out by [`crate::zero::Layout`] (`layout.json`), `trainer.json` (step, data
+//!    cursor, balancing state, loss history), `model.json` (the model trained) and a manifest
+//!    of BLAKE3 hashes written last; a folder without a manifest that verifies does not exist.
+//!    It resumes from the newest checkpoint that verifies, else from the job's `init`.
+//! 6. **It reads samples** through the mixture index ([`crate::data::mixture`], whose module
+//!    page gives the byte layout: `samples.idx`, a header then one u64 per sample, source id
+//!    and source-local sample number, in training order; `samples.idx.json` beside it) from
+//!    the sources' Megatron datasets ([`crate::data::megatron`]). The global batch at the data
+//!    cursor is split over ranks as [`crate::data::mixture::MixtureReader::batch`] does, so the
+//!    order does not depend on the number of ranks.
+
+pub mod env;
+pub mod exit;
+pub mod job;
+pub mod protocol;
