@@ -719,8 +719,12 @@ fn strangers_at_the_rendezvous_and_the_ring_are_turned_away_at_no_cost() {
     });
     // Training went on as if nobody had called: the same losses as the unattacked run.
     assert_eq!(losses(&stdout), want);
+    // The fake claim was turned down before rank 1 started (the silent and the flooding peer
+    // are dropped on their own threads, when their handshake times out or overflows, which
+    // may come after training ends).
     assert!(
-        stderr.matches("rejected a connection").count() >= 2,
+        stderr.contains("rejected a connection")
+            && stderr.contains("does not hold the launch's secret"),
         "{stderr}"
     );
     drop(strangers);
