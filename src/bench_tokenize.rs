@@ -12,6 +12,7 @@ use zflow_pipeline::StageState;
 use zflow_stages::tokenize::{TokenizeConfig, tokenize_documents};
 
 use crate::RecipeArgs;
+use zflow_stages::names;
 
 /// The Python side: reads the documents (untimed), times `encode_batch`, prints JSON.
 const PYTHON: &str = r#"
@@ -51,7 +52,7 @@ pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
             ),
         }
     };
-    let documents = done(&format!("ingest.{source}"))?.join("documents.parquet");
+    let documents = done(&names::ingest(source))?.join("documents.parquet");
     let tok_dir = done("tokenizer")?;
     let scratch = tempfile_dir()?;
     let cores = std::thread::available_parallelism()

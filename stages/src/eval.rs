@@ -54,6 +54,7 @@ use zflow_evals::{EvalOptions, LanguageModel, TaskRegistry};
 use zflow_pipeline::stage::parse_config;
 use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
 
+use crate::names;
 use crate::util::write_parquet;
 
 /// The `eval` stage kind.
@@ -504,7 +505,7 @@ impl Section for EvalsSection {
         let mut nodes = Vec::new();
         let mut data = BTreeMap::new();
         for (prefix, src) in &s.data {
-            let stage = format!("eval_data.{prefix}");
+            let stage = names::eval_data(prefix);
             nodes.push(NodeSpec {
                 name: stage.clone(),
                 kind: "fetch".into(),
@@ -517,13 +518,13 @@ impl Section for EvalsSection {
         }
         let mut evals = Vec::new();
         for (phase, entry) in phases {
-            let stage = format!("eval.{phase}");
-            let train = format!("train.{phase}");
+            let stage = names::eval(phase);
+            let train = names::train(phase);
             let max_length = entry.get("seq_len").and_then(Value::as_u64).unwrap_or(2048) as usize;
-            let mut needs = vec![train.clone(), "tokenizer".to_string()];
+            let mut needs = vec![train.clone(), names::TOKENIZER.to_string()];
             needs.extend(data.values().cloned());
             let mut config = json!({
-                "model": {"format": "checkpoint", "stage": train, "tokenizer": "tokenizer"},
+                "model": {"format": "checkpoint", "stage": train, "tokenizer": names::TOKENIZER},
                 "label": format!("{name}/{phase}"),
                 "tasks": s.tasks,
                 "data": data,
@@ -573,7 +574,7 @@ impl Section for EvalsSection {
             .flat_map(|(e, t)| [e.clone(), t.clone()])
             .collect();
         nodes.push(NodeSpec {
-            name: "report".into(),
+            name: names::REPORT.into(),
             kind: "report".into(),
             config: report,
             needs,

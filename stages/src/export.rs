@@ -10,6 +10,7 @@
 //! adds one stage, `export`, after the last phase's `train.<phase>` (its `final/` checkpoint),
 //! needing the `tokenizer` stage too when the recipe has one.
 
+use crate::names;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use zflow_pipeline::stage::parse_config;
@@ -128,7 +129,7 @@ impl Section for ExportSection {
                 "there is no model to export: the recipe has no `phases:` to train it",
             ));
         };
-        let train = format!("train.{phase}");
+        let train = names::train(phase);
         let tokenizer = recipe.get("tokenizer").map(|_| "tokenizer".to_string());
         let positions = entry
             .get("seq_len")
@@ -137,7 +138,7 @@ impl Section for ExportSection {
         let mut needs = vec![train.clone()];
         needs.extend(tokenizer.clone());
         Ok(vec![NodeSpec {
-            name: "export".into(),
+            name: names::EXPORT.into(),
             kind: "export".into(),
             config: json!({"format": s.format, "train": train, "tokenizer": tokenizer, "max_position_embeddings": positions}),
             needs,

@@ -16,6 +16,7 @@ pub mod launch;
 pub mod megatron_source;
 pub mod mix;
 pub mod model;
+pub mod names;
 pub mod plot;
 pub mod preflight;
 pub mod report;

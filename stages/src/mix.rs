@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::names;
 use anyhow::{Context, Result};
 use arrow::array::{ArrayRef, Float64Array, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field};
@@ -52,7 +53,7 @@ impl Stage for Mix {
 
     fn validate(&self, c: &MixConfig, needs: &[String]) -> Result<(), ConfigError> {
         for s in &c.spec.sources {
-            if !needs.iter().any(|n| n == &format!("tokenize.{s}")) {
+            if !needs.iter().any(|n| n == &names::tokenize(s)) {
                 return Err(ConfigError::new(
                     "needs",
                     format!("the mixture reads `{s}` but the stage does not need `tokenize.{s}`"),
@@ -65,7 +66,7 @@ impl Stage for Mix {
     fn run(&self, c: &MixConfig, ctx: &StageContext) -> Result<()> {
         let mut sources: Vec<Arc<dyn TokenSource>> = Vec::new();
         for name in &c.spec.sources {
-            let dir = ctx.input(&format!("tokenize.{name}"))?;
+            let dir = ctx.input(&names::tokenize(name))?;
             let ds = IndexedDataset::open(&dir.join("tokens"))
                 .with_context(|| format!("opening the tokens of `{name}`"))?;
             sources.push(Arc::new(ds));
@@ -318,19 +319,19 @@ impl Section for Phases {
                     .collect(),
             };
             nodes.push(NodeSpec {
-                name: format!("mix.{phase}"),
+                name: names::mix(phase),
                 kind: "mix".into(),
                 config: json!({"phase": phase, "spec": spec}),
-                needs: used.iter().map(|s| format!("tokenize.{s}")).collect(),
+                needs: used.iter().map(|s| names::tokenize(s)).collect(),
                 resources: None,
                 path: path.clone(),
             });
             if let Some(model) = &model {
                 let (train, launch) =
                     crate::train::TrainSection::settings(recipe, phase, data.train.as_ref())?;
-                let name = format!("train.{phase}");
-                let mut needs = vec![format!("mix.{phase}")];
-                needs.extend(used.iter().map(|s| format!("tokenize.{s}")));
+                let name = names::train(phase);
+                let mut needs = vec![names::mix(phase)];
+                needs.extend(used.iter().map(|s| names::tokenize(s)));
                 needs.extend(previous.clone());
                 nodes.push(NodeSpec {
                     name: name.clone(),

@@ -12,6 +12,7 @@
 //! `format: megatron` is an existing Megatron dataset: `fetch.<name>` + `tokenize.<name>`
 //! (kind `megatron`), no ingest.
 
+use crate::names;
 use serde_json::{Map, Value, json};
 use zflow_pipeline::{ConfigError, NodeSpec, Section};
 
@@ -59,7 +60,7 @@ impl Section for Sources {
                     ingest.insert(k.clone(), v.clone());
                 }
             }
-            let fetch_name = format!("fetch.{name}");
+            let fetch_name = names::fetch(name);
             let fetch_node = NodeSpec {
                 name: fetch_name.clone(),
                 kind: "fetch".into(),
@@ -78,7 +79,7 @@ impl Section for Sources {
                 }
                 nodes.push(fetch_node);
                 nodes.push(NodeSpec {
-                    name: format!("tokenize.{name}"),
+                    name: names::tokenize(name),
                     kind: "megatron".into(),
                     config: Value::Object(ingest),
                     needs: vec![fetch_name],
@@ -91,7 +92,7 @@ impl Section for Sources {
             let tokenize = ingest.remove("tokenize");
             ingest.insert("source".into(), json!(name));
             nodes.push(NodeSpec {
-                name: format!("ingest.{name}"),
+                name: names::ingest(name),
                 kind: "ingest".into(),
                 config: Value::Object(ingest),
                 needs: vec![fetch_name],
@@ -100,10 +101,10 @@ impl Section for Sources {
             });
             if tokenized {
                 nodes.push(NodeSpec {
-                    name: format!("tokenize.{name}"),
+                    name: names::tokenize(name),
                     kind: "tokenize".into(),
                     config: tokenize.unwrap_or_else(|| json!({})),
-                    needs: vec![format!("ingest.{name}"), "tokenizer".into()],
+                    needs: vec![names::ingest(name), names::TOKENIZER.into()],
                     resources: None,
                     path: format!("{path}.tokenize"),
                 });

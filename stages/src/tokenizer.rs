@@ -27,6 +27,7 @@ use tokenizers::{AddedToken, Tokenizer};
 use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
 
 use crate::docs;
+use crate::names;
 
 /// The `tokenizer` stage kind.
 pub struct TokenizerStage;
@@ -280,7 +281,7 @@ impl Section for TokenizerSection {
             .map(|s| {
                 s.iter()
                     .filter(|(_, v)| v.get("format").and_then(Value::as_str) != Some("megatron"))
-                    .map(|(k, _)| format!("ingest.{k}"))
+                    .map(|(k, _)| names::ingest(k))
                     .collect()
             })
             .unwrap_or_default();
@@ -324,7 +325,7 @@ impl Section for TokenizerSection {
             (None, Some(_)) => {}
         }
         nodes.push(NodeSpec {
-            name: "tokenizer".into(),
+            name: names::TOKENIZER.into(),
             kind: "tokenizer".into(),
             config: Value::Object(config),
             needs,

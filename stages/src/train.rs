@@ -40,6 +40,7 @@ use zflow_runtime::size::ModelConfig;
 use zflow_runtime::trainer::TrainSettings;
 
 use crate::jsonl::JsonLines;
+use crate::names;
 use crate::util::write_parquet;
 
 /// The `train` stage kind.
@@ -171,7 +172,7 @@ impl Stage for Train {
                 ),
             ));
         }
-        let want = format!("mix.{}", c.phase);
+        let want = names::mix(&c.phase);
         if !needs.contains(&want) {
             return Err(ConfigError::new(
                 "needs",
@@ -211,7 +212,7 @@ impl Stage for Train {
         let out = ctx.out_dir();
         let mut sources = Vec::new();
         for name in &c.sources {
-            let dir = ctx.input(&format!("tokenize.{name}"))?;
+            let dir = ctx.input(&names::tokenize(name))?;
             crate::token_ids::check(name, dir, c.model.vocab_size)?;
             let heldout = dir.join("heldout");
             sources.push(SourcePaths {
@@ -225,7 +226,7 @@ impl Stage for Train {
             phase: c.phase.clone(),
             model: c.model.clone(),
             train: c.train.clone(),
-            mixture: ctx.input(&format!("mix.{}", c.phase))?.join("samples.idx"),
+            mixture: ctx.input(&names::mix(&c.phase))?.join("samples.idx"),
             sources,
             checkpoints: out.join("checkpoints"),
             init: c

@@ -1,0 +1,46 @@
+//! The names of the stages that recipe sections make: one function per convention, so a
+//! section that creates a stage and one that reads it cannot disagree on its name.
+
+/// `fetch.<source>`: a source's download.
+pub fn fetch(source: &str) -> String {
+    format!("fetch.{source}")
+}
+
+/// `ingest.<source>`: a source's documents.
+pub fn ingest(source: &str) -> String {
+    format!("ingest.{source}")
+}
+
+/// `tokenize.<source>`: a source's tokens (a `tokenize` or `megatron` stage).
+pub fn tokenize(source: &str) -> String {
+    format!("tokenize.{source}")
+}
+
+/// `mix.<phase>`: a phase's sample index.
+pub fn mix(phase: &str) -> String {
+    format!("mix.{phase}")
+}
+
+/// `train.<phase>`: a phase's training.
+pub fn train(phase: &str) -> String {
+    format!("train.{phase}")
+}
+
+/// `eval.<phase>`: a phase's checkpoint scored on the `evals:` tasks.
+pub fn eval(phase: &str) -> String {
+    format!("eval.{phase}")
+}
+
+/// `eval_data.<prefix>`: the fetch of a benchmark data prefix.
+pub fn eval_data(prefix: &str) -> String {
+    format!("eval_data.{prefix}")
+}
+
+/// The tokenizer stage.
+pub const TOKENIZER: &str = "tokenizer";
+
+/// The export stage.
+pub const EXPORT: &str = "export";
+
+/// The report stage.
+pub const REPORT: &str = "report";
