@@ -533,15 +533,11 @@ pub fn size(
     let model = zflow_stages::model::ModelSection::config(doc)
         .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
     // One report per phase (sequence length differs); without phases, ZAYA1's 4K context.
-    let mut phases: Vec<(String, usize)> = doc
-        .get("phases")
-        .and_then(|p| p.as_object())
-        .map(|p| {
-            p.iter()
-                .filter_map(|(name, v)| Some((name.clone(), v.get("seq_len")?.as_u64()? as usize)))
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut phases: Vec<(String, usize)> = zflow_stages::phases::parse(doc)
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?
+        .into_iter()
+        .map(|(name, phase)| (name, phase.seq_len))
+        .collect();
     if phases.is_empty() {
         phases.push(("(no phases)".into(), 4096));
     }
@@ -581,10 +577,12 @@ fn project(
     println!(
         "   step = max(compute, memory) + exchange (no overlap assumed); see runtime/src/projection.rs"
     );
-    let Some(phases) = doc.get("phases").and_then(|p| p.as_object()) else {
+    let phases = zflow_stages::phases::parse(doc)
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+    if phases.is_empty() {
         println!("   (the recipe has no phases)");
         return Ok(());
-    };
+    }
     println!(
         "{:<10} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>12} {:>6} {:>12} {:>8}",
         "phase",
@@ -600,12 +598,11 @@ fn project(
         "days"
     );
     let (mut total_gpu_hours, mut total_days) = (0.0, 0.0);
-    for (phase, v) in phases {
+    for (phase, v) in &phases {
         let (train, launch) =
-            zflow_stages::train::TrainSection::settings(doc, phase, v.get("train"))
+            zflow_stages::train::TrainSection::settings(doc, phase, v.train.as_ref())
                 .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
-        let seq_len = v.get("seq_len").and_then(|s| s.as_u64()).unwrap_or(4096) as usize;
-        let tokens = v.get("tokens").and_then(|t| t.as_f64()).unwrap_or(0.0);
+        let (seq_len, tokens) = (v.seq_len, v.tokens as f64);
         let n = gpus.unwrap_or(launch.data_parallel);
         let s = projection::step(
             model,

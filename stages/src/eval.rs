@@ -482,16 +482,13 @@ impl Section for EvalsSection {
                 "no tasks: expected a list of task or group names (evals/tasks)",
             ));
         }
-        let Some(phases) = recipe
-            .get("phases")
-            .and_then(Value::as_object)
-            .filter(|p| !p.is_empty())
-        else {
+        let phases = crate::phases::parse(recipe)?;
+        if phases.is_empty() {
             return Err(ConfigError::new(
                 "evals",
                 "there is no model to evaluate: the recipe has no `phases:` to train one",
             ));
-        };
+        }
         if recipe.get("tokenizer").is_none() {
             return Err(ConfigError::new(
                 "evals",
@@ -517,10 +514,10 @@ impl Section for EvalsSection {
             data.insert(prefix.clone(), stage);
         }
         let mut evals = Vec::new();
-        for (phase, entry) in phases {
+        for (phase, entry) in &phases {
             let stage = names::eval(phase);
             let train = names::train(phase);
-            let max_length = entry.get("seq_len").and_then(Value::as_u64).unwrap_or(2048) as usize;
+            let max_length = entry.seq_len;
             let mut needs = vec![train.clone(), names::TOKENIZER.to_string()];
             needs.extend(data.values().cloned());
             let mut config = json!({
@@ -594,7 +591,7 @@ mod tests {
             "name": "nano",
             "model": {"hidden_size": 64, "num_blocks": 2},
             "tokenizer": {"train": {"vocab_size": 512}},
-            "phases": {"p1": {"seq_len": 64}, "p2": {"seq_len": 256}},
+            "phases": {"p1": {"tokens": 1000, "seq_len": 64, "mixture": {"a": 1.0}}, "p2": {"tokens": 1000, "seq_len": 256, "mixture": {"a": 1.0}}},
         })
     }
 

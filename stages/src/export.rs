@@ -119,11 +119,8 @@ impl Section for ExportSection {
         crate::model::ModelSection::config(recipe)?;
         // `phases:` adds `train.<phase>` for every phase, in recipe order; the last one holds the
         // finished model.
-        let Some((phase, entry)) = recipe
-            .get("phases")
-            .and_then(Value::as_object)
-            .and_then(|p| p.iter().next_back())
-        else {
+        let phases = crate::phases::parse(recipe)?;
+        let Some((phase, entry)) = phases.last() else {
             return Err(ConfigError::new(
                 "export",
                 "there is no model to export: the recipe has no `phases:` to train it",
@@ -131,10 +128,7 @@ impl Section for ExportSection {
         };
         let train = names::train(phase);
         let tokenizer = recipe.get("tokenizer").map(|_| "tokenizer".to_string());
-        let positions = entry
-            .get("seq_len")
-            .and_then(Value::as_u64)
-            .map_or(hf::DEFAULT_MAX_POSITIONS, |n| n as usize);
+        let positions = entry.seq_len;
         let mut needs = vec![train.clone()];
         needs.extend(tokenizer.clone());
         Ok(vec![NodeSpec {
@@ -157,7 +151,7 @@ mod tests {
         let recipe = json!({
             "model": {"hidden_size": 64, "num_blocks": 2},
             "tokenizer": {"train": {"vocab_size": 512}},
-            "phases": {"p1": {"seq_len": 64}, "p2": {"seq_len": 256}},
+            "phases": {"p1": {"tokens": 1000, "seq_len": 64, "mixture": {"a": 1.0}}, "p2": {"tokens": 1000, "seq_len": 256, "mixture": {"a": 1.0}}},
             "export": {"format": "hf"},
         });
         let nodes = ExportSection.expand(&recipe["export"], &recipe).unwrap();
@@ -192,7 +186,7 @@ mod tests {
 
     #[test]
     fn the_section_names_what_is_wrong() {
-        let recipe = json!({"model": {}, "phases": {"p1": {"seq_len": 64}}});
+        let recipe = json!({"model": {}, "phases": {"p1": {"tokens": 1000, "seq_len": 64, "mixture": {"a": 1.0}}}});
         let e = ExportSection
             .expand(&json!({"format": "onnx"}), &recipe)
             .unwrap_err();

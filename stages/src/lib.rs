@@ -17,6 +17,7 @@ pub mod megatron_source;
 pub mod mix;
 pub mod model;
 pub mod names;
+pub mod phases;
 pub mod plot;
 pub mod preflight;
 pub mod report;
@@ -47,7 +48,7 @@ pub fn registry() -> Registry {
         .register(report::Report);
     r.register_section(sources::Sources)
         .register_section(tokenizer::TokenizerSection)
-        .register_section(mix::Phases)
+        .register_section(phases::Phases)
         .register_section(model::ModelSection)
         .register_section(train::TrainSection)
         .register_section(export::ExportSection)
