@@ -1,0 +1,421 @@
+//! The supervisor's watch over one launch: every rank started through the engine's command,
+//! their JSON lines read, a failed, hung or finished launch told apart, the culprit of a failure
+//! named ([`Train::attempt`]).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use zflow_pipeline::StageContext;
+use zflow_pipeline::stage::{spawn_supervised, terminate_group};
+use zflow_runtime::contract::env;
+use zflow_runtime::contract::exit::Failure;
+use zflow_runtime::contract::protocol::WorkerMessage;
+
+use super::record::{Event, Events, Metrics, Record, now_ms};
+use super::{Train, TrainConfig};
+
+/// How one launch of the workers ended.
+pub(super) enum Outcome {
+    Finished,
+    /// The preflight check found `slow` ranks to leave out.
+    Exclude {
+        slow: usize,
+    },
+    Failed {
+        cause: String,
+        step: u64,
+        /// No relaunch can fix it ([`Failure::Fatal`]).
+        fatal: bool,
+    },
+}
+
+/// A gap between two turns of the supervisor's loop longer than this means the supervisor
+/// itself was paused.
+const SUPERVISOR_PAUSE: Duration = Duration::from_secs(2);
+
+/// One rank's process as the supervisor sees it.
+struct Rank {
+    child: zflow_pipeline::stage::Supervised,
+    last_message: Instant,
+    step: u64,
+    done: bool,
+    exited: Option<std::process::ExitStatus>,
+    error: Option<String>,
+    /// The class its `error` message gave.
+    class: Option<Failure>,
+    probe: Option<zflow_runtime::preflight::Probe>,
+}
+
+impl Rank {
+    /// Why this (failed) rank failed: as its `error` message said, else as its exit code
+    /// says, else (a signal, an unknown code) worth a retry.
+    fn failure(&self) -> Failure {
+        self.class
+            .or_else(|| {
+                self.exited
+                    .and_then(|s| s.code())
+                    .and_then(Failure::from_exit_code)
+            })
+            .unwrap_or(Failure::Retry)
+    }
+}
+
+impl Train {
+    /// Launches every rank once and watches them until all finish, one fails or hangs, or the
+    /// run is cancelled; a failed launch has all its ranks stopped before this returns.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attempt(
+        &self,
+        c: &TrainConfig,
+        ctx: &StageContext,
+        job_path: &Path,
+        attempt: u32,
+        world: usize,
+        metrics: &mut Metrics,
+        events: &mut Events,
+    ) -> Result<Outcome> {
+        let slurm = crate::launch::SlurmJob::from_env()?;
+        let placements = crate::launch::placements(slurm.as_ref(), world, attempt)?;
+        let (program, args) =
+            crate::engine::worker_command(&c.train.engine, job_path, &c.train.backend)?;
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
+        let mut ranks = Vec::new();
+        let heartbeat = (c.launch.hang_timeout_s / 4).max(1);
+        for p in &placements {
+            let mut cmd =
+                crate::launch::rank_command(slurm.as_ref(), &program, p.rank, world, ctx.name());
+            cmd.args(&args);
+            if world > 1 {
+                cmd.envs(p.to_env());
+            }
+            cmd.env(env::ATTEMPT, attempt.to_string())
+                .env(env::HEARTBEAT_S, heartbeat.to_string());
+            if c.launch.preflight.enabled {
+                cmd.env(env::PREFLIGHT, "1");
+            }
+            cmd.current_dir(ctx.out_dir())
+                .envs(ctx.child_env())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(ctx.log().stdio()?);
+            let mut child = spawn_supervised(&mut cmd)
+                .with_context(|| format!("starting training worker rank {}", p.rank))?;
+            let stdout = child.stdout.take().expect("piped stdout");
+            let (tx, rank) = (tx.clone(), p.rank);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if tx.send((rank, Some(line))).is_err() {
+                        return;
+                    }
+                }
+                let _ = tx.send((rank, None));
+            });
+            ranks.push(Rank {
+                child,
+                last_message: Instant::now(),
+                step: 0,
+                done: false,
+                exited: None,
+                error: None,
+                class: None,
+                probe: None,
+            });
+        }
+        drop(tx);
+        tracing::info!("attempt {attempt}: {world} worker rank(s) started");
+
+        let stop_all = |ranks: &mut Vec<Rank>| {
+            for r in ranks.iter_mut().filter(|r| r.exited.is_none()) {
+                terminate_group(r.child.id() as i32, Duration::from_secs(5), &mut r.child);
+            }
+        };
+        let hang = Duration::from_secs(c.launch.hang_timeout_s);
+        let mut preflight_pending = c.launch.preflight.enabled;
+        let mut last_tick = Instant::now();
+        loop {
+            if preflight_pending && ranks.iter().all(|r| r.probe.is_some()) {
+                preflight_pending = false;
+                let probes: Vec<_> = ranks.iter().map(|r| r.probe.expect("all probed")).collect();
+                for (rank, p) in probes.iter().enumerate() {
+                    tracing::info!(
+                        "preflight rank {rank}: GEMM {:.1} GFLOP/s, memory {:.1} GB/s",
+                        p.gemm_gflops,
+                        p.membw_gbps
+                    );
+                }
+                let slow =
+                    zflow_runtime::preflight::outliers(&probes, c.launch.preflight.min_ratio);
+                for (_, why) in &slow {
+                    tracing::warn!("preflight: {why}");
+                    events.push(Event {
+                        kind: "preflight".into(),
+                        ..Event::failure(attempt, why, 0, now_ms(), None)
+                    })?;
+                }
+                let rest = world - slow.len();
+                if c.launch.preflight.exclude && !slow.is_empty() {
+                    if rest > 0
+                        && c.train
+                            .global_batch
+                            .is_multiple_of(rest * c.train.micro_batch)
+                    {
+                        stop_all(&mut ranks);
+                        return Ok(Outcome::Exclude { slow: slow.len() });
+                    }
+                    tracing::warn!(
+                        "preflight: cannot leave out {} rank(s): global_batch {} does not divide over {rest} x micro_batch {}",
+                        slow.len(),
+                        c.train.global_batch,
+                        c.train.micro_batch
+                    );
+                }
+            }
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok((rank, Some(line))) => {
+                    let r = &mut ranks[rank];
+                    r.last_message = Instant::now();
+                    match WorkerMessage::parse(&line) {
+                        Some(m) => self.handle(rank, m, ctx, metrics, events, r)?,
+                        None => ctx.log().line(&format!("[rank {rank}] {line}")),
+                    }
+                }
+                Ok((rank, None)) => {
+                    let r = &mut ranks[rank];
+                    let status = r.child.wait()?;
+                    r.exited = Some(status);
+                    if !(status.success() && r.done) {
+                        // When one rank dies, its ring neighbours fail too ("receiving from the
+                        // previous rank"): give them a moment, then blame a rank that was killed
+                        // by a signal or failed on its own, not the ones that lost a peer.
+                        let deadline = Instant::now() + Duration::from_secs(1);
+                        while Instant::now() < deadline && ranks.iter().any(|r| r.exited.is_none())
+                        {
+                            for r in ranks.iter_mut().filter(|r| r.exited.is_none()) {
+                                r.exited = r.child.try_wait()?;
+                            }
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        while let Ok((rank, Some(line))) = rx.try_recv() {
+                            if let Some(WorkerMessage::Error { message, class }) =
+                                WorkerMessage::parse(&line)
+                            {
+                                ranks[rank].error = Some(message);
+                                ranks[rank].class = Some(class);
+                            }
+                        }
+                        let failed: Vec<usize> = (0..ranks.len())
+                            .filter(|&i| {
+                                ranks[i]
+                                    .exited
+                                    .is_some_and(|s| !(s.success() && ranks[i].done))
+                            })
+                            .collect();
+                        let class = |i: &usize| ranks[*i].failure();
+                        let culprit = failed
+                            .iter()
+                            .copied()
+                            .find(|i| class(i) == Failure::Fatal)
+                            .or_else(|| {
+                                failed
+                                    .iter()
+                                    .copied()
+                                    .find(|i| class(i) != Failure::LostPeer)
+                            })
+                            .unwrap_or(rank);
+                        let fatal = class(&culprit) == Failure::Fatal;
+                        let r = &ranks[culprit];
+                        let status = r.exited.expect("exited");
+                        let why = r.error.clone().unwrap_or_else(|| {
+                            if status.success() {
+                                "exited with status 0 without reporting `done`".into()
+                            } else {
+                                describe(&status)
+                            }
+                        });
+                        let step = r.step;
+                        stop_all(&mut ranks);
+                        return Ok(Outcome::Failed {
+                            cause: format!("rank {culprit} failed after step {step}: {why}"),
+                            step,
+                            fatal,
+                        });
+                    }
+                    if ranks.iter().all(|r| r.exited.is_some()) {
+                        return Ok(Outcome::Finished);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Ok(Outcome::Finished);
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if ctx.cancel_token().is_cancelled() {
+                stop_all(&mut ranks);
+                bail!("cancelled");
+            }
+            // A loop turn takes ~100 ms. A long gap means this process was not running (SIGSTOP,
+            // a suspended laptop, a starved host): the ranks' silence over that time is ours,
+            // not theirs, so their hang clocks start again.
+            let gap = last_tick.elapsed();
+            last_tick = Instant::now();
+            if gap > SUPERVISOR_PAUSE {
+                tracing::warn!(
+                    "the supervisor did not run for {:.1} s; not counting that time against the ranks' hang timeout",
+                    gap.as_secs_f64()
+                );
+                for r in &mut ranks {
+                    r.last_message = last_tick;
+                }
+            }
+            if let Some((rank, r)) = ranks
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.exited.is_none() && r.last_message.elapsed() > hang)
+            {
+                let (step, secs) = (r.step, r.last_message.elapsed().as_secs());
+                stop_all(&mut ranks);
+                return Ok(Outcome::Failed {
+                    cause: format!(
+                        "rank {rank} hung after step {step}: no message for {secs} s (hang_timeout_s {})",
+                        c.launch.hang_timeout_s
+                    ),
+                    step,
+                    fatal: false,
+                });
+            }
+        }
+    }
+
+    fn handle(
+        &self,
+        rank: usize,
+        m: WorkerMessage,
+        ctx: &StageContext,
+        metrics: &mut Metrics,
+        events: &mut Events,
+        r: &mut Rank,
+    ) -> Result<()> {
+        match m {
+            WorkerMessage::Hello {
+                device,
+                start_step,
+                total_steps,
+                params,
+                world,
+                ..
+            } => {
+                r.step = start_step;
+                if rank == 0 {
+                    ctx.progress().set_length(total_steps);
+                    ctx.progress().set_position(start_step);
+                    metrics.truncate_after(start_step)?;
+                    let from = if start_step > 0 {
+                        format!(", resuming at step {start_step}")
+                    } else {
+                        String::new()
+                    };
+                    tracing::info!(
+                        "{world} rank(s) on {device}: {params} parameters, {total_steps} steps{from}"
+                    );
+                }
+            }
+            WorkerMessage::Heartbeat { .. } => {}
+            WorkerMessage::Preflight { probe, .. } => r.probe = Some(probe),
+            WorkerMessage::Step(s) => {
+                r.step = s.step;
+                if rank != 0 {
+                    return Ok(());
+                }
+                events.training_again(now_ms())?;
+                ctx.progress().set_position(s.step);
+                ctx.progress()
+                    .set_message(format!("loss {:.3}  {:.0} tok/s", s.loss, s.tokens_per_s));
+                if s.step % 10 == 0 || s.step == 1 {
+                    tracing::info!(
+                        "step {} loss {:.4} lr {:.2e} grad-norm {:.3} {:.0} tok/s balance-error {:.3}",
+                        s.step,
+                        s.loss,
+                        s.lr,
+                        s.grad_norm,
+                        s.tokens_per_s,
+                        s.balance_error
+                    );
+                }
+                metrics.push(Record::Step(s))?;
+            }
+            WorkerMessage::Eval { step, losses } => {
+                let text: Vec<String> = losses.iter().map(|(s, l)| format!("{s} {l:.4}")).collect();
+                tracing::info!("step {step} held-out loss: {}", text.join(", "));
+                metrics.push(Record::Eval { step, losses })?;
+            }
+            WorkerMessage::CheckpointCommitted { step, path } => {
+                tracing::info!("checkpoint at step {step}: {path}")
+            }
+            WorkerMessage::LossSpike {
+                step,
+                loss,
+                z,
+                rollback_to,
+                skipped_sample,
+            } => {
+                if rank == 0 {
+                    tracing::warn!(
+                        "loss spike at step {step} (loss {loss:.4}, z {z:.1}): rolled back to step {rollback_to}, skipping the batch at sample {skipped_sample}"
+                    );
+                    metrics.truncate_after(rollback_to)?;
+                    ctx.progress().set_position(rollback_to);
+                    let cause = format!(
+                        "loss spike at step {step}: loss {loss:.4}, z {z:.1}; batch at sample {skipped_sample} skipped"
+                    );
+                    events.push(Event {
+                        kind: "loss_spike".into(),
+                        rollback_to: Some(rollback_to),
+                        ..Event::failure(
+                            events.current_attempt(),
+                            &cause,
+                            step,
+                            now_ms(),
+                            Some(0.0),
+                        )
+                    })?;
+                }
+            }
+            WorkerMessage::Done { step, loss } => {
+                if rank == 0 {
+                    match loss {
+                        Some(loss) => tracing::info!("phase done at step {step}, loss {loss:.4}"),
+                        None => tracing::info!("phase done at step {step}"),
+                    }
+                }
+                r.done = true;
+            }
+            WorkerMessage::Error { message, class } => {
+                r.error = Some(message);
+                r.class = Some(class);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn describe(status: &std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(sig)) => {
+            let name = match sig {
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGBUS => " (SIGBUS)",
+                _ => "",
+            };
+            format!("killed by signal {sig}{name}")
+        }
+        _ => "ended without finishing the phase".into(),
+    }
+}
