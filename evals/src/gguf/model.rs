@@ -690,33 +690,4 @@ pub fn token_logprob(logits: &[f32], target: u32) -> (f64, bool) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exp_and_gelu_are_accurate() {
-        let mut worst = 0f64;
-        for i in -87_000..88_000 {
-            let x = i as f32 / 1000.0;
-            let (got, want) = (exp(x) as f64, (x as f64).exp());
-            worst = worst.max((got - want).abs() / want);
-        }
-        assert!(worst < 5e-7, "exp: relative error {worst}");
-        assert_eq!(exp(-100.0), 0.0);
-        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-        for i in -20_000..20_000 {
-            let x = i as f32 / 1000.0;
-            let xd = x as f64;
-            let want = 0.5
-                * xd
-                * (1.0
-                    + ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd * xd * xd))
-                        .tanh());
-            assert!(
-                (gelu_tanh(x) as f64 - want).abs() < 1e-6 * want.abs().max(1e-3),
-                "gelu({x}) = {} vs {want}",
-                gelu_tanh(x)
-            );
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,88 @@
+use super::*;
+
+#[test]
+fn parses_scontrol_one_liners() {
+    let line = "JobId=12 JobName=zflow-train.p1 UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=2 BatchFlag=1 ExitCode=0:0 RunTime=00:00:07";
+    assert_eq!(
+        parse_scontrol(line),
+        Some(JobState {
+            state: "RUNNING".into(),
+            exit_code: "0:0".into(),
+            restarts: 2
+        })
+    );
+    assert_eq!(parse_scontrol("garbage"), None);
+    assert!(
+        is_final("CANCELLED")
+            && is_final("NODE_FAIL")
+            && !is_final("PENDING")
+            && !is_final("REQUEUED")
+    );
+}
+
+#[test]
+fn maps_resources_to_sbatch_options() {
+    let cfg = SlurmConfig {
+        partition: Some("gpu".into()),
+        time: Some("1:00:00".into()),
+        sbatch_args: vec!["--exclusive".into()],
+        ..Default::default()
+    };
+    let r = Resources {
+        cpus: 16,
+        gpus: 8,
+        memory_gb: 1.5,
+        ranks: 8,
+        nodes: 2,
+        time_min: 0,
+    };
+    let o = sbatch_options(&cfg, "train.p1", &r, Path::new("/s/x.out"), Path::new("/r"));
+    for want in [
+        "--job-name=zflow-train.p1",
+        "--nodes=2",
+        "--ntasks=8",
+        "--cpus-per-task=2",
+        "--gpus-per-node=4",
+        "--mem=1536M",
+        "--time=1:00:00",
+        "--partition=gpu",
+        "--exclusive",
+        "--requeue",
+    ] {
+        assert!(o.contains(&want.to_string()), "{want} missing from {o:?}");
+    }
+    let r = Resources {
+        time_min: 90,
+        ..Default::default()
+    };
+    let o = sbatch_options(&cfg, "s", &r, Path::new("o"), Path::new("."));
+    assert!(
+        o.contains(&"--time=90".to_string())
+            && o.contains(&"--ntasks=1".to_string())
+            && !o.iter().any(|x| x.starts_with("--gpus")),
+        "{o:?}"
+    );
+    let one = [(
+        PathBuf::from("/s/a b.spec.json"),
+        PathBuf::from("/s/x.exit-"),
+    )];
+    let s = script(&cfg, &o, Path::new("/bin/zflow"), &one);
+    assert!(
+        s.contains("#SBATCH --time=90\n")
+            && s.contains("specs=('/s/a b.spec.json')")
+            && s.contains("'/bin/zflow' exec-stage \"${specs[$i]}\"")
+            && s.contains("-gt 3 ]"),
+        "{s}"
+    );
+}
+
+#[test]
+fn a_missing_slurm_is_named() {
+    let err = slurm_command("zflow-no-such-sbatch", &["--parsable"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("not on PATH") && err.contains("zflow-no-such-sbatch --parsable"),
+        "{err}"
+    );
+}
