@@ -6,11 +6,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-mod bench_checkpoint;
-mod bench_collectives;
-mod bench_hw;
-mod bench_tokenize;
-mod bench_train;
+mod bench;
 mod commands;
 mod eval;
 
@@ -242,7 +238,7 @@ enum Command {
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
-        what: commands::Bench,
+        what: bench::Bench,
     },
 }
 
@@ -454,7 +450,7 @@ fn main() -> ExitCode {
                 hardware,
                 gpus,
             } => commands::size(&recipe, dp, micro_batch, hardware.as_deref(), gpus),
-            Command::Bench { what } => commands::bench(what).await,
+            Command::Bench { what } => bench::bench(what).await,
             Command::ExecStage { spec } => commands::exec_stage(&spec).await,
             Command::Worker { .. } => unreachable!("handled before the runtime starts"),
             Command::Ckpt {

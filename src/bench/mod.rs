@@ -1,0 +1,300 @@
+//! `zflow bench ...`: the systems benchmarks, each in its own file here, and the command line
+//! that dispatches to them.
+
+mod checkpoint;
+mod collectives;
+mod hw;
+mod tokenize;
+mod train;
+
+use crate::RecipeArgs;
+use crate::commands::open;
+use anyhow::Result;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+use zflow_pipeline::CancelToken;
+use zflow_pipeline::plan::{Engine, StageState};
+use zflow_pipeline::progress::Progress;
+use zflow_pipeline::run::{self, RunOptions};
+use zflow_pipeline::store::now_ms;
+
+/// `zflow bench ...`
+#[derive(clap::Subcommand)]
+pub enum Bench {
+    /// Time `plan` and a no-op `run` on a generated recipe of N shell stages.
+    Plan {
+        /// Number of stages.
+        #[arg(long, default_value_t = 2000)]
+        stages: usize,
+        /// Where to put the recipe and store (default: a temp folder).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Tokenize one source of a recipe (whose `ingest.<source>` and `tokenizer` are complete)
+    /// through zflow and through the Python `tokenizers` package's `encode_batch`, same
+    /// tokenizer.json, same documents, one run.
+    Tokenize {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// The source to tokenize.
+        #[arg(long)]
+        source: String,
+    },
+    /// All-reduce, reduce-scatter, all-gather and broadcast of the trainer's collectives
+    /// between worker processes: time, algorithm and bus bandwidth per message size and rank
+    /// count (nccl-tests' definitions); `collectives.parquet` in `--out`.
+    Collectives {
+        /// Rank counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "2,4")]
+        ranks: Vec<usize>,
+        /// Largest message in bytes (sizes are powers of two from 1 KiB).
+        #[arg(long, default_value_t = 256 << 20)]
+        max_bytes: u64,
+        /// Where `collectives.parquet` goes.
+        #[arg(long, default_value = "zflow-bench")]
+        out: PathBuf,
+    },
+    /// GEMM throughput over the recipe model's matrix shapes, and the same shapes off
+    /// 64-alignment, on the worker backend; `gemm.parquet` in `--out`.
+    Gemm {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Backend: cpu, cuda or rocm.
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        /// Tokens per GEMM (the m dimension).
+        #[arg(long, default_value_t = 2048)]
+        tokens: usize,
+        /// Where `gemm.parquet` goes.
+        #[arg(long, default_value = "zflow-bench")]
+        out: PathBuf,
+    },
+    /// STREAM memory bandwidth (copy, scale, add, triad) on one thread and on all;
+    /// `membw.parquet` in `--out`.
+    Membw {
+        /// MiB per array.
+        #[arg(long, default_value_t = 256)]
+        mib: usize,
+        /// Where `membw.parquet` goes.
+        #[arg(long, default_value = "zflow-bench")]
+        out: PathBuf,
+    },
+    /// One rank of `bench collectives` (started by it).
+    #[command(hide = true)]
+    CollectiveRank {
+        #[arg(long)]
+        max_bytes: u64,
+    },
+    /// One rank's device probe for the `preflight` stage (started by it): a JSON line.
+    #[command(hide = true)]
+    ProbeRank {
+        /// Backend: cpu, cuda or rocm.
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        /// The rank (for `ZFLOW_FAULTS`' slow@0 on that rank).
+        #[arg(long, default_value_t = 0)]
+        rank: usize,
+        /// Device index.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+    },
+    /// Checkpoint write throughput against `dd` on the same disk, and the step-time cost of
+    /// checkpointing in the background and inline, in one run.
+    Checkpoint {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Scratch folder on the disk to measure (default: the store's).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Training steps per mode.
+        #[arg(long, default_value_t = 20)]
+        steps: u64,
+        /// A checkpoint every this many steps.
+        #[arg(long, default_value_t = 5)]
+        every: u64,
+        /// Sequences per step.
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        /// Tokens per sequence.
+        #[arg(long, default_value_t = 256)]
+        seq_len: usize,
+    },
+    /// The training step of the recipe's model: tokens/s and model FLOP/s against this
+    /// machine's matmul peak and against PyTorch on the same model, in one run.
+    Train {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Sequences per step.
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        /// Tokens per sequence.
+        #[arg(long, default_value_t = 256)]
+        seq_len: usize,
+        /// Timed steps (the best one is reported).
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        /// Rounds, each timing zflow's step and then PyTorch's.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+    },
+}
+
+pub async fn bench(what: Bench) -> Result<ExitCode> {
+    match what {
+        Bench::Plan { stages, dir } => bench_plan(stages, dir).await,
+        Bench::Tokenize { recipe, source } => tokenize::run(&recipe, &source),
+        Bench::Train {
+            recipe,
+            batch,
+            seq_len,
+            steps,
+            rounds,
+        } => train::run(&recipe, batch, seq_len, steps, rounds),
+        Bench::Collectives {
+            ranks,
+            max_bytes,
+            out,
+        } => collectives::run(&ranks, max_bytes, &out),
+        Bench::CollectiveRank { max_bytes } => collectives::rank(max_bytes),
+        Bench::Gemm {
+            recipe,
+            backend,
+            tokens,
+            out,
+        } => hw::gemm(&recipe, &backend, tokens, &out),
+        Bench::ProbeRank {
+            backend,
+            rank,
+            device,
+        } => {
+            let slow_ms = zflow_runtime::faults::Faults::from_env(rank)?.delay_ms(0);
+            let (device, probe) =
+                zflow_runtime::preflight::probe_backend(&backend, device, slow_ms)?;
+            let line = zflow_stages::preflight::RankProbe {
+                host: zflow_pipeline::lease::hostname(),
+                device,
+                probe,
+            };
+            println!("{}", serde_json::to_string(&line)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Bench::Membw { mib, out } => hw::membw(mib, &out),
+        Bench::Checkpoint {
+            recipe,
+            dir,
+            steps,
+            every,
+            batch,
+            seq_len,
+        } => checkpoint::run(&recipe, dir.as_deref(), steps, every, batch, seq_len),
+    }
+}
+
+/// A recipe of `n` stages: a chain with fan-in (stage i needs i-1 and i/2), every stage a
+/// tiny shell command.
+pub fn generated_recipe(n: usize) -> String {
+    let mut y = String::from("name: bench\nstages:\n");
+    for i in 0..n {
+        y.push_str(&format!(
+            "  - name: s{i}\n    kind: shell\n    run: echo {i} > \"$ZFLOW_OUT/x\"\n"
+        ));
+        if i > 0 {
+            let mut needs = vec![format!("s{}", i - 1)];
+            if i / 2 != i - 1 {
+                needs.push(format!("s{}", i / 2));
+            }
+            y.push_str(&format!("    needs: [{}]\n", needs.join(", ")));
+        }
+    }
+    y
+}
+
+async fn bench_plan(n: usize, dir: Option<PathBuf>) -> Result<ExitCode> {
+    let tmp;
+    let dir = match dir {
+        Some(d) => {
+            std::fs::create_dir_all(&d)?;
+            d
+        }
+        None => {
+            tmp = tempdir()?;
+            tmp.clone()
+        }
+    };
+    let recipe_path = dir.join("bench.yaml");
+    std::fs::write(&recipe_path, generated_recipe(n))?;
+    let args = RecipeArgs {
+        recipe: recipe_path.clone(),
+        sets: vec![],
+        store: Some(dir.join("store")),
+    };
+
+    let t = Instant::now();
+    let engine = open(&args)?;
+    let load = t.elapsed();
+    let t = Instant::now();
+    let states = engine.plan(&BTreeSet::new())?;
+    let plan_time = t.elapsed();
+    let to_run = states
+        .iter()
+        .filter(|s| !matches!(s, StageState::Cached { .. }))
+        .count();
+    println!(
+        "{n} stages: load {:.3}s, plan {:.3}s ({to_run} to run)",
+        load.as_secs_f64(),
+        plan_time.as_secs_f64()
+    );
+
+    let quiet = Progress::new(zflow_pipeline::progress::Mode::Quiet);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    let run_all = |engine: Engine| RunOptions {
+        selected: (0..engine.graph.nodes().len()).collect(),
+        force: BTreeSet::new(),
+        cpus: cores,
+        gpus: 0,
+        memory_gb: f64::MAX,
+        progress: quiet.clone(),
+        cancel: CancelToken::default(),
+    };
+    let t = Instant::now();
+    let opts = run_all(open(&args)?);
+    let first = run::run(Arc::new(engine), opts).await?;
+    println!(
+        "first run: {} stages ran in {:.2}s",
+        first.ran.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let t = Instant::now();
+    let engine = open(&args)?;
+    let states = engine.plan(&BTreeSet::new())?;
+    let cached_plan = t.elapsed();
+    println!(
+        "plan when all cached (load + plan): {:.3}s ({} cached)",
+        cached_plan.as_secs_f64(),
+        states
+            .iter()
+            .filter(|s| matches!(s, StageState::Cached { .. }))
+            .count()
+    );
+    let t = Instant::now();
+    let opts = run_all(open(&args)?);
+    let second = run::run(Arc::new(engine), opts).await?;
+    println!(
+        "no-op run (load + run, all cached): {:.3}s ({} ran, {} cached)",
+        t.elapsed().as_secs_f64(),
+        second.ran.len(),
+        second.cached.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tempdir() -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("zflow-bench-{}-{}", std::process::id(), now_ms()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
