@@ -304,10 +304,7 @@ fn two_ranks_reshaped_to_one_and_four_continue_the_same_run() {
             );
         }
 
-        let mut job = job.clone();
-        job["checkpoints"] = serde_json::json!(dir.join("checkpoints"));
-        let job_path = dir.join("job.json");
-        std::fs::write(&job_path, serde_json::to_vec(&job).unwrap()).unwrap();
+        let job_path = write_job(&job, &dir);
         let stdout = run_workers(&job_path, ranks);
         let resumed = losses(&stdout);
         assert_eq!(
@@ -385,12 +382,24 @@ fn two_ranks_reshaped_to_one_and_four_continue_the_same_run() {
     // Without a reshape the trainer redistributes in memory (and says so).
     let dir = sb.path().join("dp4-direct");
     copy_dir(&step10, &dir.join("checkpoints/step-00000010"));
-    let mut job = job.clone();
-    job["checkpoints"] = serde_json::json!(dir.join("checkpoints"));
-    let job_path = dir.join("job.json");
-    std::fs::write(&job_path, serde_json::to_vec(&job).unwrap()).unwrap();
+    let job_path = write_job(&job, &dir);
     let stdout = run_workers(&job_path, 4);
     assert_eq!(losses(&stdout).first().map(|l| l.0), Some(11));
+}
+
+/// The train job a finished run of `train.p1` wrote.
+fn read_job(sb: &Sandbox) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(sb.output("train.p1").join("job.json")).unwrap()).unwrap()
+}
+
+/// `job` with its checkpoints in `dir/checkpoints`, written as `dir/job.json`; returns that path.
+fn write_job(job: &serde_json::Value, dir: &Path) -> PathBuf {
+    let mut job = job.clone();
+    job["checkpoints"] = serde_json::json!(dir.join("checkpoints"));
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("job.json");
+    std::fs::write(&path, serde_json::to_vec(&job).unwrap()).unwrap();
+    path
 }
 
 /// Runs `ranks` `zflow worker` processes on `job` (as the train stage would) and returns
@@ -684,15 +693,8 @@ fn strangers_at_the_rendezvous_and_the_ring_are_turned_away_at_no_cost() {
     let want = losses(
         &std::fs::read_to_string(reference.output("train.p1").join("metrics.jsonl")).unwrap(),
     );
-    let mut job: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(reference.output("train.p1").join("job.json")).unwrap(),
-    )
-    .unwrap();
-    let dir = reference.path().join("attacked");
-    job["checkpoints"] = serde_json::json!(dir.join("checkpoints"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let job_path = dir.join("job.json");
-    std::fs::write(&job_path, serde_json::to_vec(&job).unwrap()).unwrap();
+    let job = read_job(&reference);
+    let job_path = write_job(&job, &reference.path().join("attacked"));
 
     let mut strangers = Vec::new();
     let (stdout, stderr) = run_workers_with(&job_path, 2, |rendezvous, ring| {
@@ -754,16 +756,9 @@ fn token_ids_beyond_the_vocabulary_fail_at_once_naming_both_sizes() {
     let reference = Sandbox::new();
     reference.write("r.yaml", &recipe(1, 0));
     reference.ok(&["run", "r.yaml"]);
-    let mut job: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(reference.output("train.p1").join("job.json")).unwrap(),
-    )
-    .unwrap();
+    let mut job = read_job(&reference);
     job["model"]["vocab_size"] = serde_json::json!(100);
-    let dir = reference.path().join("small");
-    job["checkpoints"] = serde_json::json!(dir.join("checkpoints"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let job_path = dir.join("job.json");
-    std::fs::write(&job_path, serde_json::to_vec(&job).unwrap()).unwrap();
+    let job_path = write_job(&job, &reference.path().join("small"));
     let out = Command::new(env!("CARGO_BIN_EXE_zflow"))
         .args(["worker", "--job"])
         .arg(&job_path)
