@@ -288,9 +288,8 @@ enum CkptCommand {
         /// The checkpoint folder to create (must not exist, or be empty).
         out: PathBuf,
     },
-    /// Re-partition a checkpoint for another parallel layout: `--dp N` moves the ZeRO-1
-    /// optimizer shards to N data-parallel ranks, `--ep N` places the experts on N
-    /// expert-parallel ranks. Weights, trainer state and data cursor are copied unchanged, so
+    /// Re-partition a checkpoint for another number of ranks: `--dp N` moves the ZeRO-1
+    /// optimizer shards to N data-parallel ranks. Weights, trainer state and data cursor are copied unchanged, so
     /// training resumed from OUT reads the same data in the same order.
     Reshape {
         /// The checkpoint folder.
@@ -300,9 +299,6 @@ enum CkptCommand {
         /// Data-parallel ranks.
         #[arg(long)]
         dp: usize,
-        /// Expert-parallel ranks.
-        #[arg(long, default_value_t = 1)]
-        ep: usize,
     },
 }
 
@@ -473,8 +469,8 @@ fn main() -> ExitCode {
                 what: CkptCommand::Import { hf, out },
             } => commands::ckpt_import(&hf, &out),
             Command::Ckpt {
-                what: CkptCommand::Reshape { input, out, dp, ep },
-            } => commands::ckpt_reshape(&input, &out, dp, ep),
+                what: CkptCommand::Reshape { input, out, dp },
+            } => commands::ckpt_reshape(&input, &out, dp),
         }
     });
     // Stages still blocked on a cancelled child must not keep us alive.

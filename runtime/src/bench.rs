@@ -193,7 +193,7 @@ fn one_step_state(model: &ModelConfig) -> anyhow::Result<OneStep> {
     let settings = TrainSettings::default();
     let zaya: Zaya<B> = Zaya::new(model, 0, &device);
     let mut optim = Optimizers::new(&settings, &zaya);
-    let layout = crate::zero::Layout::new(&crate::trainer::param_list(&zaya), 1, 1)?;
+    let layout = crate::zero::Layout::new(&crate::trainer::param_list(&zaya), 1)?;
     let rows: Vec<u32> = (0..2 * 65).map(|i| (i % model.vocab_size) as u32).collect();
     let biases: Vec<Vec<f32>> = (0..model.num_blocks)
         .map(|_| vec![0.0; zaya.routes()])

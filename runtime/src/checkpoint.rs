@@ -619,10 +619,9 @@ pub fn inspect(dir: &Path) -> Result<String> {
         let load: Vec<String> = layout.load().iter().map(|n| n.to_string()).collect();
         writeln!(
             out,
-            "layout: optimizer state sharded over {} data-parallel rank(s) (ZeRO-1; parameters per shard: {}), experts over {} expert-parallel rank(s)",
+            "layout: optimizer state sharded over {} data-parallel rank(s) (ZeRO-1; parameters per shard: {})",
             layout.dp,
-            load.join(" / "),
-            layout.ep
+            load.join(" / ")
         )?;
     }
     for (name, bytes) in &files {

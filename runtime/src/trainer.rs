@@ -231,7 +231,7 @@ pub fn train<B: AutodiffBackend>(
 
     let model_config = job.phase_model();
     let shape_model: Zaya<B> = Zaya::new(&model_config, t.seed, device);
-    let layout = zero::Layout::new(&param_list(&shape_model), world, 1)?;
+    let layout = zero::Layout::new(&param_list(&shape_model), world)?;
     let plan = Plan::new(&layout);
     drop(shape_model);
     let (mut model, mut optim, mut state) =

@@ -40,33 +40,23 @@ pub struct Slot {
     pub numel: usize,
     /// Owning data-parallel rank.
     pub owner: usize,
-    /// Expert-parallel rank holding it (experts only; everything else is replicated).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ep_rank: Option<usize>,
 }
 
 /// How a checkpoint's state is laid out over ranks (`layout.json`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Layout {
-    /// Data-parallel degree: optimizer shards.
+    /// Data-parallel degree: optimizer shards. (Every rank holds every expert: ZAYA1 trained
+    /// with data parallelism and ZeRO-1 only; layouts written with an `ep` field read the
+    /// same.)
     pub dp: usize,
-    /// Expert-parallel degree (1 = every rank holds every expert).
-    #[serde(default = "one")]
-    pub ep: usize,
     /// Every parameter, in the model's visiting order.
     pub params: Vec<Slot>,
 }
 
-fn one() -> usize {
-    1
-}
-
 impl Layout {
-    /// The layout of `params` (name, id, elements) over `dp` ranks and `ep` expert-parallel
-    /// groups.
-    pub fn new(params: &[(String, u64, usize)], dp: usize, ep: usize) -> Result<Layout> {
+    /// The layout of `params` (name, id, elements) over `dp` ranks.
+    pub fn new(params: &[(String, u64, usize)], dp: usize) -> Result<Layout> {
         ensure!(dp >= 1, "the data-parallel degree must be at least 1");
-        ensure!(ep >= 1, "the expert-parallel degree must be at least 1");
         let mut order: Vec<usize> = (0..params.len()).collect();
         // Largest first; ties keep model order, so the result is a pure function of the input.
         order.sort_by(|&a, &b| params[b].2.cmp(&params[a].2).then(a.cmp(&b)));
@@ -77,11 +67,6 @@ impl Layout {
             load[rank] += params[i].2;
             owner[i] = rank;
         }
-        let experts = experts_per_layer(params);
-        ensure!(
-            experts == 0 || experts.is_multiple_of(ep),
-            "{experts} experts per MoE layer cannot be placed evenly on {ep} expert-parallel ranks"
-        );
         let slots = params
             .iter()
             .zip(owner)
@@ -90,27 +75,19 @@ impl Layout {
                 id: *id,
                 numel: *numel,
                 owner,
-                // Contiguous placement: expert e of each layer on EP rank e / (experts / ep).
-                ep_rank: (ep > 1)
-                    .then(|| expert_index(name).map(|e| e / (experts / ep)))
-                    .flatten(),
             })
             .collect();
-        Ok(Layout {
-            dp,
-            ep,
-            params: slots,
-        })
+        Ok(Layout { dp, params: slots })
     }
 
     /// The same parameters laid out for another degree.
-    pub fn reshaped(&self, dp: usize, ep: usize) -> Result<Layout> {
+    pub fn reshaped(&self, dp: usize) -> Result<Layout> {
         let params: Vec<(String, u64, usize)> = self
             .params
             .iter()
             .map(|s| (s.name.clone(), s.id, s.numel))
             .collect();
-        Layout::new(&params, dp, ep)
+        Layout::new(&params, dp)
     }
 
     /// Parameter ids owned by `rank`.
@@ -130,20 +107,6 @@ impl Layout {
         }
         load
     }
-}
-
-/// `blocks.B.moe.local_experts.E....` -> `Some(E)`.
-fn expert_index(name: &str) -> Option<usize> {
-    let (_, rest) = name.split_once(".local_experts.")?;
-    rest.split('.').next()?.parse().ok()
-}
-
-fn experts_per_layer(params: &[(String, u64, usize)]) -> usize {
-    params
-        .iter()
-        .filter_map(|(n, _, _)| expert_index(n))
-        .max()
-        .map_or(0, |m| m + 1)
 }
 
 /// Splits a shard file into its `(id, record bytes)` entries.
@@ -180,11 +143,11 @@ pub fn join_entries(mut entries: Vec<(u64, &[u8])>) -> Vec<u8> {
     out
 }
 
-/// Rewrites checkpoint `input` as checkpoint directory `output` for `dp` data-parallel ranks
-/// and `ep` expert-parallel ranks: the optimizer entries move to their new owners' shard
+/// Rewrites checkpoint `input` as checkpoint directory `output` for `dp` data-parallel ranks:
+/// the optimizer entries move to their new owners' shard
 /// files, `layout.json` is replaced, every other file is copied unchanged. `output` is
 /// written atomically (temporary directory, manifest last, rename).
-pub fn reshape(input: &Path, output: &Path, dp: usize, ep: usize) -> Result<Layout> {
+pub fn reshape(input: &Path, output: &Path, dp: usize) -> Result<Layout> {
     let files = checkpoint::read_verified(input)
         .with_context(|| format!("{} does not verify; it cannot be reshaped", input.display()))?;
     let layout: Layout = serde_json::from_slice(files.get("layout.json").with_context(|| {
@@ -194,7 +157,7 @@ pub fn reshape(input: &Path, output: &Path, dp: usize, ep: usize) -> Result<Layo
         )
     })?)
     .with_context(|| format!("{}/layout.json", input.display()))?;
-    let new = layout.reshaped(dp, ep)?;
+    let new = layout.reshaped(dp)?;
     let owner: BTreeMap<u64, usize> = new.params.iter().map(|s| (s.id, s.owner)).collect();
 
     let mut out: Vec<(String, Vec<u8>)> = Vec::new();
@@ -297,20 +260,14 @@ mod tests {
 
     #[test]
     fn ownership_is_balanced_and_a_pure_function() {
-        let l = Layout::new(&params(), 2, 1).unwrap();
-        assert_eq!(l, Layout::new(&params(), 2, 1).unwrap());
+        let l = Layout::new(&params(), 2).unwrap();
+        assert_eq!(l, Layout::new(&params(), 2).unwrap());
         // 1000 on rank 0; the four 300s go to rank 1 while it has less; the 10 to rank 0.
         assert_eq!(l.load(), vec![1010, 1200]);
-        assert_eq!(Layout::new(&params(), 1, 1).unwrap().load(), vec![2210]);
-        let l4 = Layout::new(&params(), 2, 4).unwrap();
-        let ep: Vec<Option<usize>> = l4.params.iter().map(|s| s.ep_rank).collect();
-        assert_eq!(ep, vec![None, Some(0), Some(1), Some(2), Some(3), None]);
-        assert!(
-            Layout::new(&params(), 2, 3)
-                .unwrap_err()
-                .to_string()
-                .contains("evenly")
-        );
+        assert_eq!(Layout::new(&params(), 1).unwrap().load(), vec![2210]);
+        // A layout written when it also recorded expert placement reads the same.
+        let old = r#"{"dp": 1, "ep": 1, "params": [{"name": "a", "id": 1, "numel": 3, "owner": 0, "ep_rank": 0}]}"#;
+        assert_eq!(serde_json::from_str::<Layout>(old).unwrap().dp, 1);
     }
 
     #[test]

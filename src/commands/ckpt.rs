@@ -54,21 +54,20 @@ pub fn ckpt_import(hf: &Path, out: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `zflow ckpt reshape IN OUT --dp N [--ep M]`.
-pub fn ckpt_reshape(input: &Path, out: &Path, dp: usize, ep: usize) -> Result<ExitCode> {
-    let layout = zflow_runtime::zero::reshape(input, out, dp, ep)?;
+/// `zflow ckpt reshape IN OUT --dp N`.
+pub fn ckpt_reshape(input: &Path, out: &Path, dp: usize) -> Result<ExitCode> {
+    let layout = zflow_runtime::zero::reshape(input, out, dp)?;
     let load: Vec<String> = layout
         .load()
         .iter()
         .map(|n| format!("{:.2}M", *n as f64 / 1e6))
         .collect();
     println!(
-        "{} -> {}: optimizer state over {} data-parallel rank(s) ({} parameters each), experts over {} expert-parallel rank(s)",
+        "{} -> {}: optimizer state over {} data-parallel rank(s) ({} parameters each)",
         input.display(),
         out.display(),
         layout.dp,
-        load.join(" / "),
-        layout.ep
+        load.join(" / ")
     );
     Ok(ExitCode::SUCCESS)
 }
