@@ -343,6 +343,11 @@ fn bad_train_settings_are_named() {
             "`num_blocks` must be > 0, got 0",
         ),
         (
+            "num_blocks: 2",
+            "num_blocks: 2\n  rope_fraction: 0.3",
+            "head_dim 32 x 0.3 = 9 channels",
+        ),
+        (
             "balance: {lr: 0.02}",
             "balance: {lr: 0.02}\n  launch: {hang_timeout_s: 0}",
             "`hang_timeout_s` must be > 0",

@@ -327,9 +327,8 @@ fn check_exportable(c: &ModelConfig) -> Result<()> {
         "model.num_kv_heads x model.head_dim ({}) must be even: the reference splits it between two value projections",
         c.kv_latent()
     );
-    // Ours rotates `floor(head_dim * fraction)` rounded down to even channels; the reference's
-    // default RoPE rotates `int(head_dim * partial_rotary_factor)`.
-    let rotated = (c.head_dim as f64 * c.rope_fraction) as usize;
+    // Both rotate `int(head_dim * partial_rotary_factor)` channels ([`ModelConfig::rope_dims`]).
+    let rotated = c.rope_dims();
     ensure!(
         rotated.is_multiple_of(2),
         "model.head_dim x model.rope_fraction = {rotated} RoPE channels; the reference needs an even number"

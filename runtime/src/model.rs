@@ -142,7 +142,7 @@ impl<B: Backend> Zaya<B> {
                 num_query_heads: config.num_query_heads,
                 num_kv_heads: config.num_kv_heads,
                 head_dim: config.head_dim,
-                rope_dim: ((config.head_dim as f64 * config.rope_fraction) as usize) & !1,
+                rope_dim: config.rope_dims(),
                 rope_base: config.rope_base,
                 num_experts: config.num_experts,
                 mod_skip: config.mod_skip,

@@ -302,9 +302,12 @@ impl ModelConfig {
         self.num_experts + usize::from(self.mod_skip)
     }
 
-    /// Head channels that get RoPE (64 for ZAYA1-base).
+    /// Head channels that get RoPE (64 for ZAYA1-base): `floor(head_dim * rope_fraction)`, as
+    /// the reference implementation counts them. The model, its export and this sizing all use
+    /// this one count; a recipe whose count is odd (RoPE rotates channel pairs) is refused when
+    /// it loads.
     pub fn rope_dims(&self) -> usize {
-        (self.head_dim as f64 * self.rope_fraction).round() as usize
+        (self.head_dim as f64 * self.rope_fraction) as usize
     }
 
     /// Weights of the attention linears: `linear_q`, `linear_k`, `val_proj1`, `val_proj2`,

@@ -46,6 +46,17 @@ fn check_ranges(c: &ModelConfig) -> Result<(), ConfigError> {
             ));
         }
     }
+    if !(0.0..=1.0).contains(&c.rope_fraction) || !c.rope_dims().is_multiple_of(2) {
+        return Err(ConfigError::new(
+            "model.rope_fraction",
+            format!(
+                "`rope_fraction` must lie in [0, 1] and give an even number of RoPE channels (RoPE rotates channel pairs): head_dim {} x {} = {} channels",
+                c.head_dim,
+                c.rope_fraction,
+                c.rope_dims()
+            ),
+        ));
+    }
     let positive = [("rope_base", c.rope_base), ("rms_norm_eps", c.rms_norm_eps)];
     for (field, value) in positive {
         if !(value.is_finite() && value > 0.0) {
