@@ -220,8 +220,11 @@ enum Command {
     /// (hello, step metrics, checkpoints, done, error) and log to stderr.
     Worker {
         /// The train job (JSON) written by the train stage.
+        #[arg(long, required_unless_present = "probe")]
+        job: Option<PathBuf>,
+        /// Only probe the device (the preflight GEMM and bandwidth) and report it.
         #[arg(long)]
-        job: PathBuf,
+        probe: bool,
         /// Backend: cpu, cuda or rocm.
         #[arg(long, default_value = "cpu")]
         backend: String,
@@ -316,6 +319,7 @@ fn main() -> ExitCode {
     }
     if let Command::Worker {
         job,
+        probe,
         backend,
         device,
     } = &cli.command
@@ -326,7 +330,11 @@ fn main() -> ExitCode {
             .with_target(false)
             .without_time()
             .init();
-        return ExitCode::from(zflow_runtime::worker::run(job, backend, *device) as u8);
+        let code = match job {
+            Some(job) if !probe => zflow_runtime::worker::run(job, backend, *device),
+            _ => zflow_runtime::worker::probe(backend, *device),
+        };
+        return ExitCode::from(code as u8);
     }
     let quiet = matches!(
         cli.command,

@@ -22,6 +22,40 @@ use crate::contract::protocol::{Emit, WorkerMessage};
 use crate::faults::{self, Faults};
 use crate::trainer;
 
+/// `zflow worker --probe`: probes `backend` device `device` (the preflight GEMM and memory
+/// bandwidth) and reports it as one `preflight` message; returns the process exit code. The
+/// rank, for injected faults, comes from `ZFLOW_RANK` (0 when unset).
+pub fn probe(backend: &str, device: usize) -> i32 {
+    let run = || -> Result<WorkerMessage> {
+        let rank = match std::env::var(env::RANK) {
+            Ok(r) => r
+                .parse()
+                .map_err(|_| anyhow::anyhow!("{}={r:?} is not a number", env::RANK))?,
+            Err(_) => 0,
+        };
+        let slow_ms = Faults::from_env(rank)?.delay_ms(0);
+        let (description, probe) = crate::preflight::probe_backend(backend, device, slow_ms)?;
+        Ok(WorkerMessage::Preflight {
+            rank,
+            probe,
+            host: crate::preflight::hostname(),
+            device: description,
+        })
+    };
+    let message = run().unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        WorkerMessage::Error {
+            message: format!("{e:#}"),
+            class: Failure::of(&e),
+        }
+    });
+    println!("{}", message.to_line());
+    match message {
+        WorkerMessage::Error { class, .. } => class.exit_code(),
+        _ => 0,
+    }
+}
+
 /// Runs the job in `job_path` on `backend` device `device`; returns the process exit code.
 /// The rank, world and rendezvous come from the environment ([`Placement::from_env`]).
 pub fn run(job_path: &Path, backend: &str, device: usize) -> i32 {
@@ -137,6 +171,8 @@ fn go<B: AutodiffBackend>(
         emit(WorkerMessage::Preflight {
             rank: placement.map_or(0, |p| p.rank),
             probe,
+            host: crate::preflight::hostname(),
+            device: description.to_string(),
         });
     }
     let mut group = match placement {

@@ -88,19 +88,6 @@ pub enum Bench {
         #[arg(long)]
         max_bytes: u64,
     },
-    /// One rank's device probe for the `preflight` stage (started by it): a JSON line.
-    #[command(hide = true)]
-    ProbeRank {
-        /// Backend: cpu, cuda or rocm.
-        #[arg(long, default_value = "cpu")]
-        backend: String,
-        /// The rank (for `ZFLOW_FAULTS`' slow@0 on that rank).
-        #[arg(long, default_value_t = 0)]
-        rank: usize,
-        /// Device index.
-        #[arg(long, default_value_t = 0)]
-        device: usize,
-    },
     /// Checkpoint write throughput against `dd` on the same disk, and the step-time cost of
     /// checkpointing in the background and inline, in one run.
     Checkpoint {
@@ -165,22 +152,6 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
             tokens,
             out,
         } => hw::gemm(&recipe, &backend, tokens, &out),
-        Bench::ProbeRank {
-            backend,
-            rank,
-            device,
-        } => {
-            let slow_ms = zflow_runtime::faults::Faults::from_env(rank)?.delay_ms(0);
-            let (device, probe) =
-                zflow_runtime::preflight::probe_backend(&backend, device, slow_ms)?;
-            let line = zflow_stages::preflight::RankProbe {
-                host: zflow_pipeline::lease::hostname(),
-                device,
-                probe,
-            };
-            println!("{}", serde_json::to_string(&line)?);
-            Ok(ExitCode::SUCCESS)
-        }
         Bench::Membw { mib, out } => hw::membw(mib, &out),
         Bench::Checkpoint {
             recipe,

@@ -12,6 +12,36 @@ use anyhow::{Result, bail};
 /// The engines `train.engine` may name.
 pub const ENGINES: &[&str] = &["native"];
 
+/// The program and arguments that probe one device for `engine` (the preflight GEMM and
+/// bandwidth), answering with one `preflight` message: what the `preflight` stage runs per
+/// rank.
+pub fn probe_command(
+    engine: &str,
+    backend: &str,
+    device: usize,
+) -> Result<(PathBuf, Vec<OsString>)> {
+    match engine {
+        "native" => Ok((
+            zflow_pipeline::stage::zflow_exe()?,
+            [
+                "worker",
+                "--probe",
+                "--backend",
+                backend,
+                "--device",
+                &device.to_string(),
+            ]
+            .into_iter()
+            .map(OsString::from)
+            .collect(),
+        )),
+        other => bail!(
+            "unknown training engine `{other}` (engines: {})",
+            ENGINES.join(", ")
+        ),
+    }
+}
+
 /// The program and arguments that run one rank of `engine` on the train job at `job`, on
 /// `backend` (cpu, cuda, rocm).
 pub fn worker_command(engine: &str, job: &Path, backend: &str) -> Result<(PathBuf, Vec<OsString>)> {

@@ -8,8 +8,9 @@
 //!   min_ratio: 0.5      # a rank below min_ratio x the median GEMM or bandwidth is an outlier
 //!   on_outlier: fail    # fail (name the ranks and hosts) | report (warn, record, go on)
 //! ```
-//! Each rank is a `zflow bench probe-rank` process (an `srun` step on its node under Slurm) running the same GEMM and memory-bandwidth
-//! probe, and the same median test, as the train stage's own health check at every launch
+//! Each rank is its engine's probe (`zflow worker --probe` for the native engine: an `srun`
+//! step on its node under Slurm) running the same GEMM and memory-bandwidth probe, and the same
+//! median test, as the train stage's own health check at every launch
 //! (`train.launch.preflight`, `zflow_runtime::preflight`). The output holds `preflight.parquet`
 //! (rank, host, device, GFLOP/s, GB/s, outlier) and `preflight.json` (the verdict and the
 //! hosts to leave out), for `zflow query` and for a scheduler's exclude list.
@@ -28,6 +29,7 @@ use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
 use zflow_pipeline::stage::spawn_supervised;
 use zflow_pipeline::{ConfigError, Stage, StageContext};
+use zflow_runtime::contract::protocol::WorkerMessage;
 use zflow_runtime::preflight::{Probe, outliers};
 
 use crate::util::write_parquet;
@@ -62,6 +64,17 @@ pub struct PreflightConfig {
     /// What an outlier does to the stage.
     #[serde(default)]
     pub on_outlier: OnOutlier,
+    /// The training engine whose probe runs (`crate::engine`); left out of the identity when
+    /// native.
+    #[serde(default = "native", skip_serializing_if = "is_native")]
+    pub engine: String,
+}
+
+fn native() -> String {
+    "native".into()
+}
+fn is_native(engine: &str) -> bool {
+    engine == "native"
 }
 
 fn one() -> usize {
@@ -74,7 +87,7 @@ fn half() -> f64 {
     0.5
 }
 
-/// One rank's line from `zflow bench probe-rank`.
+/// One rank's probe, as `preflight.json` records it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RankProbe {
     /// The machine it ran on.
@@ -150,25 +163,17 @@ impl Stage for Preflight {
     }
 
     fn run(&self, c: &PreflightConfig, ctx: &StageContext) -> Result<()> {
-        let exe = zflow_pipeline::stage::zflow_exe()?;
         let slurm = crate::launch::SlurmJob::from_env()?;
         // All ranks at once, as in training: a shared memory bus or power cap shows.
         let mut children = Vec::new();
         for rank in 0..c.ranks {
-            let mut cmd =
-                crate::launch::rank_command(slurm.as_ref(), &exe, rank, c.ranks, ctx.name());
             let device = if c.backend == "cpu" { 0 } else { rank };
-            cmd.args([
-                "bench",
-                "probe-rank",
-                "--backend",
-                &c.backend,
-                "--rank",
-                &rank.to_string(),
-                "--device",
-                &device.to_string(),
-            ]);
-            cmd.envs(ctx.child_env())
+            let (program, args) = crate::engine::probe_command(&c.engine, &c.backend, device)?;
+            let mut cmd =
+                crate::launch::rank_command(slurm.as_ref(), &program, rank, c.ranks, ctx.name());
+            cmd.args(&args)
+                .env(zflow_runtime::contract::env::RANK, rank.to_string())
+                .envs(ctx.child_env())
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(ctx.log().stdio()?);
@@ -186,17 +191,31 @@ impl Stage for Preflight {
                 .expect("piped")
                 .read_to_string(&mut out)?;
             let status = child.wait()?;
+            let line = out.lines().last().unwrap_or_default();
             if !status.success() {
+                let why = match WorkerMessage::parse(line) {
+                    Some(WorkerMessage::Error { message, .. }) => message,
+                    _ => status.to_string(),
+                };
                 bail!(
-                    "the probe of rank {rank} failed ({status}); see {}",
+                    "the probe of rank {rank} failed: {why}; see {}",
                     ctx.log().path().display()
                 );
             }
-            let line = out.lines().last().unwrap_or_default();
-            ranks.push(
-                serde_json::from_str::<RankProbe>(line)
-                    .with_context(|| format!("rank {rank}'s probe said {line:?}"))?,
-            );
+            let Some(WorkerMessage::Preflight {
+                probe,
+                host,
+                device,
+                ..
+            }) = WorkerMessage::parse(line)
+            else {
+                bail!("rank {rank}'s probe said {line:?}, not a `preflight` message");
+            };
+            ranks.push(RankProbe {
+                host,
+                device,
+                probe,
+            });
         }
         let probes: Vec<Probe> = ranks.iter().map(|r| r.probe).collect();
         let slow = outliers(&probes, c.min_ratio);

@@ -17,6 +17,9 @@
 //!    `hello` first, then `preflight` when asked, `step` per optimizer step, `eval`,
 //!    `checkpoint_committed`, `loss_spike`, `heartbeat` when a step takes long, and last
 //!    `done` or `error`. Anything else it prints (stderr) goes to the stage log.
+//!    Started with `--probe` instead of a job (`stages/src/engine.rs`: `probe_command`), it
+//!    only measures its device and answers with one `preflight` message: what the `preflight`
+//!    stage runs on every rank.
 //! 4. **It ends** with an exit code that says what the supervisor should do ([`exit`]): done,
 //!    retry, lost peer, fatal.
 //! 5. **It reads and writes checkpoints** in the format of [`crate::checkpoint`]: `step-N/`

@@ -28,12 +28,19 @@ pub enum WorkerMessage {
         /// Parameters in the model.
         params: u64,
     },
-    /// The preflight probe of this rank's device (sent before training, when asked for).
+    /// The preflight probe of this rank's device: sent before training when asked for
+    /// (`ZFLOW_PREFLIGHT`), and the one message of a probe-only run (`zflow worker --probe`).
     Preflight {
         /// This worker's rank.
         rank: usize,
         /// What it measured.
         probe: crate::preflight::Probe,
+        /// The machine it ran on.
+        #[serde(default)]
+        host: String,
+        /// The device it measured, e.g. "flex cpu".
+        #[serde(default)]
+        device: String,
     },
     /// Liveness, sent between steps when a step takes long.
     Heartbeat {
