@@ -9,9 +9,10 @@ use burn::backend::Autodiff;
 use burn::tensor::{Distribution, Tensor};
 use burn_flex::{Flex, FlexDevice};
 
+use crate::contract::settings::TrainSettings;
 use crate::model::Zaya;
 use crate::size::ModelConfig;
-use crate::trainer::{Optimizers, TrainSettings, train_step};
+use crate::trainer::{Optimizers, train_step};
 
 /// Best-of-`reps` f32 GFLOP/s of an `n x n x n` matrix multiply on the CPU backend.
 pub fn matmul_gflops(n: usize, reps: usize) -> f64 {

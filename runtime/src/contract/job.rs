@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 
+use crate::contract::settings::TrainSettings;
 use crate::size::ModelConfig;
-use crate::trainer::TrainSettings;
 
 /// The version of the train job document this code writes and reads.
 pub const JOB_VERSION: u32 = 1;

@@ -7,7 +7,8 @@
 //! A worker engine is a program the supervisor starts once per rank, per launch:
 //!
 //! 1. **Its input** is the train job, a JSON file ([`job::TrainJob`], versioned by
-//!    [`job::JOB_VERSION`]): the phase, the model, the training settings, the mixture index
+//!    [`job::JOB_VERSION`]): the phase, the model, the training settings
+//!    ([`settings::TrainSettings`]), the mixture index
 //!    and token sources, the checkpoint folder and the checkpoint to start from.
 //! 2. **Its environment** ([`env`]) places it in the launch: rank, world, rendezvous and ring
 //!    addresses, the launch secret that every connection between ranks must prove
@@ -39,3 +40,4 @@ pub mod env;
 pub mod exit;
 pub mod job;
 pub mod protocol;
+pub mod settings;

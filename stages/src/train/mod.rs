@@ -28,8 +28,8 @@ use serde_json::Value;
 use zflow_pipeline::stage::parse_config;
 use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
 use zflow_runtime::contract::job::{JOB_VERSION, SourcePaths, TrainJob};
+use zflow_runtime::contract::settings::TrainSettings;
 use zflow_runtime::size::ModelConfig;
-use zflow_runtime::trainer::TrainSettings;
 
 use crate::names;
 

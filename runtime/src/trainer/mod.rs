@@ -9,8 +9,7 @@
 //! verifies and reproduces the uninterrupted run bit for bit (same batches, same order of
 //! floating-point operations).
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,168 +22,31 @@ use burn::optim::{
     AdamW, AdamWConfig, AdjustLrFn, GradientsAccumulator, GradientsParams, Muon, MuonConfig,
     Optimizer,
 };
-use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
-use serde::{Deserialize, Serialize};
 
-use crate::balance::{self, BalanceConfig, BalanceState};
+use crate::balance::{self, BalanceState};
 use crate::checkpoint::{self, TrainerState};
 use crate::collective::Group;
 use crate::contract::job::TrainJob;
 use crate::contract::protocol::{Emit, StepMetrics, WorkerMessage};
+use crate::contract::settings::TrainSettings;
 use crate::data::TokenSource;
 use crate::data::megatron::IndexedDataset;
 use crate::data::mixture::MixtureReader;
 use crate::data_parallel::{self, Plan, StepSums};
 use crate::faults::{self, Faults, Kind};
 use crate::model::Zaya;
-use crate::saver::{Saver, Snapshot};
-use crate::schedule::WsdSchedule;
-use crate::size::ModelConfig;
-use crate::spike::SpikeGuard;
+use crate::saver::Saver;
 use crate::zero;
 
-/// Muon settings (ZAYA1's are not public).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MuonSettings {
-    /// Momentum.
-    pub momentum: f64,
-    /// Nesterov momentum.
-    pub nesterov: bool,
-    /// Newton-Schulz iterations.
-    pub ns_steps: usize,
-    /// Decoupled weight decay.
-    pub weight_decay: f64,
-}
+mod heldout;
+mod state;
 
-impl Default for MuonSettings {
-    fn default() -> Self {
-        MuonSettings {
-            momentum: 0.95,
-            nesterov: true,
-            ns_steps: 5,
-            weight_decay: 0.1,
-        }
-    }
-}
-
-/// AdamW settings for the non-matrix parameters.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AdamWSettings {
-    /// First-moment decay.
-    pub beta1: f64,
-    /// Second-moment decay.
-    pub beta2: f64,
-    /// Denominator epsilon.
-    pub eps: f64,
-    /// Decoupled weight decay (norm gains and biases usually want none).
-    pub weight_decay: f64,
-}
-
-impl Default for AdamWSettings {
-    fn default() -> Self {
-        AdamWSettings {
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.0,
-        }
-    }
-}
-
-fn is_native(engine: &str) -> bool {
-    engine == "native"
-}
-
-/// A phase's training settings (the `train:` part of a `phases:` entry).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TrainSettings {
-    /// Sequences per optimizer step, over all ranks.
-    pub global_batch: usize,
-    /// Sequences per forward/backward on one rank (gradient accumulation makes up the rest).
-    pub micro_batch: usize,
-    /// Learning-rate schedule (Muon, with AdamW RMS matching, and AdamW share it).
-    pub schedule: WsdSchedule,
-    /// Muon settings.
-    pub muon: MuonSettings,
-    /// AdamW settings.
-    pub adamw: AdamWSettings,
-    /// Clip the global gradient norm to this (0 = off).
-    pub grad_clip: f64,
-    /// The router balancing controller.
-    pub balance: BalanceConfig,
-    /// RoPE base for this phase (`None` = the model's).
-    pub rope_base: Option<f64>,
-    /// Carry the optimizer state over from the previous phase (else it restarts).
-    pub carry_optimizer: bool,
-    /// Checkpoint every N steps (0 = only at the end).
-    pub checkpoint_every: u64,
-    /// Checkpoints kept (newest); the phase's final one is always kept.
-    pub keep_checkpoints: usize,
-    /// Held-out loss every N steps (0 = only at the end).
-    pub eval_every: u64,
-    /// Held-out tokens scored per source.
-    pub eval_tokens: usize,
-    /// Seed of the weight initialisation.
-    pub seed: u64,
-    /// The training engine each rank runs (`stages/src/engine.rs`); `native` is zflow's own.
-    /// Left out of the serialised settings when native, so it changes no existing identity.
-    #[serde(skip_serializing_if = "is_native")]
-    pub engine: String,
-    /// Where workers run: cpu, cuda or rocm.
-    pub backend: String,
-    /// Write checkpoints in a background thread while training goes on.
-    pub async_checkpoints: bool,
-    /// The loss-spike guard.
-    pub spike: SpikeGuard,
-}
-
-impl Default for TrainSettings {
-    fn default() -> Self {
-        TrainSettings {
-            global_batch: 16,
-            micro_batch: 16,
-            schedule: WsdSchedule::default(),
-            muon: MuonSettings::default(),
-            adamw: AdamWSettings::default(),
-            grad_clip: 1.0,
-            balance: BalanceConfig::default(),
-            rope_base: None,
-            carry_optimizer: true,
-            checkpoint_every: 50,
-            keep_checkpoints: 2,
-            eval_every: 50,
-            eval_tokens: 16384,
-            seed: 0,
-            engine: "native".into(),
-            backend: "cpu".into(),
-            async_checkpoints: true,
-            spike: SpikeGuard::default(),
-        }
-    }
-}
-
-impl TrainSettings {
-    /// Checks the settings, naming the bad field.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.global_batch == 0 || self.micro_batch == 0 {
-            return Err("`global_batch` and `micro_batch` must be at least 1".into());
-        }
-        if !self.global_batch.is_multiple_of(self.micro_batch) {
-            return Err(format!(
-                "`global_batch` ({}) must be a multiple of `micro_batch` ({})",
-                self.global_batch, self.micro_batch
-            ));
-        }
-        self.schedule
-            .validate()
-            .map_err(|e| format!("schedule: {e}"))
-    }
-}
+pub use heldout::evaluate;
+use heldout::open_heldout;
+use state::restore;
+pub(crate) use state::snapshot;
 
 type MuonOpt<B> = OptimizerAdaptor<Muon<<B as AutodiffBackend>::InnerBackend>, Zaya<B>, B>;
 type AdamOpt<B> = OptimizerAdaptor<AdamW, Zaya<B>, B>;
@@ -769,187 +631,4 @@ fn split_grads<B: AutodiffBackend>(
     };
     model.visit(&mut v);
     v.to
-}
-
-/// Held-out token streams, one per source that has them.
-fn open_heldout(job: &TrainJob) -> Result<Vec<(String, IndexedDataset)>> {
-    let mut out = Vec::new();
-    for s in &job.sources {
-        if let Some(prefix) = &s.heldout {
-            let ds = IndexedDataset::open(prefix)
-                .with_context(|| format!("opening the held-out tokens of `{}`", s.name))?;
-            if ds.num_docs() > 0 {
-                out.push((s.name.clone(), ds));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Mean held-out loss per source over the first `tokens` tokens of its held-out stream, in
-/// windows of `seq_len` predictions.
-pub fn evaluate<B: Backend>(
-    model: &Zaya<B>,
-    heldout: &[(String, IndexedDataset)],
-    seq_len: usize,
-    tokens: usize,
-    batch: usize,
-    biases: &[Vec<f32>],
-) -> Result<Vec<(String, f64)>> {
-    let device = model.embed_tokens.val().device();
-    let mut out = Vec::new();
-    for (name, ds) in heldout {
-        let stream = read_stream(ds, tokens + 1)?;
-        let windows: Vec<&[u32]> = stream.windows(seq_len + 1).step_by(seq_len).collect();
-        if windows.is_empty() {
-            continue;
-        }
-        let (mut sum, mut count) = (0.0, 0usize);
-        for chunk in windows.chunks(batch) {
-            let rows: Vec<u32> = chunk.iter().flat_map(|w| w.iter().copied()).collect();
-            let (inputs, targets) = batch_tensors::<B>(&rows, chunk.len(), seq_len, &device);
-            let (nll, _) = model.token_losses(inputs, targets, biases);
-            sum += scalar(nll.sum());
-            count += chunk.len() * seq_len;
-        }
-        out.push((name.clone(), sum / count as f64));
-    }
-    Ok(out)
-}
-
-/// The first `n` tokens of a dataset's documents, concatenated.
-fn read_stream(ds: &IndexedDataset, n: usize) -> Result<Vec<u32>> {
-    let mut out = Vec::with_capacity(n);
-    for doc in 0..ds.num_docs() {
-        let len = ds.doc_len(doc).min(n - out.len());
-        let start = out.len();
-        out.resize(start + len, 0);
-        ds.read(doc, 0, &mut out[start..])?;
-        if out.len() == n {
-            break;
-        }
-    }
-    Ok(out)
-}
-
-/// This rank's files of a checkpoint of the current state: every rank its optimizer shards;
-/// rank 0 also the weights, the trainer state, the layout and the model config.
-pub(crate) fn snapshot<B: AutodiffBackend>(
-    model_config: &ModelConfig,
-    layout: &zero::Layout,
-    rank: usize,
-    model: &Zaya<B>,
-    optim: &Optimizers<B>,
-    state: &TrainerState,
-) -> Result<Snapshot> {
-    let mut files = vec![
-        (
-            zero::shard_file("muon", rank),
-            optimizer_bytes(optim.muon.to_record())?,
-        ),
-        (
-            zero::shard_file("adamw", rank),
-            optimizer_bytes(optim.adamw.to_record())?,
-        ),
-    ];
-    if rank == 0 {
-        // One metadata entry: safetensors keeps metadata in a HashMap, so with two or more the
-        // header's byte order would change from process to process.
-        let mut meta = BTreeMap::new();
-        meta.insert("format".into(), checkpoint::WEIGHTS_FORMAT.into());
-        files.push((
-            "model.safetensors".to_string(),
-            checkpoint::weights_to_safetensors(model, meta)?,
-        ));
-        files.push((
-            "trainer.json".to_string(),
-            serde_json::to_vec_pretty(state)?,
-        ));
-        files.push((
-            "layout.json".to_string(),
-            serde_json::to_vec_pretty(layout)?,
-        ));
-        files.push((
-            "model.json".to_string(),
-            serde_json::to_vec_pretty(model_config)?,
-        ));
-    }
-    Ok(Snapshot {
-        step: state.step,
-        files,
-    })
-}
-
-/// Loads a checkpoint's weights (always), this rank's optimizer shards (if `shard` names the
-/// run's layout and rank) and trainer state.
-fn restore<B: AutodiffBackend>(
-    model: Zaya<B>,
-    mut optim: Optimizers<B>,
-    dir: &Path,
-    files: &BTreeMap<String, Vec<u8>>,
-    device: &B::Device,
-    shard: Option<(&zero::Layout, usize)>,
-) -> Result<(Zaya<B>, Optimizers<B>, TrainerState)> {
-    let get = |name: &str| {
-        files
-            .get(name)
-            .with_context(|| format!("{}: no {name} in the checkpoint", dir.display()))
-    };
-    let model = checkpoint::load_weights(
-        model,
-        get("model.safetensors")?,
-        &dir.join("model.safetensors"),
-    )?;
-    let state: TrainerState = serde_json::from_slice(get("trainer.json")?)
-        .with_context(|| format!("{}/trainer.json", dir.display()))?;
-    if let Some((layout, rank)) = shard {
-        let saved = zero::read_layout(dir, files)?;
-        if saved.dp != layout.dp && rank == 0 {
-            tracing::warn!(
-                "{} holds optimizer state for {} data-parallel ranks and this run has {}: every rank reads every shard (`zflow ckpt reshape` does this once, offline)",
-                dir.display(),
-                saved.dp,
-                layout.dp
-            );
-        }
-        let muon = zero::shard_for(dir, files, &saved, layout, rank, "muon")?;
-        let adamw = zero::shard_for(dir, files, &saved, layout, rank, "adamw")?;
-        let muon = optimizer_record(&muon, device)
-            .with_context(|| format!("{}: Muon state of rank {rank}", dir.display()))?;
-        let adamw = optimizer_record(&adamw, device)
-            .with_context(|| format!("{}: AdamW state of rank {rank}", dir.display()))?;
-        optim.muon = optim.muon.load_record(muon);
-        optim.adamw = optim.adamw.load_record(adamw);
-    }
-    Ok((model, optim, state))
-}
-
-/// An optimizer record as bytes ([`zero`]'s shard format), entries sorted by parameter id so
-/// the same state always serialises to the same bytes (burn keeps them in a randomly seeded
-/// hash map).
-fn optimizer_bytes<RB: Backend, R: Record<RB>>(
-    record: hashbrown::HashMap<ParamId, R>,
-) -> Result<Vec<u8>> {
-    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
-    let mut encoded = Vec::with_capacity(record.len());
-    for (id, r) in record {
-        encoded.push((id.val(), Recorder::<RB>::record(&recorder, r, ())?));
-    }
-    Ok(zero::join_entries(
-        encoded.iter().map(|(id, b)| (*id, b.as_slice())).collect(),
-    ))
-}
-
-/// Reads what [`optimizer_bytes`] wrote.
-fn optimizer_record<RB: Backend, R: Record<RB>>(
-    bytes: &[u8],
-    device: &RB::Device,
-) -> Result<hashbrown::HashMap<ParamId, R>> {
-    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
-    let mut out = hashbrown::HashMap::new();
-    for (id, record) in zero::entries(bytes)? {
-        let r: R = Recorder::<RB>::load(&recorder, record.to_vec(), device)?;
-        out.insert(ParamId::from(id), r);
-    }
-    Ok(out)
 }

@@ -1,0 +1,149 @@
+//! The training settings of a phase (the `train:` part of a `phases:` entry, over the recipe's
+//! `train:` section): the `train` field of the train job, with every default in one place.
+
+use serde::{Deserialize, Serialize};
+
+use crate::balance::BalanceConfig;
+use crate::schedule::WsdSchedule;
+use crate::spike::SpikeGuard;
+
+/// Muon settings (ZAYA1's are not public).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MuonSettings {
+    /// Momentum.
+    pub momentum: f64,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+    /// Newton-Schulz iterations.
+    pub ns_steps: usize,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+}
+
+impl Default for MuonSettings {
+    fn default() -> Self {
+        MuonSettings {
+            momentum: 0.95,
+            nesterov: true,
+            ns_steps: 5,
+            weight_decay: 0.1,
+        }
+    }
+}
+
+/// AdamW settings for the non-matrix parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdamWSettings {
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Denominator epsilon.
+    pub eps: f64,
+    /// Decoupled weight decay (norm gains and biases usually want none).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWSettings {
+    fn default() -> Self {
+        AdamWSettings {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+fn is_native(engine: &str) -> bool {
+    engine == "native"
+}
+
+/// A phase's training settings (the `train:` part of a `phases:` entry).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainSettings {
+    /// Sequences per optimizer step, over all ranks.
+    pub global_batch: usize,
+    /// Sequences per forward/backward on one rank (gradient accumulation makes up the rest).
+    pub micro_batch: usize,
+    /// Learning-rate schedule (Muon, with AdamW RMS matching, and AdamW share it).
+    pub schedule: WsdSchedule,
+    /// Muon settings.
+    pub muon: MuonSettings,
+    /// AdamW settings.
+    pub adamw: AdamWSettings,
+    /// Clip the global gradient norm to this (0 = off).
+    pub grad_clip: f64,
+    /// The router balancing controller.
+    pub balance: BalanceConfig,
+    /// RoPE base for this phase (`None` = the model's).
+    pub rope_base: Option<f64>,
+    /// Carry the optimizer state over from the previous phase (else it restarts).
+    pub carry_optimizer: bool,
+    /// Checkpoint every N steps (0 = only at the end).
+    pub checkpoint_every: u64,
+    /// Checkpoints kept (newest); the phase's final one is always kept.
+    pub keep_checkpoints: usize,
+    /// Held-out loss every N steps (0 = only at the end).
+    pub eval_every: u64,
+    /// Held-out tokens scored per source.
+    pub eval_tokens: usize,
+    /// Seed of the weight initialisation.
+    pub seed: u64,
+    /// The training engine each rank runs (`stages/src/engine.rs`); `native` is zflow's own.
+    /// Left out of the serialised settings when native, so it changes no existing identity.
+    #[serde(skip_serializing_if = "is_native")]
+    pub engine: String,
+    /// Where workers run: cpu, cuda or rocm.
+    pub backend: String,
+    /// Write checkpoints in a background thread while training goes on.
+    pub async_checkpoints: bool,
+    /// The loss-spike guard.
+    pub spike: SpikeGuard,
+}
+
+impl Default for TrainSettings {
+    fn default() -> Self {
+        TrainSettings {
+            global_batch: 16,
+            micro_batch: 16,
+            schedule: WsdSchedule::default(),
+            muon: MuonSettings::default(),
+            adamw: AdamWSettings::default(),
+            grad_clip: 1.0,
+            balance: BalanceConfig::default(),
+            rope_base: None,
+            carry_optimizer: true,
+            checkpoint_every: 50,
+            keep_checkpoints: 2,
+            eval_every: 50,
+            eval_tokens: 16384,
+            seed: 0,
+            engine: "native".into(),
+            backend: "cpu".into(),
+            async_checkpoints: true,
+            spike: SpikeGuard::default(),
+        }
+    }
+}
+
+impl TrainSettings {
+    /// Checks the settings, naming the bad field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.global_batch == 0 || self.micro_batch == 0 {
+            return Err("`global_batch` and `micro_batch` must be at least 1".into());
+        }
+        if !self.global_batch.is_multiple_of(self.micro_batch) {
+            return Err(format!(
+                "`global_batch` ({}) must be a multiple of `micro_batch` ({})",
+                self.global_batch, self.micro_batch
+            ));
+        }
+        self.schedule
+            .validate()
+            .map_err(|e| format!("schedule: {e}"))
+    }
+}
