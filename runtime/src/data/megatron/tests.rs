@@ -1,4 +1,8 @@
 use super::*;
+use std::fs;
+
+use crate::data::TokenSource;
+use std::path::Path;
 
 /// A writer for raw index contents, so tests can build datasets zflow would never write
 /// (several sequences per document, inconsistent indices).
