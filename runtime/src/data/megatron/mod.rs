@@ -20,7 +20,7 @@
 //!
 //! Megatron lets a document hold several sequences. zflow writes exactly one sequence per
 //! document, and reads datasets from other tools by treating each *sequence* as a document
-//! of the [`TokenSource`] (that is how Megatron's GPT dataset samples them too).
+//! of the [`TokenSource`](crate::data::TokenSource) (that is how Megatron's GPT dataset samples them too).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
