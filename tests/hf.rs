@@ -14,7 +14,7 @@ use zflow_runtime::balance::BalanceState;
 use zflow_runtime::checkpoint::{TrainerState, commit, weights_to_safetensors};
 use zflow_runtime::data::mixture::DataCursor;
 use zflow_runtime::model::Zaya;
-use zflow_runtime::size::ModelConfig;
+use zflow_runtime::model_config::ModelConfig;
 
 fn tiny() -> ModelConfig {
     ModelConfig {

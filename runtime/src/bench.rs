@@ -11,7 +11,7 @@ use burn_flex::{Flex, FlexDevice};
 
 use crate::contract::settings::TrainSettings;
 use crate::model::Zaya;
-use crate::size::ModelConfig;
+use crate::model_config::ModelConfig;
 use crate::trainer::{Optimizers, train_step};
 
 /// Best-of-`reps` f32 GFLOP/s of an `n x n x n` matrix multiply on the CPU backend.

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::balance::BalanceState;
 use crate::data::mixture::DataCursor;
 use crate::model::Zaya;
-use crate::size::ModelConfig;
+use crate::model_config::ModelConfig;
 
 /// Everything besides tensors that a resumed run needs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -47,7 +47,7 @@ use crate::balance::BalanceState;
 use crate::checkpoint::{Manifest, TrainerState};
 use crate::data::mixture::DataCursor;
 use crate::model::reference_name;
-use crate::size::ModelConfig;
+use crate::model_config::ModelConfig;
 
 /// An imported checkpoint carries the trainer's single metadata entry, so its
 /// `model.safetensors` has the same bytes as one the trainer wrote for the same weights.

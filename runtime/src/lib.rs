@@ -19,6 +19,7 @@ pub mod handshake;
 pub mod hf;
 pub mod microbench;
 pub mod model;
+pub mod model_config;
 pub mod preflight;
 pub mod projection;
 pub mod rng;

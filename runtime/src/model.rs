@@ -17,8 +17,8 @@ use burn::tensor::activation::{gelu, log_softmax, silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
+use crate::model_config::ModelConfig;
 use crate::rng::SplitMix64;
-use crate::size::ModelConfig;
 
 /// The whole model: embedding, `num_blocks` x (attention, MoE), final scaling and norm, and the
 /// output head tied to the embedding.

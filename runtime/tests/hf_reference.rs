@@ -18,7 +18,7 @@ use zflow_runtime::checkpoint::{TrainerState, commit, load_weights, weights_to_s
 use zflow_runtime::data::mixture::DataCursor;
 use zflow_runtime::hf::{ExportOptions, export_hf};
 use zflow_runtime::model::Zaya;
-use zflow_runtime::size::ModelConfig;
+use zflow_runtime::model_config::ModelConfig;
 
 fn config() -> ModelConfig {
     ModelConfig {

@@ -46,7 +46,7 @@ pub fn size(
 /// GPU-hours and days on the named hardware (or this machine, measured now).
 fn project(
     doc: &serde_json::Value,
-    model: &zflow_runtime::size::ModelConfig,
+    model: &zflow_runtime::model_config::ModelConfig,
     name: &str,
     gpus: Option<usize>,
 ) -> Result<()> {

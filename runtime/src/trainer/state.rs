@@ -14,8 +14,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use super::Optimizers;
 use crate::checkpoint::{self, TrainerState};
 use crate::model::Zaya;
+use crate::model_config::ModelConfig;
 use crate::saver::Snapshot;
-use crate::size::ModelConfig;
 use crate::zero;
 
 /// This rank's files of a checkpoint of the current state: every rank its optimizer shards;
