@@ -1,6 +1,7 @@
-//! The training runtime: data loading ([`data`]), model sizing ([`size`]), the ZAYA1 model in
-//! burn ([`model`]), its trainer pieces ([`schedule`], [`balance`]), the worker protocol
-//! ([`protocol`]) and Hugging Face export/import ([`hf`]). This crate never depends on
+//! The training runtime: data loading ([`data`]), the model configuration ([`model_config`])
+//! and its sizing ([`size`]), the ZAYA1 model in burn ([`model`]), the trainer ([`trainer`])
+//! and its pieces ([`schedule`], [`balance`]), the engine contract a worker keeps with its
+//! supervisor ([`contract`]) and Hugging Face export/import ([`hf`]). This crate never depends on
 //! DataFusion, so the trainer builds without the query engine.
 
 #![warn(missing_docs)]

@@ -10,7 +10,7 @@
 //!    [`job::JOB_VERSION`]): the phase, the model, the training settings
 //!    ([`settings::TrainSettings`]), the mixture index
 //!    and token sources, the checkpoint folder and the checkpoint to start from.
-//! 2. **Its environment** ([`env`]) places it in the launch: rank, world, rendezvous and ring
+//! 2. **Its environment** ([`env`](mod@env)) places it in the launch: rank, world, rendezvous and ring
 //!    addresses, the launch secret that every connection between ranks must prove
 //!    ([`crate::handshake`]), the heartbeat interval, whether to probe the device first, and
 //!    the faults to inject in tests.
