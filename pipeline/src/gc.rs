@@ -49,19 +49,15 @@ pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
             keep.insert(slot);
         }
     }
-    // What running stages read stays, whichever recipe started them.
-    keep.extend(live_leases(&store.root().join(".zflow/leases")).flat_map(|l| l.inputs));
+    // Running stages stay, and so does what they read, whichever recipe started them.
+    let mut running = BTreeSet::new();
+    for (slot, lease) in live_leases(&store.root().join(".zflow/leases")) {
+        running.insert(slot);
+        keep.extend(lease.inputs);
+    }
     let mut report = GcReport::default();
     for (folder, slot) in store.stage_folders()? {
-        if keep.contains(&folder) {
-            report.kept += 1;
-            continue;
-        }
-        let lease_path = store
-            .root()
-            .join(".zflow/leases")
-            .join(format!("{slot}.lease"));
-        if lease::read(&lease_path).is_some_and(|l| !l.is_stale(lease::lease_timeout())) {
+        if keep.contains(&folder) || running.contains(&slot) {
             report.kept += 1;
             continue;
         }
@@ -84,16 +80,24 @@ pub fn gc(engines: &[Engine], dry_run: bool) -> Result<GcReport> {
     Ok(report)
 }
 
-/// The leases in `dir` whose owners are alive.
-fn live_leases(dir: &std::path::Path) -> impl Iterator<Item = lease::LeaseInfo> {
+/// The leases in `dir` whose owners are alive, by the slot (`<stage>-<short>`) they hold.
+fn live_leases(dir: &std::path::Path) -> Vec<(String, lease::LeaseInfo)> {
     let timeout = lease::lease_timeout();
     std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "lease"))
-        .filter_map(|e| lease::read(&e.path()))
-        .filter(move |l| !l.is_stale(timeout))
+        .filter_map(|e| {
+            let path = e.path();
+            let slot = path
+                .file_name()?
+                .to_str()?
+                .strip_suffix(".lease")?
+                .to_string();
+            let lease = lease::read(&path).filter(|l| !l.is_stale(timeout))?;
+            Some((slot, lease))
+        })
+        .collect()
 }
 
 fn dir_size(path: &std::path::Path) -> u64 {

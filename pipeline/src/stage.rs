@@ -449,8 +449,6 @@ pub fn spawn_supervised(cmd: &mut Command) -> std::io::Result<Supervised> {
             Ok(())
         });
     }
-    // Started before the child, so that no group goes unwatched.
-    crate::reaper::pid();
     let child = cmd.spawn()?;
     crate::reaper::watch(child.id());
     Ok(Supervised { child })
