@@ -12,6 +12,22 @@ use anyhow::{Result, bail};
 /// The engines `train.engine` may name.
 pub const ENGINES: &[&str] = &["native"];
 
+/// Whether `engine` is one of [`ENGINES`]; the error says which ones are.
+pub fn check(engine: &str) -> std::result::Result<(), String> {
+    if ENGINES.contains(&engine) {
+        Ok(())
+    } else {
+        Err(unknown(engine))
+    }
+}
+
+fn unknown(engine: &str) -> String {
+    format!(
+        "unknown training engine `{engine}` (engines: {})",
+        ENGINES.join(", ")
+    )
+}
+
 /// The program and arguments that probe one device for `engine` (the preflight GEMM and
 /// bandwidth), answering with one `preflight` message: what the `preflight` stage runs per
 /// rank.
@@ -35,10 +51,7 @@ pub fn probe_command(
             .map(OsString::from)
             .collect(),
         )),
-        other => bail!(
-            "unknown training engine `{other}` (engines: {})",
-            ENGINES.join(", ")
-        ),
+        other => bail!(unknown(other)),
     }
 }
 
@@ -59,9 +72,6 @@ pub fn worker_command(engine: &str, job: &Path, backend: &str) -> Result<(PathBu
                 ])
                 .collect(),
         )),
-        other => bail!(
-            "unknown training engine `{other}` (engines: {})",
-            ENGINES.join(", ")
-        ),
+        other => bail!(unknown(other)),
     }
 }

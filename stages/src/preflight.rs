@@ -133,6 +133,7 @@ impl Stage for Preflight {
                 ),
             ));
         }
+        crate::engine::check(&c.engine).map_err(|e| ConfigError::new("engine", e))?;
         Ok(())
     }
 

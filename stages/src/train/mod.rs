@@ -158,16 +158,7 @@ impl Stage for Train {
         }
         zflow_runtime::backend::BackendKind::parse(&c.train.backend)
             .map_err(|e| ConfigError::new("train.backend", e.to_string()))?;
-        if !crate::engine::ENGINES.contains(&c.train.engine.as_str()) {
-            return Err(ConfigError::new(
-                "train.engine",
-                format!(
-                    "unknown training engine `{}` (engines: {})",
-                    c.train.engine,
-                    crate::engine::ENGINES.join(", ")
-                ),
-            ));
-        }
+        crate::engine::check(&c.train.engine).map_err(|e| ConfigError::new("train.engine", e))?;
         let want = names::mix(&c.phase);
         if !needs.contains(&want) {
             return Err(ConfigError::new(
