@@ -331,8 +331,8 @@ fn main() -> ExitCode {
             .without_time()
             .init();
         let code = match job {
-            Some(job) if !probe => zflow_runtime::worker::run(job, backend, *device),
-            _ => zflow_runtime::worker::probe(backend, *device),
+            Some(job) if !probe => zflow_runtime::trainer::worker::run(job, backend, *device),
+            _ => zflow_runtime::trainer::worker::probe(backend, *device),
         };
         return ExitCode::from(code as u8);
     }

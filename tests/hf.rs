@@ -10,11 +10,11 @@ use std::path::Path;
 
 use burn_flex::Flex;
 use common::Sandbox;
-use zflow_runtime::balance::BalanceState;
 use zflow_runtime::checkpoint::{TrainerState, commit, weights_to_safetensors};
 use zflow_runtime::data::mixture::DataCursor;
 use zflow_runtime::model::Zaya;
-use zflow_runtime::model_config::ModelConfig;
+use zflow_runtime::model::config::ModelConfig;
+use zflow_runtime::trainer::balance::BalanceState;
 
 fn tiny() -> ModelConfig {
     ModelConfig {

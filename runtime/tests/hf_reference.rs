@@ -13,12 +13,12 @@ use burn::tensor::{Int, Tensor, TensorData};
 use burn_flex::Flex;
 use safetensors::SafeTensors;
 use safetensors::tensor::TensorView;
-use zflow_runtime::balance::BalanceState;
 use zflow_runtime::checkpoint::{TrainerState, commit, load_weights, weights_to_safetensors};
 use zflow_runtime::data::mixture::DataCursor;
 use zflow_runtime::hf::{ExportOptions, export_hf};
 use zflow_runtime::model::Zaya;
-use zflow_runtime::model_config::ModelConfig;
+use zflow_runtime::model::config::ModelConfig;
+use zflow_runtime::trainer::balance::BalanceState;
 
 fn config() -> ModelConfig {
     ModelConfig {

@@ -6,8 +6,8 @@ use burn::backend::Autodiff;
 use burn::module::Param;
 use burn::tensor::{Tensor, TensorData};
 use burn_flex::Flex;
+use zflow_runtime::model::config::ModelConfig;
 use zflow_runtime::model::{Zaya, causal_conv, shift_right};
-use zflow_runtime::model_config::ModelConfig;
 
 type B = Autodiff<Flex>;
 

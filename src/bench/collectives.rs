@@ -10,8 +10,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail, ensure};
 use arrow::array::{ArrayRef, Float64Array, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field};
-use zflow_runtime::collective::{Group, Placement};
-use zflow_runtime::collective_bench::{self, Op, Point};
+use zflow_runtime::bench::collectives::{self, Op, Point};
+use zflow_runtime::dist::collective::{Group, Placement};
 use zflow_stages::plot::{LineChart, Scale, Series};
 
 /// Measures every rank count in `ranks` up to `max_bytes` per message; writes
@@ -94,7 +94,7 @@ pub fn rank(max_bytes: u64) -> Result<ExitCode> {
     let placement = Placement::from_env()?
         .context("collective-rank is started by `zflow bench collectives`")?;
     let mut group = Group::join(&placement)?;
-    let points = collective_bench::measure(&mut group, max_bytes)?;
+    let points = collectives::measure(&mut group, max_bytes)?;
     if group.rank == 0 {
         for p in points {
             println!("{}", serde_json::to_string(&p)?);
@@ -116,7 +116,7 @@ fn print_table(points: &[Point], ranks: &[usize]) {
             ));
         }
         println!("{head}");
-        for bytes in collective_bench::sizes(points.iter().map(|p| p.bytes).max().unwrap_or(1024)) {
+        for bytes in collectives::sizes(points.iter().map(|p| p.bytes).max().unwrap_or(1024)) {
             let mut line = format!("{bytes:>12}");
             for &n in ranks {
                 match points

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use arrow::array::{ArrayRef, Float64Array, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field};
-use zflow_runtime::microbench::{self, Stream};
+use zflow_runtime::bench::micro::{self, Stream};
 
 use zflow_stages::plot::{LineChart, Scale, Series};
 
@@ -20,10 +20,10 @@ pub fn gemm(args: &RecipeArgs, backend: &str, tokens: usize, out: &Path) -> Resu
     let engine = crate::commands::open(args)?;
     let model = zflow_stages::model::ModelSection::config(&engine.recipe.document)
         .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
-    let shapes = microbench::model_shapes(&model, tokens);
-    let sweep = microbench::dimension_sweep(tokens, model.hidden_size, 64, 8);
+    let shapes = micro::model_shapes(&model, tokens);
+    let sweep = micro::dimension_sweep(tokens, model.hidden_size, 64, 8);
     let all: Vec<_> = shapes.iter().chain(&sweep).cloned().collect();
-    let (device, mut gflops) = microbench::gemm_sweep(backend, 0, &all, 3)?;
+    let (device, mut gflops) = micro::gemm_sweep(backend, 0, &all, 3)?;
     let swept = gflops.split_off(shapes.len());
     println!("GEMM on {device}, f32, {tokens} tokens, best of 3:");
     println!(
@@ -130,8 +130,8 @@ pub fn membw(mib: usize, out: &Path) -> Result<ExitCode> {
         format!("{all} threads")
     );
     for kernel in Stream::ALL {
-        let one = microbench::stream_gbps(kernel, len, 1, 5);
-        let many = microbench::stream_gbps(kernel, len, all, 5);
+        let one = micro::stream_gbps(kernel, len, 1, 5);
+        let many = micro::stream_gbps(kernel, len, all, 5);
         println!(
             "{:<8} {:>10.1} {:>10.1}",
             format!("{kernel:?}").to_lowercase(),
@@ -154,7 +154,7 @@ pub fn membw(mib: usize, out: &Path) -> Result<ExitCode> {
                 .map(|&m| {
                     (
                         (m << 20) as f64,
-                        microbench::stream_gbps(kernel, m * (1 << 20) / 8, all, 5),
+                        micro::stream_gbps(kernel, m * (1 << 20) / 8, all, 5),
                     )
                 })
                 .collect();

@@ -94,7 +94,7 @@ pub fn run(
 }
 
 fn torch_step(
-    model: &zflow_runtime::model_config::ModelConfig,
+    model: &zflow_runtime::model::config::ModelConfig,
     batch: usize,
     seq_len: usize,
     steps: usize,

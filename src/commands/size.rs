@@ -46,11 +46,11 @@ pub fn size(
 /// GPU-hours and days on the named hardware (or this machine, measured now).
 fn project(
     doc: &serde_json::Value,
-    model: &zflow_runtime::model_config::ModelConfig,
+    model: &zflow_runtime::model::config::ModelConfig,
     name: &str,
     gpus: Option<usize>,
 ) -> Result<()> {
-    use zflow_runtime::projection::{self, Assumptions, Hardware};
+    use zflow_runtime::size::projection::{self, Assumptions, Hardware};
     let hw = match name {
         "this" => measure_this_machine()?,
         _ => Hardware::named(name)
@@ -131,14 +131,14 @@ fn project(
 /// This machine as a [`Hardware`]: burn's f32 matmul peak (as the "bf16" throughput, with the
 /// efficiency applied on top), STREAM triad, and the ring's all-reduce bus bandwidth between
 /// two threads over loopback.
-fn measure_this_machine() -> Result<zflow_runtime::projection::Hardware> {
-    use zflow_runtime::collective::{Group, Placement};
+fn measure_this_machine() -> Result<zflow_runtime::size::projection::Hardware> {
+    use zflow_runtime::dist::collective::{Group, Placement};
     let gflops = zflow_runtime::bench::matmul_gflops(1024, 3);
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let membw = zflow_runtime::microbench::stream_gbps(
-        zflow_runtime::microbench::Stream::Triad,
+    let membw = zflow_runtime::bench::micro::stream_gbps(
+        zflow_runtime::bench::micro::Stream::Triad,
         8 << 20,
         threads,
         3,
@@ -167,7 +167,7 @@ fn measure_this_machine() -> Result<zflow_runtime::projection::Hardware> {
     }
     // Bus bandwidth of a 2-rank all-reduce: bytes / time x 2(n-1)/n = bytes / time.
     let busbw = bytes as f64 / secs / 1e9;
-    Ok(zflow_runtime::projection::Hardware {
+    Ok(zflow_runtime::size::projection::Hardware {
         name: "this machine".into(),
         bf16_tflops: gflops / 1e3,
         hbm_gbps: membw,

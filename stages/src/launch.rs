@@ -7,7 +7,7 @@
 use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
-use zflow_runtime::collective::{Placement, free_port};
+use zflow_runtime::dist::collective::{Placement, free_port};
 
 /// The job this stage runs in, when it runs under the Slurm executor.
 #[derive(Clone, Debug, PartialEq)]
@@ -68,7 +68,7 @@ impl SlurmJob {
         }
         let rendezvous = format!("{}:{}", self.hosts[0], free_port()?);
         let base = 20_000 + ((self.id * 7 + attempt as u64 * 131) % 20_000) as usize;
-        let secret = zflow_runtime::handshake::generate_secret()?;
+        let secret = zflow_runtime::dist::handshake::generate_secret()?;
         Ok((0..world)
             .map(|rank| Placement {
                 rank,

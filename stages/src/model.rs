@@ -1,11 +1,11 @@
-//! The `model:` recipe section: the ZAYA1 model's sizes (`zflow_runtime::model_config::ModelConfig`;
+//! The `model:` recipe section: the ZAYA1 model's sizes (`zflow_runtime::model::config::ModelConfig`;
 //! `model: {}` is ZAYA1-base). It adds no stage by itself: `zflow size` reads it now, the
 //! training stages will.
 
 use serde_json::Value;
 use zflow_pipeline::stage::parse_config;
 use zflow_pipeline::{ConfigError, NodeSpec, Section};
-use zflow_runtime::model_config::ModelConfig;
+use zflow_runtime::model::config::ModelConfig;
 
 /// The `model:` section.
 pub struct ModelSection;

@@ -11,7 +11,7 @@
 //! Each rank is its engine's probe (`zflow worker --probe` for the native engine: an `srun`
 //! step on its node under Slurm) running the same GEMM and memory-bandwidth probe, and the same
 //! median test, as the train stage's own health check at every launch
-//! (`train.launch.preflight`, `zflow_runtime::preflight`). The output holds `preflight.parquet`
+//! (`train.launch.preflight`, `zflow_runtime::dist::preflight`). The output holds `preflight.parquet`
 //! (rank, host, device, GFLOP/s, GB/s, outlier) and `preflight.json` (the verdict and the
 //! hosts to leave out), for `zflow query` and for a scheduler's exclude list.
 //!
@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use zflow_pipeline::stage::spawn_supervised;
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 use zflow_runtime::contract::protocol::WorkerMessage;
-use zflow_runtime::preflight::{Probe, outliers};
+use zflow_runtime::dist::preflight::{Probe, outliers};
 
 use crate::util::write_parquet;
 

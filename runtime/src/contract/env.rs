@@ -13,7 +13,7 @@ pub const WORLD: &str = "ZFLOW_WORLD";
 pub const RENDEZVOUS: &str = "ZFLOW_RENDEZVOUS";
 /// `host:port` on which this rank accepts its ring neighbour.
 pub const DATA_ADDRESS: &str = "ZFLOW_DATA_ADDRESS";
-/// The launch's secret, which every rank proves it holds ([`crate::handshake`]). Fresh for
+/// The launch's secret, which every rank proves it holds ([`crate::dist::handshake`]). Fresh for
 /// every launch; never on a command line.
 pub const SECRET: &str = "ZFLOW_GROUP_SECRET";
 /// Seconds between heartbeats (a step can take longer than the supervisor's hang timeout
@@ -22,7 +22,7 @@ pub const HEARTBEAT_S: &str = "ZFLOW_HEARTBEAT_S";
 /// Set (to `1`) when the ranks are to probe their devices before training and send a
 /// `preflight` message.
 pub const PREFLIGHT: &str = "ZFLOW_PREFLIGHT";
-/// Faults to inject, for testing ([`crate::faults`]).
+/// Faults to inject, for testing ([`crate::trainer::faults`]).
 pub const FAULTS: &str = "ZFLOW_FAULTS";
 /// The launch number, 1 for the first; injected faults fire in their attempt only.
 pub const ATTEMPT: &str = "ZFLOW_ATTEMPT";

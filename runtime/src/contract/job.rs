@@ -8,7 +8,7 @@ use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 
 use crate::contract::settings::TrainSettings;
-use crate::model_config::ModelConfig;
+use crate::model::config::ModelConfig;
 
 /// The version of the train job document this code writes and reads.
 pub const JOB_VERSION: u32 = 1;

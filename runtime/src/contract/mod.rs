@@ -1,6 +1,6 @@
 //! The engine contract: what a training worker and zflow's supervisor (the train stage,
 //! `stages/src/train.rs`) agree on. zflow's native worker (`zflow worker`,
-//! [`crate::worker`]) implements the worker side; any other engine that keeps this contract
+//! [`crate::trainer::worker`]) implements the worker side; any other engine that keeps this contract
 //! can be supervised the same way, and is added in `stages/src/engine.rs` without touching
 //! the supervisor.
 //!
@@ -12,7 +12,7 @@
 //!    and token sources, the checkpoint folder and the checkpoint to start from.
 //! 2. **Its environment** ([`env`](mod@env)) places it in the launch: rank, world, rendezvous and ring
 //!    addresses, the launch secret that every connection between ranks must prove
-//!    ([`crate::handshake`]), the heartbeat interval, whether to probe the device first, and
+//!    ([`crate::dist::handshake`]), the heartbeat interval, whether to probe the device first, and
 //!    the faults to inject in tests.
 //! 3. **It reports on stdout**, one JSON object per line ([`protocol::WorkerMessage`]):
 //!    `hello` first, then `preflight` when asked, `step` per optimizer step, `eval`,
@@ -25,7 +25,7 @@
 //!    retry, lost peer, fatal.
 //! 5. **It reads and writes checkpoints** in the format of [`crate::checkpoint`]: `step-N/`
 //!    folders with `model.safetensors` (the reference's tensor names), per-rank optimizer
-//!    shards laid out by [`crate::zero::Layout`] (`layout.json`), `trainer.json` (step, data
+//!    shards laid out by [`crate::dist::zero::Layout`] (`layout.json`), `trainer.json` (step, data
 //!    cursor, balancing state, loss history), `model.json` (the model trained) and a manifest
 //!    of BLAKE3 hashes written last; a folder without a manifest that verifies does not exist.
 //!    It resumes from the newest checkpoint that verifies, else from the job's `init`.

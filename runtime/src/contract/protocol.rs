@@ -34,7 +34,7 @@ pub enum WorkerMessage {
         /// This worker's rank.
         rank: usize,
         /// What it measured.
-        probe: crate::preflight::Probe,
+        probe: crate::dist::preflight::Probe,
         /// The machine it ran on.
         #[serde(default)]
         host: String,

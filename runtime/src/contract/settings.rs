@@ -3,9 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::balance::BalanceConfig;
-use crate::schedule::WsdSchedule;
-use crate::spike::SpikeGuard;
+use crate::trainer::balance::BalanceConfig;
+use crate::trainer::schedule::WsdSchedule;
+use crate::trainer::spike::SpikeGuard;
 
 /// Muon settings (ZAYA1's are not public).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

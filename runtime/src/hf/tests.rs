@@ -1,5 +1,17 @@
+use super::config::{Specials, hf_config};
+use super::tensors::{f32_bytes, specs};
 use super::*;
+use crate::checkpoint::TrainerState;
+use crate::data::mixture::DataCursor;
+use crate::model::config::ModelConfig;
+use crate::trainer::balance::BalanceState;
 use burn_flex::Flex;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{self, commit, load_weights, weights, weights_to_safetensors};
 use crate::model::Zaya;

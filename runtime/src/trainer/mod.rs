@@ -25,23 +25,28 @@ use burn::optim::{
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 
-use crate::balance::{self, BalanceState};
+use crate::checkpoint::saver::Saver;
 use crate::checkpoint::{self, TrainerState};
-use crate::collective::Group;
 use crate::contract::job::TrainJob;
 use crate::contract::protocol::{Emit, StepMetrics, WorkerMessage};
 use crate::contract::settings::TrainSettings;
 use crate::data::TokenSource;
 use crate::data::megatron::IndexedDataset;
 use crate::data::mixture::MixtureReader;
-use crate::data_parallel::{self, Plan, StepSums};
-use crate::faults::{self, Faults, Kind};
+use crate::dist::collective::Group;
+use crate::dist::data_parallel::{self, Plan, StepSums};
+use crate::dist::zero;
 use crate::model::Zaya;
-use crate::saver::Saver;
-use crate::zero;
+use balance::BalanceState;
+use faults::{Faults, Kind};
 
+pub mod balance;
+pub mod faults;
 mod heldout;
+pub mod schedule;
+pub mod spike;
 mod state;
+pub mod worker;
 
 pub use heldout::evaluate;
 use heldout::open_heldout;

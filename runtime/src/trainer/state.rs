@@ -12,11 +12,11 @@ use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorde
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use super::Optimizers;
+use crate::checkpoint::saver::Snapshot;
 use crate::checkpoint::{self, TrainerState};
+use crate::dist::zero;
 use crate::model::Zaya;
-use crate::model_config::ModelConfig;
-use crate::saver::Snapshot;
-use crate::zero;
+use crate::model::config::ModelConfig;
 
 /// This rank's files of a checkpoint of the current state: every rank its optimizer shards;
 /// rank 0 also the weights, the trainer state, the layout and the model config.

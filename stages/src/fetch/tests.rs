@@ -1,4 +1,7 @@
 use super::*;
+use std::fs;
+use std::io::Write;
+
 
 #[test]
 fn url_forms() {

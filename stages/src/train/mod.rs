@@ -29,7 +29,7 @@ use zflow_pipeline::stage::parse_config;
 use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
 use zflow_runtime::contract::job::{JOB_VERSION, SourcePaths, TrainJob};
 use zflow_runtime::contract::settings::TrainSettings;
-use zflow_runtime::model_config::ModelConfig;
+use zflow_runtime::model::config::ModelConfig;
 
 use crate::names;
 

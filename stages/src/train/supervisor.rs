@@ -46,7 +46,7 @@ struct Rank {
     error: Option<String>,
     /// The class its `error` message gave.
     class: Option<Failure>,
-    probe: Option<zflow_runtime::preflight::Probe>,
+    probe: Option<zflow_runtime::dist::preflight::Probe>,
 }
 
 impl Rank {
@@ -147,7 +147,7 @@ impl Train {
                     );
                 }
                 let slow =
-                    zflow_runtime::preflight::outliers(&probes, c.launch.preflight.min_ratio);
+                    zflow_runtime::dist::preflight::outliers(&probes, c.launch.preflight.min_ratio);
                 for (_, why) in &slow {
                     tracing::warn!("preflight: {why}");
                     events.push(Event {

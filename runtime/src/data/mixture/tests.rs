@@ -1,4 +1,13 @@
+use super::apportion::epoch_order;
+use super::index::HEADER_LEN;
 use super::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use crate::data::TokenSource;
+use crate::rng::SplitMix64;
 
 /// An in-memory source; token = source tag * 10^8 + document * 1000 + offset, so a window
 /// shows exactly where its tokens came from.

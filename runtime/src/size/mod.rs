@@ -1,4 +1,4 @@
-//! The sizing arithmetic of a ZAYA1 model configuration ([`crate::model_config`]): parameter counts, FLOPs per
+//! The sizing arithmetic of a ZAYA1 model configuration ([`crate::model::config`]): parameter counts, FLOPs per
 //! token, memory per device under data parallelism with ZeRO-1, and a sizing lint. Pure
 //! arithmetic, no tensors; `zflow size` prints [`ModelConfig::report`].
 //!
@@ -9,9 +9,11 @@
 //! active without the 537M tied embedding.
 //!
 
+pub mod projection;
+
 use serde::{Deserialize, Serialize};
 
-use crate::model_config::ModelConfig;
+use crate::model::config::ModelConfig;
 
 /// Bytes in one GiB, for printing memory.
 const GIB: f64 = (1u64 << 30) as f64;

@@ -8,7 +8,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::model_config::ModelConfig;
+use crate::model::config::ModelConfig;
 
 /// One GEMM shape: `[m, k] x [k, n]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -13,14 +13,14 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::backend::{self, BackendKind};
 use crate::checkpoint;
-use crate::collective::{Group, Placement};
 use crate::contract::env;
 use crate::contract::exit::Failure;
 use crate::contract::exit::Fatal;
 use crate::contract::job::TrainJob;
 use crate::contract::protocol::{Emit, WorkerMessage};
-use crate::faults::{self, Faults};
+use crate::dist::collective::{Group, Placement};
 use crate::trainer;
+use crate::trainer::faults::{self, Faults};
 
 /// `zflow worker --probe`: probes `backend` device `device` (the preflight GEMM and memory
 /// bandwidth) and reports it as one `preflight` message; returns the process exit code. The
@@ -34,11 +34,11 @@ pub fn probe(backend: &str, device: usize) -> i32 {
             Err(_) => 0,
         };
         let slow_ms = Faults::from_env(rank)?.delay_ms(0);
-        let (description, probe) = crate::preflight::probe_backend(backend, device, slow_ms)?;
+        let (description, probe) = crate::dist::preflight::probe_backend(backend, device, slow_ms)?;
         Ok(WorkerMessage::Preflight {
             rank,
             probe,
-            host: crate::preflight::hostname(),
+            host: crate::dist::preflight::hostname(),
             device: description,
         })
     };
@@ -167,11 +167,11 @@ fn go<B: AutodiffBackend>(
     placement: Option<&Placement>,
 ) -> Result<()> {
     if std::env::var_os(env::PREFLIGHT).is_some() {
-        let probe = crate::preflight::probe::<B::InnerBackend>(device, faults.delay_ms(0));
+        let probe = crate::dist::preflight::probe::<B::InnerBackend>(device, faults.delay_ms(0));
         emit(WorkerMessage::Preflight {
             rank: placement.map_or(0, |p| p.rank),
             probe,
-            host: crate::preflight::hostname(),
+            host: crate::dist::preflight::hostname(),
             device: description.to_string(),
         });
     }

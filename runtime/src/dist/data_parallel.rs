@@ -21,9 +21,9 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 
-use crate::collective::Group;
+use crate::dist::collective::Group;
+use crate::dist::zero::Layout;
 use crate::model::Zaya;
-use crate::zero::Layout;
 
 /// Where each parameter sits in the flat exchange buffer.
 pub struct Plan {

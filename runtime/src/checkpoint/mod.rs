@@ -18,6 +18,8 @@
 //! manifest; a checkpoint that fails is quarantined (moved to `quarantine/`) with a warning and
 //! the next older one is used.
 
+pub mod saver;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
@@ -29,10 +31,10 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
-use crate::balance::BalanceState;
 use crate::data::mixture::DataCursor;
 use crate::model::Zaya;
-use crate::model_config::ModelConfig;
+use crate::model::config::ModelConfig;
+use crate::trainer::balance::BalanceState;
 
 /// Everything besides tensors that a resumed run needs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -615,7 +617,7 @@ pub fn inspect(dir: &Path) -> Result<String> {
         Err(e) => writeln!(out, "model: unknown ({e:#})")?,
     }
     if let Some(b) = files.get("layout.json") {
-        let layout: crate::zero::Layout = serde_json::from_slice(b).context("layout.json")?;
+        let layout: crate::dist::zero::Layout = serde_json::from_slice(b).context("layout.json")?;
         let load: Vec<String> = layout.load().iter().map(|n| n.to_string()).collect();
         writeln!(
             out,

@@ -15,7 +15,7 @@
 
 use serde::Serialize;
 
-use crate::model_config::ModelConfig;
+use crate::model::config::ModelConfig;
 
 /// A device and its link, from datasheets or from measurements.
 #[derive(Clone, Debug, PartialEq, Serialize)]

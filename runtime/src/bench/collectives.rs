@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use crate::collective::{Group, even_blocks};
+use crate::dist::collective::{Group, even_blocks};
 
 /// A collective operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

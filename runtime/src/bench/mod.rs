@@ -1,9 +1,12 @@
 //! `zflow bench train`'s measurements: this machine's matrix-multiply peak on the worker backend,
 //! and the throughput of the real training step (the trainer's own [`train_step`]) on a model.
 
+pub mod collectives;
+pub mod micro;
+
 use std::time::Instant;
 
-use crate::collective::Group;
+use crate::dist::collective::Group;
 
 use burn::backend::Autodiff;
 use burn::tensor::{Distribution, Tensor};
@@ -11,7 +14,7 @@ use burn_flex::{Flex, FlexDevice};
 
 use crate::contract::settings::TrainSettings;
 use crate::model::Zaya;
-use crate::model_config::ModelConfig;
+use crate::model::config::ModelConfig;
 use crate::trainer::{Optimizers, train_step};
 
 /// Best-of-`reps` f32 GFLOP/s of an `n x n x n` matrix multiply on the CPU backend.
@@ -149,8 +152,15 @@ pub fn checkpoint_overhead(
             .collect();
         let root = dir.join(format!("mode-{mode}"));
         let emit: crate::contract::protocol::Emit = std::sync::Arc::new(|_| {});
-        let mut saver =
-            crate::saver::Saver::new(root, 0, 1, 1, mode == 1, Default::default(), emit);
+        let mut saver = crate::checkpoint::saver::Saver::new(
+            root,
+            0,
+            1,
+            1,
+            mode == 1,
+            Default::default(),
+            emit,
+        );
         let t = Instant::now();
         for step in 1..=steps {
             let (inputs, targets) =
@@ -184,7 +194,7 @@ type OneStep = (
     Zaya<Autodiff<Flex>>,
     Optimizers<Autodiff<Flex>>,
     crate::checkpoint::TrainerState,
-    crate::zero::Layout,
+    crate::dist::zero::Layout,
 );
 
 /// A model and optimizer after one step (so the optimizer state exists), with trainer state.
@@ -194,7 +204,7 @@ fn one_step_state(model: &ModelConfig) -> anyhow::Result<OneStep> {
     let settings = TrainSettings::default();
     let zaya: Zaya<B> = Zaya::new(model, 0, &device);
     let mut optim = Optimizers::new(&settings, &zaya);
-    let layout = crate::zero::Layout::new(&crate::trainer::param_list(&zaya), 1)?;
+    let layout = crate::dist::zero::Layout::new(&crate::trainer::param_list(&zaya), 1)?;
     let rows: Vec<u32> = (0..2 * 65).map(|i| (i % model.vocab_size) as u32).collect();
     let biases: Vec<Vec<f32>> = (0..model.num_blocks)
         .map(|_| vec![0.0; zaya.routes()])

@@ -16,7 +16,7 @@ use anyhow::{Context, Result, anyhow};
 
 use crate::checkpoint;
 use crate::contract::protocol::{Emit, WorkerMessage};
-use crate::faults::{self, Faults, Kind};
+use crate::trainer::faults::{self, Faults, Kind};
 
 /// How long rank 0 waits for the other ranks' parts of a checkpoint.
 const PART_TIMEOUT: Duration = Duration::from_secs(900);

@@ -33,7 +33,7 @@ use anyhow::{Context, Result, ensure};
 
 use crate::contract::env;
 use crate::contract::exit::PeerLost;
-use crate::handshake::{self, Key};
+use crate::dist::handshake::{self, Key};
 
 /// How long the ranks of a launch have to find each other: rank 0 to hear from every rank,
 /// each rank to reach rank 0 and its neighbour.
@@ -50,7 +50,7 @@ pub struct Placement {
     pub rendezvous: String,
     /// `host:port` of this worker's ring listener.
     pub data_address: String,
-    /// The launch's secret (see [`crate::handshake`]); the same for every rank of a launch.
+    /// The launch's secret (see [`crate::dist::handshake`]); the same for every rank of a launch.
     pub secret: String,
 }
 
@@ -100,7 +100,7 @@ impl Placement {
     /// secret.
     pub fn local(world: usize) -> Result<Vec<Placement>> {
         let rendezvous = format!("127.0.0.1:{}", free_port()?);
-        let secret = crate::handshake::generate_secret()?;
+        let secret = crate::dist::handshake::generate_secret()?;
         (0..world)
             .map(|rank| {
                 Ok(Placement {
@@ -150,7 +150,7 @@ impl Group {
     }
 
     /// Joins the group described by `placement`; returns once the ring is closed. Every
-    /// connection is authenticated with the launch's secret ([`crate::handshake`]); peers
+    /// connection is authenticated with the launch's secret ([`crate::dist::handshake`]); peers
     /// that are not ranks of this launch are turned away while the real ones are awaited.
     pub fn join(placement: &Placement) -> Result<Group> {
         let (rank, world) = (placement.rank, placement.world);

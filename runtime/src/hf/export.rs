@@ -1,0 +1,197 @@
+//! Export: a verified zflow checkpoint to a Hugging Face folder.
+
+use super::config::{Specials, check_exportable, hf_config};
+use super::publish::publish;
+use super::tensors::{Lazy, biases_name, f32_bytes, specs};
+use super::tokenizer::TokenizerFiles;
+use super::{ExportOptions, GEMMA3_VOCAB};
+use crate::checkpoint::{Manifest, TrainerState};
+use crate::model::config::ModelConfig;
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use safetensors::{Dtype, SafeTensors};
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
+use std::fs;
+use std::path::Path;
+
+/// Checks checkpoint `dir` against its manifest as [`crate::checkpoint::read_verified`] does
+/// (every file present with its size and blake3), streaming the files instead of holding them:
+/// the optimizer state alone is twice the weights, and export needs none of it. Returns the
+/// manifest's file names.
+pub(super) fn verify(dir: &Path) -> Result<BTreeSet<String>> {
+    let mpath = dir.join("manifest.json");
+    let manifest: Manifest = serde_json::from_slice(
+        &fs::read(&mpath).with_context(|| format!("reading {}", mpath.display()))?,
+    )
+    .with_context(|| format!("parsing {}", mpath.display()))?;
+    for (name, (size, hash)) in &manifest.files {
+        let path = dir.join(name);
+        let (len, digest) =
+            hash_file(&path).with_context(|| format!("reading {}", path.display()))?;
+        ensure!(
+            len == *size,
+            "{}: {len} bytes, the manifest says {size}",
+            path.display()
+        );
+        ensure!(digest == *hash, "{}: checksum mismatch", path.display());
+    }
+    Ok(manifest.files.into_keys().collect())
+}
+
+/// Size and blake3 (hex) of a file, read as a stream.
+pub(super) fn hash_file(path: &Path) -> Result<(u64, String)> {
+    let mut hasher = blake3::Hasher::new();
+    let len = std::io::copy(&mut fs::File::open(path)?, &mut hasher)?;
+    Ok((len, hasher.finalize().to_hex().to_string()))
+}
+
+/// Maps `path` read-only.
+pub(super) fn map(path: &Path) -> Result<memmap2::Mmap> {
+    let f = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: a read-only mapping; like any reader of a file, we assume nobody rewrites it
+    // while we read.
+    unsafe { memmap2::Mmap::map(&f) }.with_context(|| format!("mapping {}", path.display()))
+}
+
+/// Exports checkpoint `checkpoint` (a zflow checkpoint folder of `model`) as a Hugging Face
+/// folder `out` for the reference implementation; see the module docs for what it holds.
+/// Refuses a checkpoint that does not verify against its manifest, and a folder `out` that
+/// exists and is not empty.
+pub fn export_hf(
+    checkpoint: &Path,
+    model: &ModelConfig,
+    opts: &ExportOptions,
+    out: &Path,
+) -> Result<()> {
+    check_exportable(model)?;
+    let listed = verify(checkpoint).with_context(|| {
+        format!(
+            "{} does not verify against its manifest; refusing to export a damaged checkpoint",
+            checkpoint.display()
+        )
+    })?;
+    for name in ["model.safetensors", "trainer.json"] {
+        ensure!(
+            listed.contains(name),
+            "{}: the manifest lists no {name}",
+            checkpoint.display()
+        );
+    }
+    let state_path = checkpoint.join("trainer.json");
+    let state: TrainerState = serde_json::from_slice(&fs::read(&state_path)?)
+        .with_context(|| format!("parsing {}", state_path.display()))?;
+    let tokenizer = opts
+        .tokenizer
+        .as_deref()
+        .map(TokenizerFiles::read)
+        .transpose()?;
+    if let Some(t) = &tokenizer {
+        ensure!(
+            t.size <= model.vocab_size,
+            "{}: {} tokens, more than the model's vocabulary of {}; is it the model's tokenizer?",
+            t.path.display(),
+            t.size,
+            model.vocab_size
+        );
+    }
+    // Special ids: the tokenizer's if given (it is what the model was trained on); without one,
+    // ZAYA1's own when the vocabulary is Gemma3's; otherwise unknown (null).
+    let specials = match &tokenizer {
+        Some(t) => t.specials.clone(),
+        None if model.vocab_size == GEMMA3_VOCAB => Specials {
+            bos: Some((2, None)),
+            eos: Some((1, None)),
+            pad: Some((0, None)),
+        },
+        None => Specials::default(),
+    };
+
+    let origin = checkpoint.join("model.safetensors");
+    let weights = map(&origin)?;
+    let st = SafeTensors::deserialize(&weights)
+        .with_context(|| format!("{}: not a safetensors file", origin.display()))?;
+    let specs = specs(model);
+    let known: BTreeSet<&str> = specs.iter().map(|s| s.ours.as_str()).collect();
+    let mut names = st.names();
+    names.sort();
+    if let Some(extra) = names.iter().find(|n| !known.contains(**n)) {
+        bail!(
+            "{}: tensor `{extra}` is not a parameter of the given model config; is it the checkpoint's model?",
+            origin.display()
+        );
+    }
+    let mut tensors: Vec<(String, Lazy<'_>)> = Vec::with_capacity(specs.len() + model.num_blocks);
+    for s in &specs {
+        let view = st.tensor(&s.ours).map_err(|_| {
+            anyhow!(
+                "{}: tensor `{}` is missing (the model config has it)",
+                origin.display(),
+                s.ours
+            )
+        })?;
+        ensure!(
+            view.dtype() == Dtype::F32 && view.shape() == s.shape.as_slice(),
+            "{}: tensor `{}` is {:?} {:?}, the model config implies F32 {:?}; is it the checkpoint's model?",
+            origin.display(),
+            s.ours,
+            view.dtype(),
+            view.shape(),
+            s.shape
+        );
+        let transpose = s.linear.then(|| (s.shape[0], s.shape[1]));
+        tensors.push((
+            s.hf.clone(),
+            Lazy {
+                source: Cow::Borrowed(view.data()),
+                dtype: Dtype::F32,
+                shape: s.hf_shape(),
+                transpose,
+            },
+        ));
+    }
+    let routes = model.num_experts + usize::from(model.mod_skip);
+    ensure!(
+        state.balance.len() == model.num_blocks,
+        "{}/trainer.json: balancing state for {} MoE layers, the model has {}",
+        checkpoint.display(),
+        state.balance.len(),
+        model.num_blocks
+    );
+    for (i, b) in state.balance.iter().enumerate() {
+        ensure!(
+            b.biases.len() == routes,
+            "{}/trainer.json: MoE layer {i} has {} balancing biases, the model routes to {routes}",
+            checkpoint.display(),
+            b.biases.len()
+        );
+        let biases = Lazy {
+            source: Cow::Owned(f32_bytes(&b.biases)),
+            dtype: Dtype::F32,
+            shape: vec![routes],
+            transpose: None,
+        };
+        tensors.push((biases_name(i), biases));
+    }
+
+    let config = hf_config(model, opts.max_position_embeddings, &specials);
+    publish(out, |dir| {
+        fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
+        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+        safetensors::serialize_to_file(tensors, Some(meta), &dir.join("model.safetensors"))
+            .context("writing model.safetensors")?;
+        if let Some(t) = &tokenizer {
+            fs::write(dir.join("tokenizer.json"), &t.json)?;
+            let (config, map) = t.configs(opts.max_position_embeddings);
+            fs::write(
+                dir.join("tokenizer_config.json"),
+                serde_json::to_vec_pretty(&config)?,
+            )?;
+            fs::write(
+                dir.join("special_tokens_map.json"),
+                serde_json::to_vec_pretty(&map)?,
+            )?;
+        }
+        Ok(())
+    })
+    .with_context(|| format!("writing {}", out.display()))
+}

@@ -1,0 +1,211 @@
+//! Import: a Hugging Face folder to a zflow checkpoint.
+
+use super::config::model_config_from_hf;
+use super::export::{hash_file, map};
+use super::publish::publish;
+use super::tensors::{Lazy, biases_name, specs, widen};
+use super::{CHECKPOINT_FORMAT, IMPORTED_PHASE};
+use crate::checkpoint::{Manifest, TrainerState};
+use crate::data::mixture::DataCursor;
+use crate::model::config::ModelConfig;
+use crate::trainer::balance::BalanceState;
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The tensors of a Hugging Face folder: `model.safetensors`, or the shards a
+/// `model.safetensors.index.json` lists, memory-mapped.
+pub(super) struct HfFiles {
+    pub(super) files: Vec<(memmap2::Mmap, PathBuf)>,
+}
+
+impl HfFiles {
+    pub(super) fn open(dir: &Path) -> Result<HfFiles> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let paths: Vec<PathBuf> = if single.exists() {
+            vec![single]
+        } else if index.exists() {
+            let v: Value = serde_json::from_slice(&fs::read(&index)?)
+                .with_context(|| format!("parsing {}", index.display()))?;
+            let map = v
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| anyhow!("{}: no `weight_map`", index.display()))?;
+            let shards: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
+            shards.into_iter().map(|s| dir.join(s)).collect()
+        } else {
+            bail!(
+                "{}: neither model.safetensors nor model.safetensors.index.json",
+                dir.display()
+            );
+        };
+        let files = paths
+            .into_iter()
+            .map(|p| Ok((map(&p)?, p)))
+            .collect::<Result<_>>()?;
+        Ok(HfFiles { files })
+    }
+}
+
+/// A tensor's values as f32 bytes, refusing dtypes other than F32, BF16 and F16.
+pub(super) fn to_f32<'a>(view: &TensorView<'a>, name: &str, file: &Path) -> Result<Cow<'a, [u8]>> {
+    match view.dtype() {
+        Dtype::F32 | Dtype::BF16 | Dtype::F16 => Ok(widen(view.data(), view.dtype())),
+        other => bail!(
+            "{}: tensor `{name}` is {other:?}; zflow reads F32, BF16 and F16",
+            file.display()
+        ),
+    }
+}
+
+/// Imports Hugging Face folder `hf` (a reference-implementation ZAYA1: `config.json` and
+/// `model.safetensors` or its shards) as zflow checkpoint folder `out`: `model.safetensors` with
+/// our names and layouts (f32, the bytes the trainer would write for these weights),
+/// `trainer.json` (the balancing biases, the RoPE base, step 0 of phase `hf-import`; no data
+/// cursor or optimizer state), `model.json` and `manifest.json`. Returns the model config.
+pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
+    let cpath = hf.join("config.json");
+    let v: Value = serde_json::from_slice(
+        &fs::read(&cpath).with_context(|| format!("reading {}", cpath.display()))?,
+    )
+    .with_context(|| format!("{}: not JSON", cpath.display()))?;
+    let model = model_config_from_hf(&v, &cpath)?;
+
+    let files = HfFiles::open(hf)?;
+    let mut tables: Vec<(&Path, SafeTensors<'_>)> = Vec::new();
+    for (map, p) in &files.files {
+        tables.push((
+            p,
+            SafeTensors::deserialize(map)
+                .with_context(|| format!("{}: not a safetensors file", p.display()))?,
+        ));
+    }
+    // Every tensor name -> the file holding it.
+    let mut at: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, (p, t)) in tables.iter().enumerate() {
+        for name in t.names() {
+            if at.insert(name.to_string(), i).is_some() {
+                bail!("{}: tensor `{name}` is in two shards", p.display());
+            }
+        }
+    }
+    let get = |name: &str| -> Result<(TensorView<'_>, &Path)> {
+        let &i = at.get(name).ok_or_else(|| {
+            anyhow!(
+                "{}: tensor `{name}` is missing (config.json implies it)",
+                hf.display()
+            )
+        })?;
+        let (p, t) = &tables[i];
+        Ok((t.tensor(name)?, p))
+    };
+
+    let specs = specs(&model);
+    let routes = model.num_experts + usize::from(model.mod_skip);
+    let mut expected: BTreeSet<String> = specs.iter().map(|s| s.hf.clone()).collect();
+    expected.extend((0..model.num_blocks).map(biases_name));
+    if let Some(extra) = at
+        .keys()
+        .find(|n| !expected.contains(*n) && n.as_str() != "lm_head.weight")
+    {
+        bail!(
+            "{}: unexpected tensor `{extra}` (not part of the ZAYA1 model config.json describes)",
+            hf.display()
+        );
+    }
+
+    let mut tensors: Vec<(String, Lazy<'_>)> = Vec::with_capacity(specs.len());
+    for s in &specs {
+        let (view, file) = get(&s.hf)?;
+        let want = s.hf_shape();
+        ensure!(
+            view.shape() == want.as_slice(),
+            "{}: tensor `{}` is {:?}, config.json implies {:?}",
+            file.display(),
+            s.hf,
+            view.shape(),
+            want
+        );
+        to_f32(&view, &s.hf, file)?; // the dtype check, before anything is written
+        let transpose = s.linear.then(|| (want[0], want[1]));
+        tensors.push((
+            s.ours.clone(),
+            Lazy {
+                source: Cow::Borrowed(view.data()),
+                dtype: view.dtype(),
+                shape: s.shape.clone(),
+                transpose,
+            },
+        ));
+    }
+    // A saved tied head duplicates the embedding; anything else is a model zflow cannot hold.
+    if at.contains_key("lm_head.weight") {
+        let (head, file) = get("lm_head.weight")?;
+        let (embed, efile) = get("model.embed_tokens.weight")?;
+        let same = head.shape() == embed.shape()
+            && to_f32(&head, "lm_head.weight", file)?
+                == to_f32(&embed, "model.embed_tokens.weight", efile)?;
+        ensure!(
+            same,
+            "{}: `lm_head.weight` differs from the embedding; zflow's ZAYA1 ties the output head to it",
+            file.display()
+        );
+    }
+    let mut balance = Vec::with_capacity(model.num_blocks);
+    for i in 0..model.num_blocks {
+        let name = biases_name(i);
+        let (view, file) = get(&name)?;
+        ensure!(
+            view.shape() == [routes],
+            "{}: tensor `{name}` is {:?}, config.json implies [{routes}]",
+            file.display(),
+            view.shape()
+        );
+        let biases = to_f32(&view, &name, file)?
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        // A fresh controller around the imported biases (its gains' state is not exported).
+        balance.push(BalanceState {
+            biases,
+            ..BalanceState::new(routes, model.mod_skip)
+        });
+    }
+    let cursor = DataCursor {
+        phase: IMPORTED_PHASE.into(),
+        sample: 0,
+        fingerprint: String::new(),
+    };
+    let state = TrainerState::new(IMPORTED_PHASE, 0, cursor, balance, 0);
+
+    publish(out, |dir| {
+        let meta = HashMap::from([("format".to_string(), CHECKPOINT_FORMAT.to_string())]);
+        safetensors::serialize_to_file(tensors, Some(meta), &dir.join("model.safetensors"))
+            .context("writing model.safetensors")?;
+        fs::write(dir.join("trainer.json"), serde_json::to_vec_pretty(&state)?)?;
+        fs::write(dir.join("model.json"), serde_json::to_vec_pretty(&model)?)?;
+        // The manifest, as `checkpoint::commit` writes it (step, size and blake3 per file), last.
+        let mut manifest = Manifest {
+            step: 0,
+            files: BTreeMap::new(),
+        };
+        for name in ["model.safetensors", "trainer.json", "model.json"] {
+            manifest
+                .files
+                .insert(name.to_string(), hash_file(&dir.join(name))?);
+        }
+        fs::write(
+            dir.join("manifest.json"),
+            serde_json::to_vec_pretty(&manifest)?,
+        )?;
+        Ok(())
+    })
+    .with_context(|| format!("writing {}", out.display()))?;
+    Ok(model)
+}
