@@ -11,7 +11,7 @@
 //! | [`data`] | token sources (Megatron `.bin`/`.idx`) and the deterministic mixture index |
 //! | [`hf`] | Hugging Face export and import (`config.json`, `model.safetensors`, tokenizer) |
 //! | [`size`] | parameter, memory and FLOP sizing, and run-time projection |
-//! | [`bench`] | the measurements `zflow bench` prints: GEMM, bandwidth, train step, collectives |
+//! | [`bench`](mod@bench) | the measurements `zflow bench` prints: GEMM, bandwidth, train step, collectives |
 //!
 //! [`backend`] picks the burn backend and [`rng`] is the one seeded generator. This crate never
 //! depends on DataFusion, so the trainer builds without the query engine.

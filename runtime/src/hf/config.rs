@@ -217,7 +217,7 @@ impl Fields<'_> {
 }
 
 /// The [`ModelConfig`] a reference `config.json` describes (parsed JSON `v`, read from `file`).
-/// Accepts the scalar `ZayaConfig` form [`export_hf`] writes and the older per-layer list form
+/// Accepts the scalar `ZayaConfig` form [`export_hf`](super::export_hf) writes and the older per-layer list form
 /// (`zaya_layers`, `cca_num_q_heads`, `*_list` fields, `num_attention_heads` = uncompressed
 /// heads), which is what SGLang's `ZayaConfig` reads from the released ZAYA1-base; fields the
 /// reference gives defaults to default as there. Rejects what zflow's model cannot represent.

@@ -91,7 +91,7 @@ impl MixIndex {
         self.header.num_samples
     }
 
-    /// Whether the index has no samples (never true for an index [`MixPlan::write`] made).
+    /// Whether the index has no samples (never true for an index [`MixPlan::write`](super::MixPlan::write) made).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
