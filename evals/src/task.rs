@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use zflow_files::json::merge;
 
 /// How a task turns documents into requests and scores (lm-eval's `output_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -471,23 +472,6 @@ fn load_with_includes(file: &Path, depth: usize) -> Result<Value> {
             "{}: `include` must be a file name, not {other}",
             file.display()
         ),
-    }
-}
-
-/// Deep merge: maps merge key by key (recursively), anything else in `over` replaces `base`.
-pub fn merge(base: &mut Value, over: Value) {
-    match (base, over) {
-        (Value::Object(b), Value::Object(o)) => {
-            for (k, v) in o {
-                match b.get_mut(&k) {
-                    Some(existing) => merge(existing, v),
-                    None => {
-                        b.insert(k, v);
-                    }
-                }
-            }
-        }
-        (b, o) => *b = o,
     }
 }
 

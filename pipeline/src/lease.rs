@@ -17,7 +17,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::store::{now_ms, write_atomic};
+use crate::store::now_ms;
+use zflow_files::atomic;
 
 /// What a lease file says.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -214,7 +215,7 @@ fn start_heartbeat(path: &Path, me: LeaseInfo, timeout: Duration) -> LeaseGuard 
                 match read(&p) {
                     Some(info) if info.run_id == me.run_id => {
                         me.heartbeat_ms = now_ms();
-                        let _ = write_atomic(&p, &serde_json::to_vec(&me).unwrap_or_default());
+                        let _ = atomic::write(&p, &serde_json::to_vec(&me).unwrap_or_default());
                     }
                     _ => {
                         l.store(true, Ordering::SeqCst);

@@ -16,7 +16,6 @@ pub mod lease;
 pub mod logging;
 pub mod plan;
 pub mod progress;
-pub mod query;
 pub mod reaper;
 pub mod recipe;
 pub mod records;
@@ -28,5 +27,5 @@ pub mod store;
 
 pub use plan::{Engine, Reason, StageState};
 pub use recipe::{LoadOptions, Recipe, RecipeError};
-pub use registry::{NodeSpec, Registry, Section};
+pub use registry::{NodeSpec, Registry, Sections};
 pub use stage::{CancelToken, ConfigError, Resources, Stage, StageContext};

@@ -129,8 +129,8 @@ pub fn append(records_dir: &Path, record: &RunRecord) -> Result<()> {
         let file = writer.into_inner()?;
         file.sync_all()?;
     }
-    std::fs::rename(&tmp, &dest)?;
-    Ok(())
+    zflow_files::atomic::rename(&tmp, &dest)?;
+    zflow_files::atomic::sync_dir(records_dir)
 }
 
 fn sanitize(s: &str) -> String {

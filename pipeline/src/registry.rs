@@ -25,24 +25,23 @@ pub struct NodeSpec {
     pub path: String,
 }
 
-/// A top-level recipe section (e.g. `sources:`) that expands into stage nodes.
-pub trait Section: Send + Sync {
-    /// The top-level key.
-    fn key(&self) -> &'static str;
-    /// Expands the section's value into nodes. `recipe` is the whole recipe (as JSON) for
-    /// sections that read others (`phases` reads `sources`). Errors carry a recipe path.
-    fn expand(
-        &self,
-        value: &serde_json::Value,
-        recipe: &serde_json::Value,
-    ) -> Result<Vec<NodeSpec>, ConfigError>;
+/// The high-level sections of a recipe (`sources:`, `phases:`, ...): the part of a recipe's
+/// schema the engine does not own. One implementation parses all of its sections at once
+/// into a typed document, checks them against each other, and expands them into stage nodes,
+/// so a value read by several sections is parsed in one place.
+pub trait Sections: Send + Sync {
+    /// The top-level keys it owns.
+    fn keys(&self) -> &'static [&'static str];
+    /// Parses the owned sections of `recipe` (the whole composed recipe, as JSON) and expands
+    /// them into nodes, in the order they should be listed. Errors carry a recipe path.
+    fn expand(&self, recipe: &serde_json::Value) -> Result<Vec<NodeSpec>, ConfigError>;
 }
 
 /// Stage kinds and sections known to this build of zflow.
 #[derive(Default, Clone)]
 pub struct Registry {
     kinds: BTreeMap<&'static str, Arc<dyn ErasedKind>>,
-    sections: Vec<Arc<dyn Section>>,
+    sections: Option<Arc<dyn Sections>>,
 }
 
 impl Registry {
@@ -60,9 +59,9 @@ impl Registry {
         self
     }
 
-    /// Registers a top-level recipe section.
-    pub fn register_section(&mut self, section: impl Section + 'static) -> &mut Self {
-        self.sections.push(Arc::new(section));
+    /// Sets the recipe sections (one set per build: a second call replaces the first).
+    pub fn set_sections(&mut self, sections: impl Sections + 'static) -> &mut Self {
+        self.sections = Some(Arc::new(sections));
         self
     }
 
@@ -76,8 +75,8 @@ impl Registry {
         self.kinds.keys().copied().collect()
     }
 
-    /// Registered sections in registration order (the order they expand in).
-    pub fn sections(&self) -> &[Arc<dyn Section>] {
-        &self.sections
+    /// The recipe sections, if any were set.
+    pub fn sections(&self) -> Option<&Arc<dyn Sections>> {
+        self.sections.as_ref()
     }
 }

@@ -16,11 +16,12 @@
 //! folder renamed into place, so a crash at any moment leaves either no output or a whole one.
 
 use std::fs;
-use std::io::{Read, Write};
+
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+use zflow_files::atomic;
 
 use crate::identity::{IdentityDoc, short};
 
@@ -161,8 +162,8 @@ impl Store {
         manifest.content_hash = content_hash(&files);
         manifest.files = files;
         manifest.finished_ms = now_ms();
-        write_atomic(&work.join(MANIFEST), &serde_json::to_vec_pretty(&manifest)?)?;
-        fsync_tree(work)?;
+        atomic::write(&work.join(MANIFEST), &serde_json::to_vec_pretty(&manifest)?)?;
+        atomic::sync_tree(work)?;
         let dest = self.output_dir(name, &manifest.identity);
         if dest.exists() {
             // A folder without a valid manifest (should not happen; never trust it).
@@ -174,13 +175,13 @@ impl Store {
         }
         fs::rename(work, &dest)
             .with_context(|| format!("committing {} -> {}", work.display(), dest.display()))?;
-        fsync_dir(&self.root)?;
+        atomic::sync_dir(&self.root)?;
         let entry = IndexEntry {
             identity: manifest.identity.clone(),
             identity_doc: manifest.identity_doc.clone(),
             finished_ms: manifest.finished_ms,
         };
-        write_atomic(
+        atomic::write(
             &self.root.join(".zflow/index").join(format!("{name}.json")),
             &serde_json::to_vec_pretty(&entry)?,
         )?;
@@ -239,41 +240,6 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Writes `bytes` to `path` through a temp file + fsync + rename, so readers see all or nothing.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-{n}",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id(),
-    ));
-    {
-        let mut f = fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
-    fsync_dir(dir)
-}
-
-fn fsync_dir(dir: &Path) -> Result<()> {
-    if let Ok(f) = fs::File::open(dir) {
-        let _ = f.sync_all();
-    }
-    Ok(())
-}
-
-fn fsync_tree(dir: &Path) -> Result<()> {
-    for entry in walk(dir)? {
-        if let Ok(f) = fs::File::open(dir.join(&entry)) {
-            let _ = f.sync_all();
-        }
-    }
-    fsync_dir(dir)
-}
-
 /// Relative paths of all regular files under `dir`, sorted, manifest excluded.
 fn walk(dir: &Path) -> Result<Vec<String>> {
     let mut out = Vec::new();
@@ -306,7 +272,7 @@ pub fn hash_tree(dir: &Path) -> Result<Vec<FileEntry>> {
     walk(dir)?
         .into_iter()
         .map(|rel| {
-            let (size, hash) = hash_file(&dir.join(&rel))?;
+            let (size, hash) = zflow_files::hash::file(&dir.join(&rel))?;
             Ok(FileEntry {
                 path: rel,
                 size,
@@ -314,23 +280,6 @@ pub fn hash_tree(dir: &Path) -> Result<Vec<FileEntry>> {
             })
         })
         .collect()
-}
-
-/// Size and blake3 of one file, streamed.
-pub fn hash_file(path: &Path) -> Result<(u64, String)> {
-    let mut f = fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        size += n as u64;
-        hasher.update(&buf[..n]);
-    }
-    Ok((size, hasher.finalize().to_hex().to_string()))
 }
 
 /// The hash downstream identities see: over paths, sizes and file hashes, in path order.

@@ -20,8 +20,7 @@ pub fn run(
     seq_len: usize,
 ) -> Result<ExitCode> {
     let engine = crate::commands::open(args)?;
-    let model = zflow_stages::model::ModelSection::config(&engine.recipe.document)
-        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+    let model = crate::commands::recipe_doc(&engine)?.model_or_default();
     let parent = dir
         .map(Path::to_path_buf)
         .unwrap_or_else(|| engine.store.root().to_path_buf());

@@ -18,8 +18,7 @@ use crate::RecipeArgs;
 /// off alignment; writes `out/gemm.parquet`.
 pub fn gemm(args: &RecipeArgs, backend: &str, tokens: usize, out: &Path) -> Result<ExitCode> {
     let engine = crate::commands::open(args)?;
-    let model = zflow_stages::model::ModelSection::config(&engine.recipe.document)
-        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+    let model = crate::commands::recipe_doc(&engine)?.model_or_default();
     let shapes = micro::model_shapes(&model, tokens);
     let sweep = micro::dimension_sweep(tokens, model.hidden_size, 64, 8);
     let all: Vec<_> = shapes.iter().chain(&sweep).cloned().collect();

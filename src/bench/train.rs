@@ -20,8 +20,7 @@ pub fn run(
     rounds: usize,
 ) -> Result<ExitCode> {
     let engine = crate::commands::open(args)?;
-    let model = zflow_stages::model::ModelSection::config(&engine.recipe.document)
-        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+    let model = crate::commands::recipe_doc(&engine)?.model_or_default();
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);

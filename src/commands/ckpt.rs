@@ -22,8 +22,9 @@ pub fn ckpt_export(
                 store: None,
             };
             let recipe = recipe::load(path, &opts, &zflow_stages::registry())?;
-            zflow_stages::model::ModelSection::config(&recipe.document)
+            zflow_stages::recipe::RecipeDoc::parse(&recipe.document)
                 .map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path, e.message))?
+                .model_or_default()
         }
         (Err(e), None) => return Err(e),
     };

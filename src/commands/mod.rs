@@ -18,6 +18,7 @@ use zflow_pipeline::{CancelToken, LoadOptions, recipe};
 use crate::RecipeArgs;
 
 mod ckpt;
+mod query;
 mod size;
 
 pub use ckpt::{ckpt_export, ckpt_import, ckpt_reshape};
@@ -31,6 +32,13 @@ pub fn open(args: &RecipeArgs) -> Result<Engine> {
     };
     let recipe = recipe::load(&args.recipe, &opts, &zflow_stages::registry())?;
     Engine::open(recipe)
+}
+
+/// The recipe's typed sections. The recipe already loaded (its sections expanded without
+/// error), so this only fails if the document changed under us.
+pub fn recipe_doc(engine: &Engine) -> Result<zflow_stages::recipe::RecipeDoc> {
+    zflow_stages::recipe::RecipeDoc::parse(&engine.recipe.document)
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))
 }
 
 fn indices(engine: &Engine, names: &[String]) -> Result<BTreeSet<usize>> {
@@ -534,6 +542,6 @@ pub async fn query(store: &Path, sql: &str) -> Result<ExitCode> {
             store.display()
         );
     }
-    println!("{}", zflow_pipeline::query::query(store, sql).await?);
+    println!("{}", query::query(store, sql).await?);
     Ok(ExitCode::SUCCESS)
 }

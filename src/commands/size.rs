@@ -14,14 +14,13 @@ pub fn size(
     gpus: Option<usize>,
 ) -> Result<ExitCode> {
     let engine = open(args)?;
-    let doc = &engine.recipe.document;
-    let model = zflow_stages::model::ModelSection::config(doc)
-        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+    let doc = super::recipe_doc(&engine)?;
+    let model = doc.model_or_default();
     // One report per phase (sequence length differs); without phases, ZAYA1's 4K context.
-    let mut phases: Vec<(String, usize)> = zflow_stages::phases::parse(doc)
-        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?
-        .into_iter()
-        .map(|(name, phase)| (name, phase.seq_len))
+    let mut phases: Vec<(String, usize)> = doc
+        .phases
+        .iter()
+        .map(|p| (p.name.clone(), p.phase.seq_len))
         .collect();
     if phases.is_empty() {
         phases.push(("(no phases)".into(), 4096));
@@ -37,7 +36,7 @@ pub fn size(
         print!("{}", model.report(*seq_len, micro_batch, dp));
     }
     if let Some(name) = hardware {
-        project(doc, &model, name, gpus)?;
+        project(&doc, &model, name, gpus)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -45,7 +44,7 @@ pub fn size(
 /// The cost projection part of `zflow size --hardware`: every phase's step time, tokens/s,
 /// GPU-hours and days on the named hardware (or this machine, measured now).
 fn project(
-    doc: &serde_json::Value,
+    doc: &zflow_stages::recipe::RecipeDoc,
     model: &zflow_runtime::model::config::ModelConfig,
     name: &str,
     gpus: Option<usize>,
@@ -60,11 +59,9 @@ fn project(
     println!("
 == cost projection on {} ({}): bf16 {:.1} TFLOP/s x {:.0}% for GEMMs, memory {:.0} GB/s, link {:.1} GB/s bus bandwidth", hw.name, hw.source, hw.bf16_tflops, 100.0 * a.gemm_efficiency, hw.hbm_gbps, hw.link_gbps);
     println!(
-        "   step = max(compute, memory) + exchange (no overlap assumed); see runtime/src/projection.rs"
+        "   step = max(compute, memory) + exchange (no overlap assumed); see runtime/src/size/projection.rs"
     );
-    let phases = zflow_stages::phases::parse(doc)
-        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
-    if phases.is_empty() {
+    if doc.phases.is_empty() {
         println!("   (the recipe has no phases)");
         return Ok(());
     }
@@ -83,11 +80,9 @@ fn project(
         "days"
     );
     let (mut total_gpu_hours, mut total_days) = (0.0, 0.0);
-    for (phase, v) in &phases {
-        let (train, launch) =
-            zflow_stages::train::TrainSection::settings(doc, phase, v.train.as_ref())
-                .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
-        let (seq_len, tokens) = (v.seq_len, v.tokens as f64);
+    for entry in &doc.phases {
+        let (phase, train, launch) = (&entry.name, &entry.train.settings, &entry.train.launch);
+        let (seq_len, tokens) = (entry.phase.seq_len, entry.phase.tokens as f64);
         let n = gpus.unwrap_or(launch.data_parallel);
         let s = projection::step(
             model,

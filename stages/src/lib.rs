@@ -1,7 +1,8 @@
 //! zflow's stage kinds and recipe sections, and [`registry`], which registers them all.
 //!
 //! Adding a kind: write `src/<kind>.rs` with a type implementing
-//! [`zflow_pipeline::Stage`], then add one `.register(...)` line below.
+//! [`zflow_pipeline::Stage`], then add one `.register(...)` line below. The recipe's sections
+//! (`sources:`, `phases:`, ...) are one typed document, [`recipe::RecipeDoc`].
 
 #![warn(missing_docs)]
 
@@ -15,14 +16,12 @@ mod jsonl;
 pub mod launch;
 pub mod megatron_source;
 pub mod mix;
-pub mod model;
 pub mod names;
-pub mod phases;
 pub mod plot;
 pub mod preflight;
+pub mod recipe;
 pub mod report;
 pub mod shell;
-pub mod sources;
 pub mod token_ids;
 pub mod tokenize;
 pub mod tokenizer;
@@ -46,12 +45,6 @@ pub fn registry() -> Registry {
         .register(preflight::Preflight)
         .register(eval::Eval)
         .register(report::Report);
-    r.register_section(sources::Sources)
-        .register_section(tokenizer::TokenizerSection)
-        .register_section(phases::Phases)
-        .register_section(model::ModelSection)
-        .register_section(train::TrainSection)
-        .register_section(export::ExportSection)
-        .register_section(eval::EvalsSection);
+    r.set_sections(recipe::RecipeSections);
     r
 }

@@ -44,3 +44,6 @@ pub const EXPORT: &str = "export";
 
 /// The report stage.
 pub const REPORT: &str = "report";
+
+/// The fetch of a `tokenizer: {file: ...}`.
+pub const FETCH_TOKENIZER: &str = "fetch.tokenizer";

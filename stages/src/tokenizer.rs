@@ -19,15 +19,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::json;
 use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
-use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
+use zflow_pipeline::{ConfigError, Stage, StageContext};
 
 use crate::docs;
-use crate::names;
 
 /// The `tokenizer` stage kind.
 pub struct TokenizerStage;
@@ -255,83 +254,4 @@ fn train(
         .train(&mut trainer, texts)
         .map_err(|e| anyhow::anyhow!("training the tokenizer: {e}"))?;
     Ok(tokenizer)
-}
-
-/// The `tokenizer:` section: one `tokenizer` stage reading every ingest stage (and, for
-/// `file:`, a `fetch.tokenizer` stage).
-pub struct TokenizerSection;
-
-impl Section for TokenizerSection {
-    fn key(&self) -> &'static str {
-        "tokenizer"
-    }
-
-    fn expand(&self, value: &Value, recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
-        let Some(entry) = value.as_object() else {
-            return Err(ConfigError::new(
-                "tokenizer",
-                "`tokenizer` must be a mapping with `train:` or `file:`",
-            ));
-        };
-        let mut config = Map::new();
-        let mut nodes = Vec::new();
-        let mut needs: Vec<String> = recipe
-            .get("sources")
-            .and_then(Value::as_object)
-            .map(|s| {
-                s.iter()
-                    .filter(|(_, v)| v.get("format").and_then(Value::as_str) != Some("megatron"))
-                    .map(|(k, _)| names::ingest(k))
-                    .collect()
-            })
-            .unwrap_or_default();
-        for (k, v) in entry {
-            match k.as_str() {
-                "file" | "sha256" => {}
-                _ => {
-                    config.insert(k.clone(), v.clone());
-                }
-            }
-        }
-        match (entry.get("file"), entry.get("train")) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    "tokenizer.file",
-                    "set either `file:` or `train:`, not both",
-                ));
-            }
-            (None, None) => {
-                return Err(ConfigError::new(
-                    "tokenizer",
-                    "set `train: {vocab_size: N}` or `file: <url of a tokenizer.json>`",
-                ));
-            }
-            (Some(url), None) => {
-                let mut fetch = Map::new();
-                fetch.insert("url".into(), url.clone());
-                if let Some(sha) = entry.get("sha256") {
-                    fetch.insert("sha256".into(), sha.clone());
-                }
-                nodes.push(NodeSpec {
-                    name: "fetch.tokenizer".into(),
-                    kind: "fetch".into(),
-                    config: Value::Object(fetch),
-                    needs: vec![],
-                    resources: None,
-                    path: "tokenizer".into(),
-                });
-                needs.push("fetch.tokenizer".into());
-            }
-            (None, Some(_)) => {}
-        }
-        nodes.push(NodeSpec {
-            name: names::TOKENIZER.into(),
-            kind: "tokenizer".into(),
-            config: Value::Object(config),
-            needs,
-            resources: None,
-            path: "tokenizer".into(),
-        });
-        Ok(nodes)
-    }
 }

@@ -65,7 +65,7 @@ impl GgufModel {
             config::Config::from_gguf(&content).with_context(|| path.display().to_string())?;
         let tokenizer = tokenizer::load(&content, tokenizer_json)?;
         let model = model::Model::load(path, &content, cfg, dense)?;
-        let file_hash = hash_file(path)?;
+        let file_hash = zflow_files::hash::file(path)?.1;
         let kernels = if dense { "int16" } else { "quantized" };
         let identity = format!(
             "gguf-adapter-v{ADAPTER_VERSION}:{kernels}:{file_hash}:{}",
@@ -87,14 +87,6 @@ impl GgufModel {
     pub fn config(&self) -> &config::Config {
         &self.model.cfg
     }
-}
-
-fn hash_file(path: &Path) -> Result<String> {
-    let mut h = blake3::Hasher::new();
-    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    h.update_reader(std::io::BufReader::with_capacity(1 << 20, file))
-        .with_context(|| format!("hashing {}", path.display()))?;
-    Ok(h.finalize().to_hex().to_string())
 }
 
 impl LanguageModel for GgufModel {

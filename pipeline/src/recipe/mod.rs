@@ -148,11 +148,11 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
     let at = |path: &str, message: String| RecipeError::at(locate(&locs, path, &root.loc), message);
 
     let obj = doc.as_object().expect("the composed recipe is a mapping");
-    let section_keys: Vec<&str> = registry.sections().iter().map(|s| s.key()).collect();
+    let section_keys: &[&str] = registry.sections().map(|s| s.keys()).unwrap_or_default();
     for key in obj.keys() {
         if !CORE_KEYS.contains(&key.as_str()) && !section_keys.contains(&key.as_str()) {
             let mut expected: Vec<&str> = CORE_KEYS.to_vec();
-            expected.extend(&section_keys);
+            expected.extend(section_keys);
             return Err(RecipeError::at(
                 locate(&locs, &format!("{key}#key"), &root.loc),
                 format!(
@@ -187,18 +187,16 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
         Some(v) => typed::<ExecutorConfig>(v, "executor", &locs, &root.loc)?,
     };
 
-    // Sections first (in registration order), then explicit stages.
+    // Sections first, then explicit stages.
     let mut specs: Vec<NodeSpec> = Vec::new();
-    for section in registry.sections() {
-        if let Some(value) = obj.get(section.key()) {
-            let nodes = section.expand(value, &doc).map_err(|e| {
-                RecipeError::at(
-                    locate_error(&locs, &e.path, &e.message, &root.loc),
-                    e.message,
-                )
-            })?;
-            specs.extend(nodes);
-        }
+    if let Some(sections) = registry.sections() {
+        let nodes = sections.expand(&doc).map_err(|e| {
+            RecipeError::at(
+                locate_error(&locs, &e.path, &e.message, &root.loc),
+                e.message,
+            )
+        })?;
+        specs.extend(nodes);
     }
     if let Some(stages) = obj.get("stages") {
         let Some(list) = stages.as_array() else {

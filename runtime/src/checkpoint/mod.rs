@@ -423,17 +423,9 @@ pub fn finish_with(dir: &Path, files: BTreeMap<String, (u64, String)>) -> Result
         &tmp.join("manifest.json"),
         &serde_json::to_vec_pretty(&manifest)?,
     )?;
-    fs::File::open(&tmp)?.sync_all()?;
-    if dir.exists() {
-        // A checkpoint of this step already exists (a rerun after a crash right after commit):
-        // the new one replaces it.
-        fs::remove_dir_all(dir)?;
-    }
-    fs::rename(&tmp, dir)?;
-    if let Some(parent) = dir.parent() {
-        fs::File::open(parent)?.sync_all()?;
-    }
-    Ok(())
+    // A checkpoint of this step may exist already (a rerun after a crash right after the
+    // commit): the new one replaces it.
+    zflow_files::atomic::replace_dir(&tmp, dir)
 }
 
 fn trailing_number(dir: &Path) -> Option<u64> {
@@ -449,6 +441,30 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     f.write_all(bytes)?;
     f.sync_all()?;
     Ok(())
+}
+
+/// Checks checkpoint `dir` against its manifest as [`read_verified`] does
+/// (every file present with its size and blake3), streaming the files instead of holding them:
+/// the optimizer state alone is twice the weights, and export needs none of it. Returns the
+/// manifest's file names.
+pub fn verify(dir: &Path) -> Result<std::collections::BTreeSet<String>> {
+    let mpath = dir.join("manifest.json");
+    let manifest: Manifest = serde_json::from_slice(
+        &fs::read(&mpath).with_context(|| format!("reading {}", mpath.display()))?,
+    )
+    .with_context(|| format!("parsing {}", mpath.display()))?;
+    for (name, (size, hash)) in &manifest.files {
+        let path = dir.join(name);
+        let (len, digest) = zflow_files::hash::file(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        ensure!(
+            len == *size,
+            "{}: {len} bytes, the manifest says {size}",
+            path.display()
+        );
+        ensure!(digest == *hash, "{}: checksum mismatch", path.display());
+    }
+    Ok(manifest.files.into_keys().collect())
 }
 
 /// Reads and verifies checkpoint directory `dir`: every file in its manifest present with its

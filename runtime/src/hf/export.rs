@@ -1,11 +1,10 @@
 //! Export: a verified zflow checkpoint to a Hugging Face folder.
 
 use super::config::{Specials, check_exportable, hf_config};
-use super::publish::publish;
 use super::tensors::{Lazy, biases_name, f32_bytes, specs};
 use super::tokenizer::TokenizerFiles;
 use super::{ExportOptions, GEMMA3_VOCAB};
-use crate::checkpoint::{Manifest, TrainerState};
+use crate::checkpoint::TrainerState;
 use crate::model::config::ModelConfig;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use safetensors::{Dtype, SafeTensors};
@@ -13,45 +12,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::Path;
-
-/// Checks checkpoint `dir` against its manifest as [`crate::checkpoint::read_verified`] does
-/// (every file present with its size and blake3), streaming the files instead of holding them:
-/// the optimizer state alone is twice the weights, and export needs none of it. Returns the
-/// manifest's file names.
-pub(super) fn verify(dir: &Path) -> Result<BTreeSet<String>> {
-    let mpath = dir.join("manifest.json");
-    let manifest: Manifest = serde_json::from_slice(
-        &fs::read(&mpath).with_context(|| format!("reading {}", mpath.display()))?,
-    )
-    .with_context(|| format!("parsing {}", mpath.display()))?;
-    for (name, (size, hash)) in &manifest.files {
-        let path = dir.join(name);
-        let (len, digest) =
-            hash_file(&path).with_context(|| format!("reading {}", path.display()))?;
-        ensure!(
-            len == *size,
-            "{}: {len} bytes, the manifest says {size}",
-            path.display()
-        );
-        ensure!(digest == *hash, "{}: checksum mismatch", path.display());
-    }
-    Ok(manifest.files.into_keys().collect())
-}
-
-/// Size and blake3 (hex) of a file, read as a stream.
-pub(super) fn hash_file(path: &Path) -> Result<(u64, String)> {
-    let mut hasher = blake3::Hasher::new();
-    let len = std::io::copy(&mut fs::File::open(path)?, &mut hasher)?;
-    Ok((len, hasher.finalize().to_hex().to_string()))
-}
-
-/// Maps `path` read-only.
-pub(super) fn map(path: &Path) -> Result<memmap2::Mmap> {
-    let f = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: a read-only mapping; like any reader of a file, we assume nobody rewrites it
-    // while we read.
-    unsafe { memmap2::Mmap::map(&f) }.with_context(|| format!("mapping {}", path.display()))
-}
+use zflow_files::atomic::publish;
 
 /// Exports checkpoint `checkpoint` (a zflow checkpoint folder of `model`) as a Hugging Face
 /// folder `out` for the reference implementation; see the module docs for what it holds.
@@ -64,7 +25,7 @@ pub fn export_hf(
     out: &Path,
 ) -> Result<()> {
     check_exportable(model)?;
-    let listed = verify(checkpoint).with_context(|| {
+    let listed = crate::checkpoint::verify(checkpoint).with_context(|| {
         format!(
             "{} does not verify against its manifest; refusing to export a damaged checkpoint",
             checkpoint.display()
@@ -107,7 +68,7 @@ pub fn export_hf(
     };
 
     let origin = checkpoint.join("model.safetensors");
-    let weights = map(&origin)?;
+    let weights = zflow_files::map::read_only(&origin)?;
     let st = SafeTensors::deserialize(&weights)
         .with_context(|| format!("{}: not a safetensors file", origin.display()))?;
     let specs = specs(model);

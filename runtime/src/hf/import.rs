@@ -1,8 +1,6 @@
 //! Import: a Hugging Face folder to a zflow checkpoint.
 
 use super::config::model_config_from_hf;
-use super::export::{hash_file, map};
-use super::publish::publish;
 use super::tensors::{Lazy, biases_name, specs, widen};
 use super::{CHECKPOINT_FORMAT, IMPORTED_PHASE};
 use crate::checkpoint::{Manifest, TrainerState};
@@ -17,6 +15,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
+use zflow_files::atomic::publish;
 
 /// The tensors of a Hugging Face folder: `model.safetensors`, or the shards a
 /// `model.safetensors.index.json` lists, memory-mapped.
@@ -47,7 +46,7 @@ impl HfFiles {
         };
         let files = paths
             .into_iter()
-            .map(|p| Ok((map(&p)?, p)))
+            .map(|p| Ok((zflow_files::map::read_only(&p)?, p)))
             .collect::<Result<_>>()?;
         Ok(HfFiles { files })
     }
@@ -198,7 +197,7 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
         for name in ["model.safetensors", "trainer.json", "model.json"] {
             manifest
                 .files
-                .insert(name.to_string(), hash_file(&dir.join(name))?);
+                .insert(name.to_string(), zflow_files::hash::file(&dir.join(name))?);
         }
         fs::write(
             dir.join("manifest.json"),

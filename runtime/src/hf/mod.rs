@@ -38,7 +38,6 @@ use std::path::PathBuf;
 mod config;
 mod export;
 mod import;
-mod publish;
 mod tensors;
 mod tokenizer;
 

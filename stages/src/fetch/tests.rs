@@ -2,7 +2,6 @@ use super::*;
 use std::fs;
 use std::io::Write;
 
-
 #[test]
 fn url_forms() {
     assert_eq!(

@@ -24,9 +24,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
-use zflow_pipeline::stage::parse_config;
-use zflow_pipeline::{ConfigError, NodeSpec, Section, Stage, StageContext};
+use zflow_pipeline::{ConfigError, Stage, StageContext};
 use zflow_runtime::contract::job::{JOB_VERSION, SourcePaths, TrainJob};
 use zflow_runtime::contract::settings::TrainSettings;
 use zflow_runtime::model::config::ModelConfig;
@@ -306,91 +304,4 @@ fn finished(dir: &Path) -> bool {
         .get("trainer.json")
         .and_then(|b| serde_json::from_slice::<zflow_runtime::checkpoint::TrainerState>(b).ok());
     state.is_some_and(|s| s.step == s.total_steps)
-}
-
-/// The `train:` section: settings shared by every phase (each phase's `train:` overrides them).
-/// It adds no stage by itself; `phases:` reads it.
-pub struct TrainSection;
-
-impl TrainSection {
-    /// Phase `phase`'s settings: the recipe's `train:` merged with the phase's own `train:`,
-    /// and its `launch:` part apart.
-    pub fn settings(
-        recipe: &Value,
-        phase: &str,
-        own: Option<&Value>,
-    ) -> Result<(TrainSettings, LaunchSettings), ConfigError> {
-        let mut merged = recipe
-            .get("train")
-            .cloned()
-            .unwrap_or_else(|| Value::Object(Default::default()));
-        if let Some(own) = own {
-            merge(&mut merged, own);
-        }
-        let supervisor = merged
-            .as_object_mut()
-            .and_then(|m| m.remove("launch"))
-            .unwrap_or_else(|| Value::Object(Default::default()));
-        let supervisor = parse_config(supervisor, &format!("phases.{phase}.train.launch"))?;
-        Ok((
-            parse_config(merged, &format!("phases.{phase}.train"))?,
-            supervisor,
-        ))
-    }
-}
-
-/// Deep-merges `patch` into `base` (objects key by key; anything else replaces).
-fn merge(base: &mut Value, patch: &Value) {
-    match (base, patch) {
-        (Value::Object(b), Value::Object(p)) => {
-            for (k, v) in p {
-                merge(b.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (b, p) => *b = p.clone(),
-    }
-}
-
-impl Section for TrainSection {
-    fn key(&self) -> &'static str {
-        "train"
-    }
-
-    fn expand(&self, value: &Value, _recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
-        let mut value = value.clone();
-        let supervisor = value
-            .as_object_mut()
-            .and_then(|m| m.remove("launch"))
-            .unwrap_or_else(|| Value::Object(Default::default()));
-        let _: LaunchSettings = parse_config(supervisor, "train.launch")?;
-        let _: TrainSettings = parse_config(value, "train")?;
-        Ok(Vec::new())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn phase_settings_override_the_shared_ones_key_by_key() {
-        let recipe = json!({"train": {"global_batch": 32, "micro_batch": 8, "schedule": {"peak_lr": 0.01, "warmup": 0.1}}});
-        let own = json!({"micro_batch": 16, "schedule": {"warmup": 0.0}, "rope_base": 1.0e6});
-        let (s, launch) = TrainSection::settings(&recipe, "p3", Some(&own)).unwrap();
-        assert_eq!(launch, LaunchSettings::default());
-        assert_eq!(
-            (s.global_batch, s.micro_batch, s.rope_base),
-            (32, 16, Some(1.0e6))
-        );
-        assert_eq!((s.schedule.peak_lr, s.schedule.warmup), (0.01, 0.0));
-        let err =
-            TrainSection::settings(&recipe, "p3", Some(&json!({"globl_batch": 1}))).unwrap_err();
-        assert!(
-            format!("{}: {}", err.path, err.message).contains("globl_batch"),
-            "{}: {}",
-            err.path,
-            err.message
-        );
-    }
 }

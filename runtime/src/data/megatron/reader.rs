@@ -1,10 +1,9 @@
 //! Reading a Megatron dataset: both files memory-mapped and checked at open, sequences read
 //! by index.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Result, anyhow, ensure};
 use memmap2::Mmap;
 
 use super::*;
@@ -39,8 +38,8 @@ impl IndexedDataset {
     pub fn open(prefix: &Path) -> Result<Self> {
         let idx_path = idx_path(prefix);
         let bin_path = bin_path(prefix);
-        let idx = map(&idx_path)?;
-        let bin = map(&bin_path)?;
+        let idx = zflow_files::map::read_only(&idx_path)?;
+        let bin = zflow_files::map::read_only(&bin_path)?;
         let header = parse_header(&idx, &idx_path)?;
         let (num_sequences, num_doc_indices) = check_index_len(&idx, &header, &idx_path)?;
         let mut dataset = IndexedDataset {
@@ -258,15 +257,6 @@ impl TokenSource for IndexedDataset {
     fn read(&self, doc: usize, offset: usize, out: &mut [u32]) -> Result<()> {
         self.read_tokens(doc, offset, out)
     }
-}
-
-/// Memory-maps `path` read-only.
-fn map(path: &Path) -> Result<Mmap> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: the mapping is only sound while no one modifies or truncates the file. Datasets
-    // are written once under a temporary name and then only read, as in Megatron, which maps
-    // them the same way.
-    unsafe { Mmap::map(&file) }.with_context(|| format!("memory-mapping {}", path.display()))
 }
 
 fn le_u64(bytes: &[u8], at: usize) -> u64 {

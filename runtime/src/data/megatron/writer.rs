@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 
 use super::*;
+use zflow_files::atomic;
 
 /// What [`IndexedDatasetWriter::finish`] wrote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,9 +151,9 @@ impl IndexedDatasetWriter {
     /// new pair, never a new `.bin` with an old `.idx`.
     fn commit(&self) -> Result<()> {
         remove_if_exists(&self.idx_path)?;
-        rename(&self.bin_tmp, &self.bin_path)?;
-        rename(&self.idx_tmp, &self.idx_path)?;
-        sync_parent_dir(&self.idx_path)
+        atomic::rename(&self.bin_tmp, &self.bin_path)?;
+        atomic::rename(&self.idx_tmp, &self.idx_path)?;
+        atomic::sync_parent(&self.idx_path)
     }
 }
 
@@ -197,19 +198,4 @@ fn remove_if_exists(path: &Path) -> Result<()> {
         }
         _ => Ok(()),
     }
-}
-
-fn rename(from: &Path, to: &Path) -> Result<()> {
-    fs::rename(from, to).with_context(|| format!("renaming {} to {}", from.display(), to.display()))
-}
-
-/// Fsyncs the directory holding `path`, so the renames survive a power loss.
-fn sync_parent_dir(path: &Path) -> Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("syncing directory {}", dir.display()))
 }

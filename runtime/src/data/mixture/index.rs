@@ -3,7 +3,6 @@
 use super::apportion::decode;
 use anyhow::{Context, Result, ensure};
 use memmap2::Mmap;
-use std::fs::File;
 use std::path::Path;
 
 pub(super) const MAGIC: &[u8; 8] = b"ZFMIXIDX";
@@ -66,12 +65,7 @@ pub struct MixIndex {
 impl MixIndex {
     /// Maps the index at `path` and checks its header and size.
     pub fn open(path: &Path) -> Result<MixIndex> {
-        let file = File::open(path)
-            .with_context(|| format!("opening mixture index {}", path.display()))?;
-        // SAFETY: the map is read-only, and index files are never modified after they are
-        // written (they live in committed, immutable store folders).
-        let mmap = unsafe { Mmap::map(&file) }
-            .with_context(|| format!("mapping mixture index {}", path.display()))?;
+        let mmap = zflow_files::map::read_only(path).context("opening the mixture index")?;
         let header = Header::parse(&mmap, path)?;
         let expected = (HEADER_LEN as u64).checked_add(header.num_samples.saturating_mul(8));
         ensure!(

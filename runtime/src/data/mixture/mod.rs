@@ -337,11 +337,10 @@ impl MixPlan {
             report: report.clone(),
         };
         // Written after the index and renamed into place, so a sidecar means a complete index.
-        let path = manifest_path(index_path);
-        let tmp = manifest_path(&path);
-        std::fs::write(&tmp, serde_json::to_vec_pretty(&manifest)?)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+        zflow_files::atomic::write(
+            &manifest_path(index_path),
+            &serde_json::to_vec_pretty(&manifest)?,
+        )?;
         Ok(report)
     }
 

@@ -1,6 +1,6 @@
 //! `zflow query STORE "SQL"`: SQL (DataFusion) over the store's Parquet tables.
 //!
-//! Tables: `runs` (every stage attempt, see [`crate::records`]) and `stages` (every completed
+//! Tables: `runs` (every stage attempt, see [`zflow_pipeline::records`]) and `stages` (every completed
 //! output in the store: stage, identity, content hash, files, bytes, timings), plus one table
 //! per Parquet file that completed stages wrote at the top of their output folder, named
 //! `"<stage>/<file stem>"` (e.g. `"ingest.web/stats"`), newest identity of each stage.
@@ -19,7 +19,7 @@ use datafusion::datasource::MemTable;
 use datafusion::execution::context::SQLOptions;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 
-use crate::store::{MANIFEST, Manifest};
+use zflow_pipeline::store::{MANIFEST, Manifest};
 
 /// Runs `sql` against the store at `store` and returns the result as a text table.
 pub async fn query(store: &Path, sql: &str) -> Result<String> {
@@ -40,11 +40,11 @@ pub async fn query(store: &Path, sql: &str) -> Result<String> {
         .await
         .context("reading run records")?;
     } else {
-        let empty = RecordBatch::new_empty(crate::records::schema());
+        let empty = RecordBatch::new_empty(zflow_pipeline::records::schema());
         ctx.register_table(
             "runs",
             Arc::new(MemTable::try_new(
-                crate::records::schema(),
+                zflow_pipeline::records::schema(),
                 vec![vec![empty]],
             )?),
         )?;
@@ -94,7 +94,7 @@ fn read_manifests(store: &Path) -> Result<(MemTable, OutputTables)> {
         let dir = store.join(format!(
             "{}-{}",
             m.stage,
-            crate::identity::short(&m.identity)
+            zflow_pipeline::identity::short(&m.identity)
         ));
         for f in &m.files {
             if !f.path.contains('/') && f.path.ends_with(".parquet") {

@@ -1,25 +1,20 @@
-//! The `model:` recipe section: the ZAYA1 model's sizes (`zflow_runtime::model::config::ModelConfig`;
-//! `model: {}` is ZAYA1-base). It adds no stage by itself: `zflow size` reads it now, the
-//! training stages will.
+//! The `model:` recipe section: the ZAYA1 model's sizes
+//! ([`zflow_runtime::model::config::ModelConfig`]; `model: {}` is ZAYA1-base). It adds no stage
+//! by itself: every `train.<phase>` trains it, `zflow size` sizes it.
 
 use serde_json::Value;
+use zflow_pipeline::ConfigError;
 use zflow_pipeline::stage::parse_config;
-use zflow_pipeline::{ConfigError, NodeSpec, Section};
 use zflow_runtime::model::config::ModelConfig;
 
-/// The `model:` section.
-pub struct ModelSection;
-
-impl ModelSection {
-    /// The recipe's model config (ZAYA1-base when the recipe has no `model:`).
-    pub fn config(recipe: &Value) -> Result<ModelConfig, ConfigError> {
-        let config: ModelConfig = match recipe.get("model") {
-            None => return Ok(ModelConfig::default()),
-            Some(v) => parse_config(v.clone(), "model")?,
-        };
-        check_ranges(&config)?;
-        Ok(config)
-    }
+/// The `model:` section, range-checked; `None` without one.
+pub fn parse(value: Option<&Value>) -> Result<Option<ModelConfig>, ConfigError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let config: ModelConfig = parse_config(value.clone(), "model")?;
+    check_ranges(&config)?;
+    Ok(Some(config))
 }
 
 /// Sizes no model can have, named by their recipe path at load (they failed, or panicked,
@@ -73,15 +68,4 @@ fn check_ranges(c: &ModelConfig) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
-}
-
-impl Section for ModelSection {
-    fn key(&self) -> &'static str {
-        "model"
-    }
-
-    fn expand(&self, _value: &Value, recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
-        Self::config(recipe)?;
-        Ok(Vec::new())
-    }
 }

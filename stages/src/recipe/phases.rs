@@ -1,7 +1,7 @@
 //! The `phases:` section: the pretraining phases, in order. Each phase becomes `mix.<phase>`
 //! (its samples, `crate::mix`) and, with a `model:` section, `train.<phase>` (`crate::train`),
 //! each phase starting from the previous one's final checkpoint. [`parse`] is the one reader
-//! of a phase's settings.
+//! of a phase's settings; the rest read [`PhaseEntry`]s from [`super::RecipeDoc`].
 //!
 //! ```yaml
 //! phases:
@@ -21,9 +21,12 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use zflow_pipeline::stage::parse_config;
-use zflow_pipeline::{ConfigError, NodeSpec, Section};
+use zflow_pipeline::{ConfigError, NodeSpec};
 use zflow_runtime::data::mixture::{MixSpec, MixStage};
 
+use super::RecipeDoc;
+use super::sources::Source;
+use super::train::{PhaseTrain, SharedTrain};
 use crate::names;
 
 /// One `phases:` entry.
@@ -63,10 +66,30 @@ pub struct CurriculumStep {
     pub mixture: BTreeMap<String, f64>,
 }
 
-/// The recipe's phases, in recipe order, each parsed and range-checked; empty without a
-/// `phases:` section. Every reader of a phase setting goes through this.
-pub fn parse(recipe: &Value) -> Result<Vec<(String, Phase)>, ConfigError> {
-    let Some(value) = recipe.get("phases") else {
+/// One phase of the recipe, parsed and checked against the recipe's sources.
+#[derive(Clone, Debug)]
+pub struct PhaseEntry {
+    /// The phase's name (its key).
+    pub name: String,
+    /// Its settings as written.
+    pub phase: Phase,
+    /// Every source the phase reads, in recipe order.
+    pub sources: Vec<String>,
+    /// Its mixture, ready for `mix.<phase>`.
+    pub mix: MixSpec,
+    /// Its training settings (used with a `model:` section; without one the phase only mixes).
+    pub train: PhaseTrain,
+}
+
+/// The recipe's phases, in recipe order, each parsed, range-checked and checked against
+/// `sources`, its training settings resolved against the shared `train:`; empty without a
+/// `phases:` section.
+pub fn parse(
+    value: Option<&Value>,
+    sources: &[Source],
+    shared: &SharedTrain,
+) -> Result<Vec<PhaseEntry>, ConfigError> {
+    let Some(value) = value else {
         return Ok(Vec::new());
     };
     let Some(phases) = value.as_object() else {
@@ -75,15 +98,85 @@ pub fn parse(recipe: &Value) -> Result<Vec<(String, Phase)>, ConfigError> {
             "`phases` must map phase names to their settings",
         ));
     };
+    let sources: Vec<String> = sources.iter().map(|s| s.name.clone()).collect();
     phases
         .iter()
         .map(|(name, entry)| {
             let path = format!("phases.{name}");
             let phase: Phase = parse_config(entry.clone(), &path)?;
             check_ranges(&phase, &path)?;
-            Ok((name.clone(), phase))
+            let used = check_sources(&phase, &path, &sources)?;
+            let train = shared.resolve(name, phase.train.as_ref())?;
+            Ok(PhaseEntry {
+                name: name.clone(),
+                mix: mix_spec(&phase, &used),
+                sources: used,
+                phase,
+                train,
+            })
         })
         .collect()
+}
+
+/// Checks that every source the phase names is one of the recipe's `sources`; returns the
+/// ones it reads, in recipe order.
+fn check_sources(data: &Phase, path: &str, sources: &[String]) -> Result<Vec<String>, ConfigError> {
+    let check = |m: &BTreeMap<String, f64>, at: &str| -> Result<(), ConfigError> {
+        for name in m.keys() {
+            if !sources.contains(name) {
+                return Err(ConfigError::new(
+                    format!("{at}.{name}"),
+                    format!(
+                        "`{name}` is not a source of this recipe (sources: {})",
+                        sources.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    };
+    check(&data.mixture, &format!("{path}.mixture"))?;
+    for (i, step) in data.curriculum.iter().enumerate() {
+        check(&step.mixture, &format!("{path}.curriculum[{i}].mixture"))?;
+    }
+    check(&data.max_epochs, &format!("{path}.max_epochs"))?;
+    Ok(sources
+        .iter()
+        .filter(|s| {
+            data.mixture.contains_key(*s)
+                || data.curriculum.iter().any(|c| c.mixture.contains_key(*s))
+        })
+        .cloned()
+        .collect())
+}
+
+/// The mixture of phase `data` over the sources it reads (`used`, in recipe order).
+fn mix_spec(data: &Phase, used: &[String]) -> MixSpec {
+    let weights = |m: &BTreeMap<String, f64>| {
+        used.iter()
+            .map(|s| m.get(s).copied().unwrap_or(0.0))
+            .collect::<Vec<_>>()
+    };
+    let mut schedule = vec![MixStage {
+        start: 0.0,
+        weights: weights(&data.mixture),
+    }];
+    schedule.extend(data.curriculum.iter().map(|c| MixStage {
+        start: c.at,
+        weights: weights(&c.mixture),
+    }));
+    MixSpec {
+        seq_len: data.seq_len,
+        seed: data.seed,
+        block_size: data.block_size,
+        budget_tokens: data.tokens,
+        sources: used.to_vec(),
+        schedule,
+        max_epochs: used
+            .iter()
+            .map(|s| data.max_epochs.get(s).copied())
+            .collect(),
+    }
 }
 
 fn default_seed() -> u64 {
@@ -162,109 +255,38 @@ fn check_ranges(data: &Phase, path: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The `phases:` section: `mix.<phase>` per phase, and with a `model:` section
-/// `train.<phase>` too, each phase starting from the previous one's final checkpoint.
-pub struct Phases;
-
-impl Section for Phases {
-    fn key(&self) -> &'static str {
-        "phases"
-    }
-
-    fn expand(&self, _value: &Value, recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
-        let phases = parse(recipe)?;
-        let sources: Vec<String> = recipe
-            .get("sources")
-            .and_then(Value::as_object)
-            .map(|s| s.keys().cloned().collect())
-            .unwrap_or_default();
-        let mut nodes = Vec::new();
-        let model = recipe
-            .get("model")
-            .map(|_| crate::model::ModelSection::config(recipe))
-            .transpose()?;
-        let mut previous: Option<String> = None;
-        for (phase, data) in &phases {
-            let path = format!("phases.{phase}");
-            let check = |m: &BTreeMap<String, f64>, at: &str| -> Result<(), ConfigError> {
-                for name in m.keys() {
-                    if !sources.contains(name) {
-                        return Err(ConfigError::new(
-                            format!("{at}.{name}"),
-                            format!(
-                                "`{name}` is not a source of this recipe (sources: {})",
-                                sources.join(", ")
-                            ),
-                        ));
-                    }
-                }
-                Ok(())
-            };
-            check(&data.mixture, &format!("{path}.mixture"))?;
-            for (i, step) in data.curriculum.iter().enumerate() {
-                check(&step.mixture, &format!("{path}.curriculum[{i}].mixture"))?;
-            }
-            check(&data.max_epochs, &format!("{path}.max_epochs"))?;
-            // Every source named anywhere in the phase, in recipe order.
-            let used: Vec<String> = sources
-                .iter()
-                .filter(|s| {
-                    data.mixture.contains_key(*s)
-                        || data.curriculum.iter().any(|c| c.mixture.contains_key(*s))
-                })
-                .cloned()
-                .collect();
-            let weights = |m: &BTreeMap<String, f64>| {
-                used.iter()
-                    .map(|s| m.get(s).copied().unwrap_or(0.0))
-                    .collect::<Vec<_>>()
-            };
-            let mut schedule = vec![MixStage {
-                start: 0.0,
-                weights: weights(&data.mixture),
-            }];
-            schedule.extend(data.curriculum.iter().map(|c| MixStage {
-                start: c.at,
-                weights: weights(&c.mixture),
-            }));
-            let spec = MixSpec {
-                seq_len: data.seq_len,
-                seed: data.seed,
-                block_size: data.block_size,
-                budget_tokens: data.tokens,
-                sources: used.clone(),
-                schedule,
-                max_epochs: used
-                    .iter()
-                    .map(|s| data.max_epochs.get(s).copied())
-                    .collect(),
-            };
+/// `mix.<phase>` per phase and, with a `model:` section, `train.<phase>` too, each phase
+/// starting from the previous one's final checkpoint.
+pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
+    let mut nodes = Vec::new();
+    let mut previous: Option<String> = None;
+    for entry in &doc.phases {
+        let (phase, path) = (&entry.name, format!("phases.{}", entry.name));
+        let used = &entry.sources;
+        nodes.push(NodeSpec {
+            name: names::mix(phase),
+            kind: "mix".into(),
+            config: json!({"phase": phase, "spec": entry.mix}),
+            needs: used.iter().map(|s| names::tokenize(s)).collect(),
+            resources: None,
+            path: path.clone(),
+        });
+        if let Some(model) = &doc.model {
+            let train = &entry.train;
+            let name = names::train(phase);
+            let mut needs = vec![names::mix(phase)];
+            needs.extend(used.iter().map(|s| names::tokenize(s)));
+            needs.extend(previous.clone());
             nodes.push(NodeSpec {
-                name: names::mix(phase),
-                kind: "mix".into(),
-                config: json!({"phase": phase, "spec": spec}),
-                needs: used.iter().map(|s| names::tokenize(s)).collect(),
+                name: name.clone(),
+                kind: "train".into(),
+                config: json!({"phase": phase, "model": model, "train": train.settings, "sources": used, "previous": previous, "launch": train.launch}),
+                needs,
                 resources: None,
-                path: path.clone(),
+                path: format!("{path}.train"),
             });
-            if let Some(model) = &model {
-                let (train, launch) =
-                    crate::train::TrainSection::settings(recipe, phase, data.train.as_ref())?;
-                let name = names::train(phase);
-                let mut needs = vec![names::mix(phase)];
-                needs.extend(used.iter().map(|s| names::tokenize(s)));
-                needs.extend(previous.clone());
-                nodes.push(NodeSpec {
-                    name: name.clone(),
-                    kind: "train".into(),
-                    config: json!({"phase": phase, "model": model, "train": train, "sources": used, "previous": previous, "launch": launch}),
-                    needs,
-                    resources: None,
-                    path: format!("{path}.train"),
-                });
-                previous = Some(name);
-            }
+            previous = Some(name);
         }
-        Ok(nodes)
     }
+    nodes
 }

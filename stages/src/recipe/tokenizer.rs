@@ -1,0 +1,96 @@
+//! The `tokenizer:` recipe section: one `tokenizer` stage that trains a BPE tokenizer on every
+//! ingested source (`train:`) or fetches a `tokenizer.json` (`file:`, via `fetch.tokenizer`).
+//! The stage's settings are `crate::tokenizer::TokenizerConfig`.
+
+use serde_json::{Map, Value};
+use zflow_pipeline::{ConfigError, NodeSpec};
+
+use super::RecipeDoc;
+use crate::names;
+
+/// The `tokenizer:` section.
+#[derive(Clone, Debug)]
+pub struct TokenizerSpec {
+    /// `file:` (a URL of a `tokenizer.json`) and its `sha256`: the `fetch.tokenizer` stage's
+    /// settings. `None` with `train:`.
+    pub fetch: Option<Map<String, Value>>,
+    /// The `tokenizer` stage's settings (everything but `file` and `sha256`).
+    pub settings: Map<String, Value>,
+}
+
+/// The `tokenizer:` section, if the recipe has one.
+pub fn parse(value: Option<&Value>) -> Result<Option<TokenizerSpec>, ConfigError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let Some(entry) = value.as_object() else {
+        return Err(ConfigError::new(
+            "tokenizer",
+            "`tokenizer` must be a mapping with `train:` or `file:`",
+        ));
+    };
+    let settings: Map<String, Value> = entry
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "file" | "sha256"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let fetch = match (entry.get("file"), entry.get("train")) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                "tokenizer.file",
+                "set either `file:` or `train:`, not both",
+            ));
+        }
+        (None, None) => {
+            return Err(ConfigError::new(
+                "tokenizer",
+                "set `train: {vocab_size: N}` or `file: <url of a tokenizer.json>`",
+            ));
+        }
+        (Some(url), None) => {
+            let mut fetch = Map::new();
+            fetch.insert("url".into(), url.clone());
+            if let Some(sha) = entry.get("sha256") {
+                fetch.insert("sha256".into(), sha.clone());
+            }
+            Some(fetch)
+        }
+        (None, Some(_)) => None,
+    };
+    Ok(Some(TokenizerSpec { fetch, settings }))
+}
+
+/// `fetch.tokenizer` (for `file:`) and the `tokenizer` stage, which reads every ingested
+/// source.
+pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
+    let Some(spec) = &doc.tokenizer else {
+        return Vec::new();
+    };
+    let mut nodes = Vec::new();
+    let mut needs: Vec<String> = doc
+        .sources
+        .iter()
+        .filter(|s| !s.megatron)
+        .map(|s| names::ingest(&s.name))
+        .collect();
+    if let Some(fetch) = &spec.fetch {
+        nodes.push(NodeSpec {
+            name: names::FETCH_TOKENIZER.into(),
+            kind: "fetch".into(),
+            config: Value::Object(fetch.clone()),
+            needs: vec![],
+            resources: None,
+            path: "tokenizer".into(),
+        });
+        needs.push(names::FETCH_TOKENIZER.into());
+    }
+    nodes.push(NodeSpec {
+        name: names::TOKENIZER.into(),
+        kind: "tokenizer".into(),
+        config: Value::Object(spec.settings.clone()),
+        needs,
+        resources: None,
+        path: "tokenizer".into(),
+    });
+    nodes
+}

@@ -1,0 +1,89 @@
+//! The `train:` recipe section: training settings shared by every phase. A phase's own
+//! `train:` overrides them key by key; `launch:` (how the phase runs: ranks, restarts,
+//! preflight) is kept apart from what the phase computes. It adds no stage by itself: each
+//! `train.<phase>` gets its resolved settings ([`PhaseTrain`]).
+
+use serde_json::Value;
+use zflow_files::json::merge;
+use zflow_pipeline::ConfigError;
+use zflow_pipeline::stage::parse_config;
+use zflow_runtime::contract::settings::TrainSettings;
+
+use crate::train::LaunchSettings;
+
+/// The `train:` section as written (an empty mapping without one), checked on its own.
+#[derive(Clone, Debug)]
+pub struct SharedTrain(Value);
+
+/// One phase's training settings: the shared `train:` with the phase's own merged in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhaseTrain {
+    /// What the phase computes (part of the stage's identity).
+    pub settings: TrainSettings,
+    /// How it runs (not part of the identity).
+    pub launch: LaunchSettings,
+}
+
+/// The `train:` section; its settings must parse on their own, so a typo is named at
+/// `train.<field>` rather than at every phase.
+pub fn parse(value: Option<&Value>) -> Result<SharedTrain, ConfigError> {
+    let shared = SharedTrain(
+        value
+            .cloned()
+            .unwrap_or_else(|| Value::Object(Default::default())),
+    );
+    split(shared.0.clone(), "train")?;
+    Ok(shared)
+}
+
+impl SharedTrain {
+    /// Phase `phase`'s settings: these merged with the phase's own `train:` (`own`).
+    pub fn resolve(&self, phase: &str, own: Option<&Value>) -> Result<PhaseTrain, ConfigError> {
+        let mut merged = self.0.clone();
+        if let Some(own) = own {
+            merge(&mut merged, own.clone());
+        }
+        split(merged, &format!("phases.{phase}.train"))
+    }
+}
+
+/// Parses settings at recipe path `path`, their `launch:` part apart.
+fn split(mut value: Value, path: &str) -> Result<PhaseTrain, ConfigError> {
+    let launch = value
+        .as_object_mut()
+        .and_then(|m| m.remove("launch"))
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    Ok(PhaseTrain {
+        launch: parse_config(launch, &format!("{path}.launch"))?,
+        settings: parse_config(value, path)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn phase_settings_override_the_shared_ones_key_by_key() {
+        let shared = parse(Some(&json!({"global_batch": 32, "micro_batch": 8, "schedule": {"peak_lr": 0.01, "warmup": 0.1}}))).unwrap();
+        let own = json!({"micro_batch": 16, "schedule": {"warmup": 0.0}, "rope_base": 1.0e6});
+        let t = shared.resolve("p3", Some(&own)).unwrap();
+        assert_eq!(t.launch, LaunchSettings::default());
+        let s = t.settings;
+        assert_eq!(
+            (s.global_batch, s.micro_batch, s.rope_base),
+            (32, 16, Some(1.0e6))
+        );
+        assert_eq!((s.schedule.peak_lr, s.schedule.warmup), (0.01, 0.0));
+        let err = shared
+            .resolve("p3", Some(&json!({"globl_batch": 1})))
+            .unwrap_err();
+        assert!(
+            format!("{}: {}", err.path, err.message).contains("globl_batch"),
+            "{}: {}",
+            err.path,
+            err.message
+        );
+    }
+}
