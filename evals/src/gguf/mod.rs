@@ -1,16 +1,16 @@
-//! The GGUF adapter: quantized Gemma 3 and Llama models on the CPU (candle for the graph, and
-//! for scoring, the integer matrix kernels of `qgemm`).
+//! The GGUF adapter: published quantized Gemma 3 and Llama models as [`LanguageModel`]s. The
+//! forward pass and its kernels are the `zflow_gguf` crate; this side packs requests, reads the
+//! tokenizer from the file and turns logits into scores.
 //!
 //! Scoring packs each batch of request groups into one sequence ([`pack`]): every question's
 //! context is computed once and shared by its choices, and all rows of a batch go through each
 //! weight matrix in one quantized matrix product. Logits are computed only at the rows that
 //! predict a continuation token (a 262k-word output layer is most of a small model's work).
 
-pub mod config;
-pub mod model;
 pub mod pack;
-mod qgemm;
 pub mod tokenizer;
+
+pub use zflow_gguf::{config, model};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -220,30 +220,6 @@ mod tests {
 
     /// Prefix sharing, batching and one-at-a-time scoring give the same numbers, and the
     /// incremental (KV cache) path predicts what the packed path scores.
-    #[test]
-    fn q5_0_converts_to_q8_0_exactly() {
-        use candle_core::quantized::{GgmlDType, QTensor};
-        let x = candle_core::Tensor::randn(0f32, 1.0, (8, 64), &candle_core::Device::Cpu).unwrap();
-        let q5 = QTensor::quantize(&x, GgmlDType::Q5_0).unwrap();
-        let q8 = model::q5_0_to_q8_0(&q5).unwrap();
-        assert_eq!(q8.dtype(), GgmlDType::Q8_0);
-        let a: Vec<f32> = q5
-            .dequantize(&candle_core::Device::Cpu)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        let b: Vec<f32> = q8
-            .dequantize(&candle_core::Device::Cpu)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        assert_eq!(a, b);
-    }
-
     #[test]
     #[cfg_attr(
         not(zflow_eval_fixtures),

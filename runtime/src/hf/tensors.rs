@@ -1,7 +1,7 @@
-//! The tensors a model has, under zflow's names and the reference's, with their layouts.
+//! The tensors a model has under zflow's names and the reference's, and their layouts.
 
 use crate::model::config::ModelConfig;
-use crate::model::reference_name;
+use crate::model::{reference_name, tensors};
 use safetensors::Dtype;
 use safetensors::tensor::View;
 use std::borrow::Cow;
@@ -26,109 +26,20 @@ impl Spec {
     }
 }
 
-/// Builds the list of [`Spec`]s in the model's parameter order.
-pub(super) struct Specs(pub(super) Vec<Spec>);
-
-impl Specs {
-    pub(super) fn add(&mut self, ours: String, shape: Vec<usize>, linear: bool) {
-        // Every parameter path has a reference name (`model_grad.rs` checks it on a real model).
-        let hf = reference_name(&ours).unwrap_or_else(|| panic!("no reference name for `{ours}`"));
-        self.0.push(Spec {
-            ours,
-            shape,
-            hf,
-            linear,
-        });
-    }
-
-    pub(super) fn linear(&mut self, path: &str, d_in: usize, d_out: usize, bias: bool) {
-        self.add(format!("{path}.weight"), vec![d_in, d_out], true);
-        if bias {
-            self.add(format!("{path}.bias"), vec![d_out], false);
-        }
-    }
-
-    pub(super) fn res_scale(&mut self, path: &str, h: usize, with_residual: bool) {
-        self.add(format!("{path}.hidden_states_scale"), vec![h], false);
-        self.add(format!("{path}.hidden_states_bias"), vec![h], false);
-        if with_residual {
-            self.add(format!("{path}.residual_scale"), vec![h], false);
-            self.add(format!("{path}.residual_bias"), vec![h], false);
-        }
-    }
-}
-
-/// The parameters `Zaya::new(c, ..)` creates, computed from the config alone: export and import
-/// never build the model, so a full-size checkpoint costs no more memory than its tensors.
-/// `tests::specs_match_the_model` checks this against real models.
+/// The model's parameters ([`crate::model::tensors`]) with their reference names.
 pub(super) fn specs(c: &ModelConfig) -> Vec<Spec> {
-    let (h, lq, lk, hd, d) = (
-        c.hidden_size,
-        c.q_latent(),
-        c.kv_latent(),
-        c.head_dim,
-        c.router_dim,
-    );
-    let ch = lq + lk;
-    let routes = c.num_experts + usize::from(c.mod_skip);
-    let mut s = Specs(Vec::new());
-    s.add("embed_tokens".into(), vec![c.vocab_size, h], false);
-    for i in 0..c.num_blocks {
-        let b = format!("blocks.{i}");
-        if c.residual_scaling {
-            s.res_scale(&format!("{b}.attn_res_scale"), h, i > 0);
-        }
-        s.add(format!("{b}.attn_norm.weight"), vec![h], false);
-        let q = format!("{b}.self_attn.qkv");
-        s.linear(&format!("{q}.linear_q"), h, lq, false);
-        s.linear(&format!("{q}.linear_k"), h, lk, false);
-        s.linear(&format!("{q}.val_proj1"), h, lk / 2, false);
-        s.linear(&format!("{q}.val_proj2"), h, lk - lk / 2, false);
-        s.add(
-            format!("{q}.conv0_weight"),
-            vec![ch, 1, c.conv_kernel],
-            false,
-        );
-        s.add(format!("{q}.conv0_bias"), vec![ch], false);
-        s.add(
-            format!("{q}.conv1_weight"),
-            vec![ch, hd, c.conv_kernel],
-            false,
-        );
-        s.add(format!("{q}.conv1_bias"), vec![ch], false);
-        s.add(format!("{q}.temp"), vec![c.num_kv_heads], false);
-        s.linear(&format!("{b}.self_attn.o_proj"), lq, h, false);
-        if c.residual_scaling {
-            s.res_scale(&format!("{b}.moe_res_scale"), h, true);
-        }
-        s.add(format!("{b}.moe_norm.weight"), vec![h], false);
-        let r = format!("{b}.moe.router");
-        s.linear(&format!("{r}.down_proj"), h, d, true);
-        if i > 0 && c.eda {
-            s.add(format!("{r}.router_states_scale"), vec![d], false);
-        }
-        s.add(format!("{r}.rmsnorm_eda.weight"), vec![d], false);
-        for k in 0..c.router_mlp_layers {
-            let last = k + 1 == c.router_mlp_layers;
-            // Our Vec holds only the linears; `reference_name` maps index k to the Sequential's 2k.
-            s.linear(
-                &format!("{r}.router_mlp.{k}"),
-                d,
-                if last { routes } else { d },
-                !last,
-            );
-        }
-        for e in 0..c.num_experts {
-            let x = format!("{b}.moe.local_experts.{e}");
-            s.linear(&format!("{x}.linear_fc1"), h, 2 * c.expert_ffn, false);
-            s.linear(&format!("{x}.linear_fc2"), c.expert_ffn, h, false);
-        }
-    }
-    if c.residual_scaling {
-        s.res_scale("res_scale", h, true);
-    }
-    s.add("final_norm.weight".into(), vec![h], false);
-    s.0
+    tensors(c)
+        .into_iter()
+        .map(|t| Spec {
+            // Every parameter path has a reference name (`model_grad.rs` checks it on a real
+            // model).
+            hf: reference_name(&t.name)
+                .unwrap_or_else(|| panic!("no reference name for `{}`", t.name)),
+            ours: t.name,
+            shape: t.shape,
+            linear: t.linear,
+        })
+        .collect()
 }
 
 /// The reference's name of MoE layer `block`'s balancing-bias buffer (`ZayaRouter`'s

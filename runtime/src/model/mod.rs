@@ -14,6 +14,7 @@
 //! Every size comes from [`config::ModelConfig`].
 
 pub mod config;
+mod tensors;
 
 use burn::module::{Module, Param};
 use burn::tensor::activation::log_softmax;
@@ -31,6 +32,7 @@ pub use attention::{Attention, Cca, Rope, causal_conv, shift_right};
 pub use layers::{ResidualScaling, RmsNorm};
 pub use moe::{Expert, Moe, Router};
 pub use names::{param_id, reference_name};
+pub use tensors::{Part, TensorSpec, tensors};
 
 use layers::Init;
 

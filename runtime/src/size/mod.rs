@@ -14,6 +14,7 @@ pub mod projection;
 use serde::{Deserialize, Serialize};
 
 use crate::model::config::ModelConfig;
+use crate::model::{Part, TensorSpec, tensors};
 
 /// Bytes in one GiB, for printing memory.
 const GIB: f64 = (1u64 << 30) as f64;
@@ -201,68 +202,47 @@ impl ModelConfig {
         h * d + hidden_layers * d * d + d * w(self.router_outputs())
     }
 
-    /// One residual-scaling pair (gate + bias), in parameters.
-    fn residual_pair(&self) -> u64 {
-        if self.residual_scaling {
-            2 * w(self.hidden_size)
-        } else {
-            0
-        }
-    }
-
-    /// Parameter counts. See [`ParamCounts`] for what each field includes.
+    /// Parameter counts, summed over the model's parameter list ([`tensors`]). See
+    /// [`ParamCounts`] for what each field includes; the per-layer fields count a block past
+    /// the first (the first has no residual pair before attention and no EDA gate).
     pub fn params(&self) -> ParamCounts {
-        let h = w(self.hidden_size);
-        let n = w(self.num_blocks);
-        let c = w(self.qk_channels());
-        let d = w(self.router_dim);
-
-        // A sub-layer's pre-norm weight plus residual scaling on both the residual stream and
-        // the sub-layer output.
-        let sublayer_norms = h + 2 * self.residual_pair();
-
-        let attention_per_layer = self.attention_matrices()
-            + self.conv_filters()
-            + 2 * c // one bias per channel for each of the two convolutions
-            + w(self.num_kv_heads) // key temperature, one scalar per KV head
-            + sublayer_norms;
-
-        let eda_gamma = if self.eda { d } else { 0 };
-        let router_biases = d + w(self.router_mlp_layers.saturating_sub(1)) * d;
-        let router_norm = d;
-        let router_per_layer = self.router_matrices() + router_biases + eda_gamma + router_norm;
-
-        let expert = 3 * h * w(self.expert_ffn);
-        let moe_norms_per_layer = sublayer_norms;
-        let final_norms = 2 * self.residual_pair() + h;
-
-        // The first sub-layer has no residual stream to scale yet, and the first MoE layer has
-        // no previous router state for EDA.
-        let (first_attention_saving, first_router_saving) = if n > 0 {
-            (self.residual_pair(), eda_gamma)
-        } else {
-            (0, 0)
+        let all = tensors(self);
+        let sum = |keep: &dyn Fn(&TensorSpec) -> bool| -> u64 {
+            all.iter().filter(|t| keep(t)).map(TensorSpec::numel).sum()
         };
-        let attention = n * attention_per_layer - first_attention_saving;
-        let routers = n * router_per_layer - first_router_saving;
-        // Everything but the experts: every token passes through all of it.
-        let shared = attention + routers + n * moe_norms_per_layer + final_norms;
+        // A typical layer: block 1 of the same model with at least two blocks.
+        let typical = tensors(&ModelConfig {
+            num_blocks: self.num_blocks.max(2),
+            ..self.clone()
+        });
+        let layer = |part: Part| -> u64 {
+            typical
+                .iter()
+                .filter(|t| t.block == Some(1) && t.part == part)
+                .map(TensorSpec::numel)
+                .sum()
+        };
+        let n = w(self.num_blocks);
+        let experts_all = sum(&|t| matches!(t.part, Part::Expert(_)));
+        let total = sum(&|t| t.part != Part::Embedding);
+        let shared = total - experts_all;
+        let expert = layer(Part::Expert(0));
         let experts_per_token = w(self.top_k.min(self.num_experts));
-        let total = shared + n * w(self.num_experts) * expert;
         let active = shared + n * experts_per_token * expert;
 
+        // The model always ties its output head to the embedding; an untied one (sized for
+        // comparison) would hold a second `vocab x hidden` matrix.
         let copies = if self.tie_embeddings { 1 } else { 2 };
-        let embedding = copies * w(self.vocab_size) * h;
+        let embedding = copies * sum(&|t| t.part == Part::Embedding);
         let total_with_embeddings = total + embedding;
-        let muon =
-            n * (self.attention_matrices() + self.router_matrices() + w(self.num_experts) * expert);
+        let muon = sum(&|t| t.linear);
 
         ParamCounts {
-            attention_per_layer,
-            router_per_layer,
+            attention_per_layer: layer(Part::Attention),
+            router_per_layer: layer(Part::Router),
             expert,
-            moe_norms_per_layer,
-            final_norms,
+            moe_norms_per_layer: layer(Part::MoeNorms),
+            final_norms: sum(&|t| t.part == Part::Final),
             embedding,
             total,
             active,

@@ -15,16 +15,16 @@ use anyhow::{Context, Result};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
 use candle_core::{Device, Module, Tensor};
 
-use super::config::{Arch, Config};
-use super::pack::Packed;
-use super::qgemm::{QActs, QMatrix};
+use crate::batch::Packed;
+use crate::config::{Arch, Config};
+use crate::qgemm::{QActs, QMatrix};
 
 /// A weight matrix `[out, in]`, kept quantized for single-row steps (generation: candle's
 /// quantized kernels, one row at a time) and, unless disabled, also in the block form of
 /// [`QMatrix`] for multi-row passes (scoring).
 ///
 /// Why both: candle 0.11's quantized matrix products read every weight block once per
-/// activation row and have no AVX2 kernel for Q5_0; the integer kernel of [`super::qgemm`]
+/// activation row and have no AVX2 kernel for Q5_0; the integer kernel of [`crate::qgemm`]
 /// tiles rows and columns and runs ~2x faster than candle's f32 GEMM on dequantized weights
 /// (which this adapter used before), at 2 bytes a weight. It rounds the activations to 16
 /// bits (one scale a row), so scores stay within ~0.01 of the f32 product of the same weights.
@@ -193,7 +193,7 @@ fn norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 
 impl Model {
     /// Reads the weights of a GGUF file; `dense` keeps the integer kernel's copies for multi-row
-    /// passes (see [`Linear`]).
+    /// passes (see `Linear`).
     pub fn load(
         path: &Path,
         content: &gguf_file::Content,
@@ -452,7 +452,7 @@ impl Model {
         Ok(x)
     }
 
-    /// Logits `[R, vocab]` of hidden states `[R, d]` (dense: see [`Linear::forward`]).
+    /// Logits `[R, vocab]` of hidden states `[R, d]` (dense: see `Linear::forward`).
     pub fn logits(&self, hidden: &Tensor, dense: bool) -> Result<Tensor> {
         let h = norm(hidden, &self.norm, self.cfg.eps)?;
         self.output.forward(&Input::new(&h, dense)?)
@@ -460,7 +460,7 @@ impl Model {
 
     /// For each row of hidden states `[R, d]`, `log softmax(logits)[t]` and whether `t` is the
     /// argmax (first of equal maxima), for each `t` of `targets[row]` (dense: see
-    /// [`Linear::forward`]). With the integer kernel the output layer is reduced a chunk of the
+    /// `Linear::forward`). With the integer kernel the output layer is reduced a chunk of the
     /// vocabulary at a time, never writing the `R x vocab` logits; the chunks and the order
     /// they are combined in are fixed, so the result does not depend on threads or batch.
     pub fn token_logprobs(
@@ -534,7 +534,7 @@ impl Model {
     /// Runs `tokens` as one sequence, keeping the KV cache; returns the last position's logits.
     pub fn prefill(&self, tokens: &[u32]) -> Result<(KvCache, Vec<f32>)> {
         let n = tokens.len();
-        let seg = super::pack::Segment {
+        let seg = crate::batch::Segment {
             start: 0,
             branch: vec![0; n],
             pos: (0..n as u32).collect(),

@@ -27,7 +27,7 @@ fn rate(macs: f64, mut f: impl FnMut()) -> (f64, f64) {
     )
 }
 
-/// `RAYON_NUM_THREADS=1 cargo test -p zflow-evals --lib qgemm::bench -- --ignored
+/// `RAYON_NUM_THREADS=1 cargo test -p zflow-gguf --lib qgemm::bench -- --ignored
 /// --nocapture`: GMAC per CPU second (and per wall second) of the kernels on shapes of
 /// Gemma 3 270M, against candle's f32 GEMM on the dequantized weights.
 #[test]

@@ -24,3 +24,27 @@ fn exp_and_gelu_are_accurate() {
         );
     }
 }
+
+#[test]
+fn q5_0_converts_to_q8_0_exactly() {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    let x = candle_core::Tensor::randn(0f32, 1.0, (8, 64), &candle_core::Device::Cpu).unwrap();
+    let q5 = QTensor::quantize(&x, GgmlDType::Q5_0).unwrap();
+    let q8 = q5_0_to_q8_0(&q5).unwrap();
+    assert_eq!(q8.dtype(), GgmlDType::Q8_0);
+    let a: Vec<f32> = q5
+        .dequantize(&candle_core::Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let b: Vec<f32> = q8
+        .dequantize(&candle_core::Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert_eq!(a, b);
+}
