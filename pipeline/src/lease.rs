@@ -53,14 +53,7 @@ pub fn lease_timeout() -> Duration {
 
 /// This machine's host name.
 pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
+    gethostname::gethostname().to_string_lossy().into_owned()
 }
 
 /// Whether process `pid` exists on this host and is not a zombie (a dead process whose

@@ -117,6 +117,17 @@ pub struct StepMetrics {
 }
 
 impl WorkerMessage {
+    /// The [`WorkerMessage::Preflight`] of rank `rank`, which measured `probe` on `device`, on
+    /// this machine.
+    pub fn preflight(rank: usize, probe: crate::dist::preflight::Probe, device: String) -> Self {
+        WorkerMessage::Preflight {
+            rank,
+            probe,
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            device,
+        }
+    }
+
     /// The message as one JSON line (no newline).
     pub fn to_line(&self) -> String {
         serde_json::to_string(self).expect("worker messages serialise")

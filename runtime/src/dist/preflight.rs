@@ -52,13 +52,6 @@ fn best_of(reps: usize, slow_ms: u64, mut f: impl FnMut()) -> f64 {
     best
 }
 
-/// This machine's host name (`unknown` where the kernel does not say).
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 /// [`probe`] on `backend` (`cpu`, `cuda`, `rocm`) device `device`: the device description and
 /// its probe (`zflow worker --probe`, which the `preflight` stage starts once per rank).
 /// `slow_ms` as in [`probe`].

@@ -35,12 +35,7 @@ pub fn probe(backend: &str, device: usize) -> i32 {
         };
         let slow_ms = Faults::from_env(rank)?.delay_ms(0);
         let (description, probe) = crate::dist::preflight::probe_backend(backend, device, slow_ms)?;
-        Ok(WorkerMessage::Preflight {
-            rank,
-            probe,
-            host: crate::dist::preflight::hostname(),
-            device: description,
-        })
+        Ok(WorkerMessage::preflight(rank, probe, description))
     };
     let message = run().unwrap_or_else(|e| {
         eprintln!("error: {e:#}");
@@ -168,12 +163,11 @@ fn go<B: AutodiffBackend>(
 ) -> Result<()> {
     if std::env::var_os(env::PREFLIGHT).is_some() {
         let probe = crate::dist::preflight::probe::<B::InnerBackend>(device, faults.delay_ms(0));
-        emit(WorkerMessage::Preflight {
-            rank: placement.map_or(0, |p| p.rank),
+        emit(WorkerMessage::preflight(
+            placement.map_or(0, |p| p.rank),
             probe,
-            host: crate::dist::preflight::hostname(),
-            device: description.to_string(),
-        });
+            description.to_string(),
+        ));
     }
     let mut group = match placement {
         Some(p) => Group::join(p)?,
