@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The same tiny ZAYA1 training step in PyTorch, for `zflow bench train` to compare against.
 
-Written for zflow from ZAYA1's description (the ZAYA1 report, arXiv 2511.17127), mirroring runtime/src/model.rs:
+Written for zflow from ZAYA1's description (the ZAYA1 report, arXiv 2511.17127), mirroring runtime/src/model/:
 CCA attention (latent q/k, time-shifted value head, depthwise + grouped causal convs, QK-mean
 skip, L2-normalised q/k, key temperature, partial RoPE, GQA), the EDA router with a GELU MLP and
 top-1 choice with balancing biases, sorted dispatch to SwiGLU experts, the MoD skip route,

@@ -1,5 +1,5 @@
 //! The engine contract: what a training worker and zflow's supervisor (the train stage,
-//! `stages/src/train.rs`) agree on. zflow's native worker (`zflow worker`,
+//! `stages/src/train/`) agree on. zflow's native worker (`zflow worker`,
 //! [`crate::trainer::worker`]) implements the worker side; any other engine that keeps this contract
 //! can be supervised the same way, and is added in `stages/src/engine.rs` without touching
 //! the supervisor.
