@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command (the README's second command; .ci/run calls it): set-up, the local Slurm, the
+# The test command (the README's second command; .ci/run calls it): formatting and lints of
+# both languages (scripts/python-check.sh for the Python worker), set-up, the local Slurm, the
 # real model and benchmark data the evaluation tests score (scripts/fixtures.sh: fetched with
 # their sha256 pins by zflow's own fetch stages), then every test of the workspace and a compile
 # of the GPU backends.
@@ -8,6 +9,7 @@ cd "$(dirname "$0")/.."
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 scripts/setup.sh
+scripts/python-check.sh
 scripts/slurm-local.sh start
 export SLURM_CONF="$PWD/target/slurm-local/slurm.conf"
 # Set before the first build, so that the tests' build (whose build.rs reads it) is the same one.

@@ -1,0 +1,126 @@
+//! The PyTorch worker's data plane (`workers/torch/zflow_torch`, standard library only) reads
+//! every rank's batch token for token as the Rust reader does: the same mixture index over the
+//! same Megatron datasets, for world sizes 1, 2 and 4, over many steps that cross epochs and a
+//! curriculum switch, with sources of three dtypes and empty documents.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use zflow_runtime::data::TokenSource;
+use zflow_runtime::data::megatron::{DType, IndexedDataset, IndexedDatasetWriter};
+use zflow_runtime::data::mixture::{MixSpec, MixStage, MixtureReader, plan};
+use zflow_runtime::rng::SplitMix64;
+
+/// A source of `docs` documents of seeded lengths (some empty) and ids below `vocab`.
+fn write_source(prefix: &Path, dtype: DType, docs: usize, vocab: u32, seed: u64) {
+    let mut rng = SplitMix64(seed);
+    let mut w = IndexedDatasetWriter::create(prefix, dtype).unwrap();
+    for d in 0..docs {
+        let len = if d % 7 == 3 {
+            0
+        } else {
+            1 + rng.below(90) as usize
+        };
+        let doc: Vec<u32> = (0..len).map(|_| rng.below(vocab as u64) as u32).collect();
+        w.add_document(&doc).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// Every rank's batch for `steps` global batches from the start: tokens, then source ids,
+/// rank after rank, step after step (the layout `zflow_torch.mixture`'s dump writes).
+fn rust_batches(reader: &MixtureReader, world: usize, micro: usize, steps: usize) -> Vec<u32> {
+    let mut cursor = reader.start("dump");
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        for rank in 0..world {
+            let b = reader.batch(&cursor, rank, world, micro).unwrap();
+            out.extend(&b.tokens);
+            out.extend(b.sources.iter().map(|&s| s as u32));
+        }
+        cursor = cursor.advance(world, micro);
+    }
+    out
+}
+
+fn python_batches(
+    index: &Path,
+    prefixes: &[PathBuf],
+    world: usize,
+    micro: usize,
+    steps: usize,
+) -> Vec<u32> {
+    let workers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workers/torch");
+    let out = index.with_extension(format!("w{world}.bin"));
+    let status = Command::new("python3")
+        .current_dir(&workers)
+        .args(["-m", "zflow_torch.mixture"])
+        .arg(index)
+        .arg(&out)
+        .args([world.to_string(), micro.to_string(), steps.to_string()])
+        .args(prefixes)
+        .status()
+        .expect("this test needs python3 on PATH");
+    assert!(status.success(), "the Python reader failed");
+    std::fs::read(&out)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn the_python_reader_gives_every_rank_the_rust_readers_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let kinds = [
+        (DType::U16, 40, 50_000),
+        (DType::I32, 25, 300_000),
+        (DType::U8, 60, 200),
+    ];
+    let prefixes: Vec<PathBuf> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &(dtype, docs, vocab))| {
+            let prefix = dir.path().join(format!("source{i}"));
+            write_source(&prefix, dtype, docs, vocab, 7 + i as u64);
+            prefix
+        })
+        .collect();
+    let sources: Vec<Arc<dyn TokenSource>> = prefixes
+        .iter()
+        .map(|p| Arc::new(IndexedDataset::open(p).unwrap()) as Arc<dyn TokenSource>)
+        .collect();
+    // Small sources and a budget several times their size: every source wraps into later
+    // epochs (each with its own document order), and the curriculum switches halfway.
+    let spec = MixSpec {
+        seq_len: 32,
+        seed: 2026,
+        block_size: 16,
+        budget_tokens: 32 * 960,
+        sources: vec!["a".into(), "b".into(), "c".into()],
+        schedule: vec![
+            MixStage {
+                start: 0.0,
+                weights: vec![0.5, 0.3, 0.2],
+            },
+            MixStage {
+                start: 0.5,
+                weights: vec![0.1, 0.6, 0.3],
+            },
+        ],
+        max_epochs: vec![None, None, None],
+    };
+    let refs: Vec<&dyn TokenSource> = sources.iter().map(|s| s.as_ref()).collect();
+    let index = dir.path().join("samples.idx");
+    plan(&spec, &refs).unwrap().write(&index).unwrap();
+    let reader = MixtureReader::open(&index, sources).unwrap();
+    let micro = 3;
+    for world in [1, 2, 4] {
+        let steps = 960 / (world * micro);
+        let rust = rust_batches(&reader, world, micro, steps);
+        let python = python_batches(&index, &prefixes, world, micro, steps);
+        assert_eq!(rust.len(), python.len(), "world {world}");
+        assert!(rust == python, "world {world}: the readers disagree");
+    }
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The Python side's checks (part of scripts/test.sh): ruff (lint and format) and mypy --strict
+# over workers/torch, then its unit tests. ruff and mypy are pinned and installed once into
+# target/python-tools; the worker's data plane itself needs only the standard library.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools=target/python-tools
+if ! "$tools/bin/ruff" --version 2>/dev/null | grep -q "0.17.6" \
+  || ! "$tools/bin/mypy" --version 2>/dev/null | grep -q "2.4.1"; then
+  python3 -m venv "$tools"
+  "$tools/bin/pip" install --quiet ruff==0.17.6 mypy==2.4.1
+fi
+cd workers/torch
+"../../$tools/bin/ruff" check .
+"../../$tools/bin/ruff" format --check .
+"../../$tools/bin/mypy" --strict zflow_torch tests
+python3 -m unittest discover -s tests

@@ -1,0 +1,38 @@
+"""Unit tests of the contract module (its agreement with the Rust side is
+``runtime/tests/torch_contract.rs``)."""
+
+import io
+import json
+import tempfile
+import unittest
+from pathlib import Path
+
+from zflow_torch.contract import EXIT_FATAL, Emitter, JobError, read_job
+
+
+class Contract(unittest.TestCase):
+    def test_messages_are_one_json_line_each_and_errors_give_their_exit_code(self) -> None:
+        out = io.StringIO()
+        e = Emitter(out)
+        e.heartbeat(5)
+        self.assertEqual(e.error("disk full", "fatal"), EXIT_FATAL)
+        lines = out.getvalue().splitlines()
+        self.assertEqual(json.loads(lines[0]), {"type": "heartbeat", "step": 5})
+        self.assertEqual(json.loads(lines[1])["class"], "fatal")
+        with self.assertRaises(ValueError):
+            e.error("x", "done")
+        with self.assertRaises(ValueError):
+            e.done(3, float("nan"))
+
+    def test_a_job_of_another_version_is_refused(self) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "job.json"
+            path.write_text(json.dumps({"version": 2, "phase": "p"}))
+            with self.assertRaisesRegex(JobError, "version 2"):
+                read_job(str(path))
+            path.write_text(json.dumps({"phase": "p"}))
+            self.assertEqual(read_job(str(path))["phase"], "p")
+
+
+if __name__ == "__main__":
+    unittest.main()
