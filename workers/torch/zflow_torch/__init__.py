@@ -5,5 +5,8 @@ writes: the train job, the rank's environment, the JSON lines on stdout, the exi
 checkpoint directories and the mixture index. This package holds the worker's side of it,
 beginning with the data plane: :mod:`zflow_torch.megatron` (token datasets),
 :mod:`zflow_torch.mixture` (the sample index and the batch a rank reads at a data cursor) and
-:mod:`zflow_torch.rng` (the seeded shuffles they share with the Rust reader).
+:mod:`zflow_torch.rng` (the seeded shuffles they share with the Rust reader); the worker's side
+of the protocol (:mod:`zflow_torch.contract`); and the trainer's controls that must match the
+native engine's to the bit, :mod:`zflow_torch.schedule` (WSD) and :mod:`zflow_torch.balance`
+(the routing-bias controller).
 """
