@@ -47,7 +47,7 @@ impl RecipeDoc {
     /// the recipe path of the offending value.
     pub fn parse(recipe: &Value) -> Result<Self, ConfigError> {
         let name = recipe.get("name").and_then(Value::as_str).map(String::from);
-        let sources = sources::parse(recipe.get("sources"))?;
+        let sources = sources::parse(recipe.get("sources"), recipe.pointer("/model/vocab_size"))?;
         let tokenizer = tokenizer::parse(recipe.get("tokenizer"))?;
         let model = model::parse(recipe.get("model"))?;
         let train = train::parse(recipe.get("train"))?;

@@ -30,14 +30,20 @@ pub struct Source {
     pub fetch: Map<String, Value>,
     /// Already tokenized (`format: megatron`): no ingest, and `tokenize.<name>` validates.
     pub megatron: bool,
-    /// The other settings: `ingest.<name>`'s, or for a Megatron source its `megatron` stage's.
+    /// The other settings: `ingest.<name>`'s, or for a Megatron source its `megatron` stage's
+    /// (with the recipe's `model.vocab_size`).
     pub settings: Map<String, Value>,
     /// `tokenize:`: the settings of its `tokenize.<name>` stage.
     pub tokenize: Option<Value>,
 }
 
-/// The `sources:` section, in recipe order; empty without one.
-pub fn parse(value: Option<&Value>) -> Result<Vec<Source>, ConfigError> {
+/// The `sources:` section, in recipe order; empty without one. `vocab_size` is the
+/// `model.vocab_size` the recipe sets, if it sets one: a Megatron source's ids are checked
+/// against it.
+pub fn parse(
+    value: Option<&Value>,
+    vocab_size: Option<&Value>,
+) -> Result<Vec<Source>, ConfigError> {
     let Some(value) = value else {
         return Ok(Vec::new());
     };
@@ -73,6 +79,11 @@ pub fn parse(value: Option<&Value>) -> Result<Vec<Source>, ConfigError> {
         }
         let tokenize = if megatron {
             settings.remove("format");
+            if let Some(vocab) = vocab_size {
+                settings
+                    .entry("vocab_size")
+                    .or_insert_with(|| vocab.clone());
+            }
             None
         } else {
             settings.remove("tokenize")
@@ -106,13 +117,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
         });
         let mut settings = source.settings.clone();
         if source.megatron {
-            // Already tokenized: `tokenize.<name>` just validates and copies, with the model's
-            // vocabulary to check the ids against.
-            if let Some(model) = &doc.model {
-                settings
-                    .entry("vocab_size")
-                    .or_insert_with(|| json!(model.vocab_size));
-            }
+            // Already tokenized: `tokenize.<name>` just validates and copies.
             nodes.push(NodeSpec {
                 name: names::tokenize(name),
                 kind: "megatron".into(),
