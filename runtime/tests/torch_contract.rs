@@ -3,8 +3,7 @@
 //! version, and every message it writes parses with the supervisor's own parser into the
 //! variant it means.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
 use serde_json::Value;
 use zflow_runtime::contract::env;
@@ -14,18 +13,7 @@ use zflow_runtime::contract::protocol::WorkerMessage;
 
 #[test]
 fn the_python_contract_has_the_rust_names_numbers_and_messages() {
-    let workers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workers/torch");
-    let out = Command::new("python3")
-        .current_dir(&workers)
-        .args(["-m", "zflow_torch.contract"])
-        .output()
-        .expect("this test needs python3 on PATH");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = String::from_utf8(common::zflow_torch("contract", [] as [&str; 0])).unwrap();
     let mut lines = text.lines();
     let constants: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
     let names = [

@@ -3,8 +3,7 @@
 //! every shape of WSD over phase lengths with the rounding edge cases, and the controller over
 //! seeded routing counts with every PID term, the MoD skip route and a skip-share target.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
 use serde_json::{Value, json};
 use zflow_runtime::rng::SplitMix64;
@@ -97,19 +96,8 @@ fn the_python_schedule_and_controller_compute_the_rust_bits() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("cases.json");
     std::fs::write(&input, serde_json::to_vec(&cases).unwrap()).unwrap();
-    let workers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workers/torch");
-    let out = Command::new("python3")
-        .current_dir(&workers)
-        .args(["-m", "zflow_torch.control_check"])
-        .arg(&input)
-        .output()
-        .expect("this test needs python3 on PATH");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let python: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let python: Value =
+        serde_json::from_slice(&common::zflow_torch("control_check", [&input])).unwrap();
 
     for (i, (s, total)) in schedules.iter().enumerate() {
         let total = *total;

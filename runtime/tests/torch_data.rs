@@ -3,8 +3,10 @@
 //! same Megatron datasets, for world sizes 1, 2 and 4, over many steps that cross epochs and a
 //! curriculum switch, with sources of three dtypes and empty documents.
 
+mod common;
+
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use zflow_runtime::data::TokenSource;
@@ -51,18 +53,11 @@ fn python_batches(
     micro: usize,
     steps: usize,
 ) -> Vec<u32> {
-    let workers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workers/torch");
     let out = index.with_extension(format!("w{world}.bin"));
-    let status = Command::new("python3")
-        .current_dir(&workers)
-        .args(["-m", "zflow_torch.mixture"])
-        .arg(index)
-        .arg(&out)
-        .args([world.to_string(), micro.to_string(), steps.to_string()])
-        .args(prefixes)
-        .status()
-        .expect("this test needs python3 on PATH");
-    assert!(status.success(), "the Python reader failed");
+    let mut args: Vec<OsString> = vec![index.into(), out.clone().into()];
+    args.extend([world, micro, steps].map(|n| n.to_string().into()));
+    args.extend(prefixes.iter().map(|p| p.into()));
+    common::zflow_torch("mixture", args);
     std::fs::read(&out)
         .unwrap()
         .chunks_exact(4)
