@@ -58,6 +58,12 @@ class Datasets(unittest.TestCase):
             self.assertEqual((ds.num_docs(), ds.doc_len(1)), (3, 0))
             self.assertEqual(ds.read(2, 0, 2), [65535, 4])
             self.assertEqual(ds.read(0, 1, 2), [2, 3])
+            idx = bytearray(Path(f"{prefix}.idx").read_bytes())
+            idx[-8:] = struct.pack("<q", 2)  # the document index ends short of 3 sequences
+            Path(f"{prefix}.idx").write_bytes(bytes(idx))
+            with self.assertRaisesRegex(DatasetError, "document index must run from 0"):
+                IndexedDataset(prefix)
+            write_dataset(prefix, [[1, 2, 3], [], [65535, 4]])
             Path(f"{prefix}.bin").write_bytes(b"\x00" * 4)
             with self.assertRaisesRegex(
                 DatasetError, "ds.bin: 4 bytes, but the index describes 10"

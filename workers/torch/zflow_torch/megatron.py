@@ -71,7 +71,16 @@ class IndexedDataset:
         pointers = array("q")
         start = HEADER.size + 4 * sequences
         pointers.frombytes(idx[start : start + 8 * sequences])
+        docs = array("q")
+        start += 8 * sequences
+        docs.frombytes(idx[start : start + 8 * doc_indices])
         idx.close()
+        if doc_indices == 0 or docs[0] != 0 or docs[-1] != sequences:
+            raise DatasetError(
+                f"{self.idx_path}: the document index must run from 0 to the {sequences} sequences"
+            )
+        if any(later < earlier for earlier, later in zip(docs, docs[1:], strict=False)):
+            raise DatasetError(f"{self.idx_path}: the document index decreases")
         expected = 0
         for seq, (length, pointer) in enumerate(zip(lengths, pointers, strict=True)):
             if length < 0 or pointer != expected:
