@@ -1,8 +1,10 @@
 //! Marks the integration tests that need what `scripts/test.sh` sets up:
 //! - `zflow_slurm`: the local Slurm daemons (`tests/slurm.rs`), when `SLURM_CONF` is set;
-//! - `zflow_eval_fixtures`: the real benchmark data (`tests/eval.rs`), when `ZFLOW_EVAL_DATA` is set.
+//! - `zflow_eval_fixtures`: the real benchmark data (`tests/eval.rs`), when `ZFLOW_EVAL_DATA` is set;
+//! - `zflow_torch`: the torch engine's Python environment (torch, transformers), when
+//!   `ZFLOW_TORCH_PYTHON` names it (`scripts/test.sh` sets it to what `scripts/setup.sh` made).
 //!
-//! Under CI (`CI` set) both are always on, so a missing service or fixture fails its tests;
+//! Under CI (`CI` set) all are always on, so a missing service or fixture fails its tests;
 //! anywhere else the test runner lists those tests as ignored, never as passed.
 
 fn main() {
@@ -13,6 +15,7 @@ fn main() {
     for (cfg, var) in [
         ("zflow_slurm", "SLURM_CONF"),
         ("zflow_eval_fixtures", "ZFLOW_EVAL_DATA"),
+        ("zflow_torch", "ZFLOW_TORCH_PYTHON"),
     ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
         println!("cargo::rerun-if-env-changed={var}");

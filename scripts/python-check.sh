@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The Python side's checks (part of scripts/test.sh): ruff (lint and format) and mypy --strict
 # over workers/torch, then its unit tests. ruff and mypy are pinned and installed once into
-# target/python-tools; the worker's data plane itself needs only the standard library.
+# target/python-tools; mypy reads torch's types, and the tests run, in the torch engine's
+# environment (target/torch-venv, made by scripts/setup.sh, which runs first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools=target/python-tools
+python="${ZFLOW_TORCH_PYTHON:-$PWD/target/torch-venv/bin/python}"
 if ! "$tools/bin/ruff" --version 2>/dev/null | grep -q "0.17.6" \
   || ! "$tools/bin/mypy" --version 2>/dev/null | grep -q "2.4.1"; then
   python3 -m venv "$tools"
@@ -13,5 +15,5 @@ fi
 cd workers/torch
 "../../$tools/bin/ruff" check .
 "../../$tools/bin/ruff" format --check .
-"../../$tools/bin/mypy" --strict zflow_torch tests
-python3 -m unittest discover -s tests
+"../../$tools/bin/mypy" --python-executable "$python" zflow_torch tests
+"$python" -m unittest discover -s tests

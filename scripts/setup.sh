@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what zflow's fetch stages call on a fresh Debian/Ubuntu machine that has only
 # Rust: pip (for pip:// and sdist:// sources) and venv, npm (for npm:// sources: the nano recipe's
-# corpora and Gemma's tokenizer), apt lists (for deb:// sources), a C compiler for -sys crates.
-# Safe to run again; does nothing when all is there.
+# corpora and Gemma's tokenizer), apt lists (for deb:// sources), a C compiler for -sys crates;
+# then the torch engine's Python environment, target/torch-venv, from
+# workers/torch/requirements.lock (torch 2.15.0 and transformers 5.23.0 from PyPI: the torch wheel
+# brings its CUDA libraries, ~3 GB, once). Safe to run again; does nothing when all is there.
 set -euo pipefail
 
 SUDO=""
@@ -24,5 +26,18 @@ fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# The torch engine's environment (stages/src/engine.rs runs target/torch-venv/bin/python unless
+# ZFLOW_TORCH_PYTHON names another, e.g. one with PyTorch's ROCm build).
+venv=target/torch-venv
+lock=workers/torch/requirements.lock
+cd "$(dirname "$0")/.."
+if ! cmp -s "$lock" "$venv/zflow-requirements.lock" 2>/dev/null \
+  || ! "$venv/bin/python" -c "import torch, transformers" >/dev/null 2>&1; then
+  echo "setup: installing the torch engine's Python environment into $venv (torch's PyPI wheel with its CUDA libraries: ~3 GB, once)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$lock"
+  cp "$lock" "$venv/zflow-requirements.lock"
 fi
 echo "setup: ok"

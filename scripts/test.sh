@@ -14,6 +14,8 @@ scripts/slurm-local.sh start
 export SLURM_CONF="$PWD/target/slurm-local/slurm.conf"
 # Set before the first build, so that the tests' build (whose build.rs reads it) is the same one.
 export ZFLOW_EVAL_DATA="$PWD/target/test-fixtures/data-root"
+# The torch engine's Python, which scripts/setup.sh installed (its tests run with it).
+export ZFLOW_TORCH_PYTHON="$PWD/target/torch-venv/bin/python"
 eval "$(scripts/fixtures.sh)"
 cargo test --workspace
 cargo check -p zflow-evals --features cuda,rocm

@@ -1,7 +1,8 @@
 //! Fault tolerance through the real binary: data-parallel worker processes on a ring, injected
 //! crashes, hangs, deaths mid-checkpoint, corrupted checkpoints and SIGKILLs of `zflow run`
 //! itself, each run ending with final weights bit-identical to the uninterrupted run; and
-//! reshaping a 2-rank checkpoint for 1 and 4 ranks.
+//! reshaping a 2-rank checkpoint for 1 and 4 ranks. The fault matrix and the reshapes run on
+//! both training engines (native, and torch: PyTorch workers over gloo).
 
 mod common;
 
@@ -14,6 +15,11 @@ use common::{Sandbox, stage_dir};
 /// One short phase of a tiny ZAYA1 (see [`common::tiny_train_recipe`]).
 fn recipe(ranks: usize, max_restarts: u32) -> String {
     common::tiny_train_recipe(ranks, max_restarts)
+}
+
+/// [`recipe`] on training engine `engine`.
+fn recipe_on(engine: &str, ranks: usize, max_restarts: u32) -> String {
+    common::tiny_train_recipe_on(engine, ranks, max_restarts)
 }
 
 fn final_weights(sb: &Sandbox) -> Vec<u8> {
@@ -57,87 +63,7 @@ impl Dice {
 #[test]
 fn fault_matrix_ends_bit_identical_to_the_uninterrupted_run() {
     let mut dice = Dice(2026);
-    let mut injected = 0;
-    for ranks in [2usize, 1] {
-        let reference = Sandbox::new();
-        reference.write("r.yaml", &recipe(ranks, 6));
-        reference.ok(&["run", "r.yaml"]);
-        let want = final_weights(&reference);
-
-        // One run per line: each attempt gets one fault (a fault fires in its attempt only), so a
-        // run survives several in a row. Steps and ranks are drawn; checkpoints are every 5 steps.
-        let rank = |dice: &mut Dice| dice.roll(0, ranks as u64 - 1);
-        let a = dice.roll(2, 9);
-        let b = dice.roll(a + 1, a + 8);
-        let c = 5 * dice.roll((b + 5) / 5 + 1, (b + 5) / 5 + 2);
-        let d = dice.roll(c + 1, c + 4);
-        let e = dice.roll(d + 1, d + 6);
-        let scenarios = [
-            // crash, hang, a death halfway through a checkpoint write, then a corrupted checkpoint
-            // followed by a crash (the corrupted one must be quarantined, the one before used).
-            format!(
-                "crash@{a}:rank={};hang@{b}:rank={}:attempt=2;kill-in-checkpoint@{}:rank={}:attempt=3;corrupt-checkpoint@{c}:attempt=4;crash@{d}:rank={}:attempt=4;hang@{e}:rank={}:attempt=5",
-                rank(&mut dice),
-                rank(&mut dice),
-                c - 5,
-                rank(&mut dice),
-                rank(&mut dice),
-                rank(&mut dice)
-            ),
-            // a slow rank (training goes on, slower) plus crashes on every rank in turn.
-            format!(
-                "slow@1:ms=20:rank={};crash@{}:rank=0:attempt=1;crash@{}:rank={}:attempt=2;kill-in-checkpoint@{}:rank=0:attempt=3",
-                rank(&mut dice),
-                dice.roll(3, 20),
-                dice.roll(21, 35),
-                ranks - 1,
-                5 * dice.roll(8, 10)
-            ),
-        ];
-        for faults in &scenarios {
-            let sb = Sandbox::new();
-            sb.write("r.yaml", &recipe(ranks, 6));
-            let (stderr, log) = run_with(&sb, faults);
-            let count = faults.split(';').count();
-            injected += count;
-            eprintln!("{ranks} rank(s), {count} faults: {faults}");
-            let relaunches = stderr.matches("relaunching").count();
-            let expected = faults
-                .split(';')
-                .filter(|f| !f.starts_with("slow") && !f.starts_with("corrupt"))
-                .count();
-            assert_eq!(relaunches, expected, "{faults}: {stderr}");
-            assert!(
-                final_weights(&sb) == want,
-                "{ranks} rank(s), faults {faults}: final weights differ from the uninterrupted run"
-            );
-            if faults.contains("corrupt-checkpoint") {
-                assert!(
-                    log.contains("quarantined checkpoint")
-                        && log.contains(&format!("resuming at step {}", c - 5)),
-                    "{log}"
-                );
-                assert!(
-                    sb.output("train.p1").join("quarantine").exists()
-                        || !log.contains(&format!("resuming at step {c}")),
-                    "{log}"
-                );
-            }
-            // The run records every interruption with its cause and downtime.
-            let events = sb
-                .ok(&[
-                    "query",
-                    "zflow-store",
-                    "select kind, step, cause, downtime_s from \"train.p1/events\"",
-                ])
-                .stdout;
-            assert_eq!(events.matches("failure").count(), expected, "{events}");
-            assert!(
-                events.contains("SIGABRT") && (!faults.contains("hang") || events.contains("hung")),
-                "{events}"
-            );
-        }
-    }
+    let mut injected = fault_matrix(&mut dice, "native");
 
     // SIGKILL of `zflow run` itself, twice, mid-phase; then a rerun that also loses a rank.
     let reference = Sandbox::new();
@@ -180,6 +106,105 @@ fn fault_matrix_ends_bit_identical_to_the_uninterrupted_run() {
     assert!(final_weights(&sb) == final_weights(&reference));
     eprintln!("{injected} faults injected, every run bit-identical to its uninterrupted reference");
     assert!(injected >= 20, "{injected}");
+}
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn fault_matrix_on_the_torch_engine_ends_bit_identical_to_the_uninterrupted_run() {
+    let injected = fault_matrix(&mut Dice(2026), "torch");
+    eprintln!("torch engine: {injected} faults injected, every run bit-identical to its reference");
+    assert!(injected >= 16, "{injected}");
+}
+
+/// On 2 ranks and on 1: an uninterrupted run, then two runs of drawn faults (one per attempt)
+/// that must end with its final weights, bit for bit. Returns the number of faults injected.
+fn fault_matrix(dice: &mut Dice, engine: &str) -> usize {
+    let mut injected = 0;
+    for ranks in [2usize, 1] {
+        let reference = Sandbox::new();
+        reference.write("r.yaml", &recipe_on(engine, ranks, 6));
+        reference.ok(&["run", "r.yaml"]);
+        let want = final_weights(&reference);
+
+        // One run per line: each attempt gets one fault (a fault fires in its attempt only), so a
+        // run survives several in a row. Steps and ranks are drawn; checkpoints are every 5 steps.
+        let rank = |dice: &mut Dice| dice.roll(0, ranks as u64 - 1);
+        let a = dice.roll(2, 9);
+        let b = dice.roll(a + 1, a + 8);
+        let c = 5 * dice.roll((b + 5) / 5 + 1, (b + 5) / 5 + 2);
+        let d = dice.roll(c + 1, c + 4);
+        let e = dice.roll(d + 1, d + 6);
+        let scenarios = [
+            // crash, hang, a death halfway through a checkpoint write, then a corrupted checkpoint
+            // followed by a crash (the corrupted one must be quarantined, the one before used).
+            format!(
+                "crash@{a}:rank={};hang@{b}:rank={}:attempt=2;kill-in-checkpoint@{}:rank={}:attempt=3;corrupt-checkpoint@{c}:attempt=4;crash@{d}:rank={}:attempt=4;hang@{e}:rank={}:attempt=5",
+                rank(dice),
+                rank(dice),
+                c - 5,
+                rank(dice),
+                rank(dice),
+                rank(dice)
+            ),
+            // a slow rank (training goes on, slower) plus crashes on every rank in turn.
+            format!(
+                "slow@1:ms=20:rank={};crash@{}:rank=0:attempt=1;crash@{}:rank={}:attempt=2;kill-in-checkpoint@{}:rank=0:attempt=3",
+                rank(dice),
+                dice.roll(3, 20),
+                dice.roll(21, 35),
+                ranks - 1,
+                5 * dice.roll(8, 10)
+            ),
+        ];
+        for faults in &scenarios {
+            let sb = Sandbox::new();
+            sb.write("r.yaml", &recipe_on(engine, ranks, 6));
+            let (stderr, log) = run_with(&sb, faults);
+            let count = faults.split(';').count();
+            injected += count;
+            eprintln!("{engine}: {ranks} rank(s), {count} faults: {faults}");
+            let relaunches = stderr.matches("relaunching").count();
+            let expected = faults
+                .split(';')
+                .filter(|f| !f.starts_with("slow") && !f.starts_with("corrupt"))
+                .count();
+            assert_eq!(relaunches, expected, "{faults}: {stderr}");
+            assert!(
+                final_weights(&sb) == want,
+                "{ranks} rank(s), faults {faults}: final weights differ from the uninterrupted run"
+            );
+            if faults.contains("corrupt-checkpoint") {
+                assert!(
+                    log.contains("quarantined checkpoint")
+                        && log.contains(&format!("resuming at step {}", c - 5)),
+                    "{log}"
+                );
+                assert!(
+                    sb.output("train.p1").join("quarantine").exists()
+                        || !log.contains(&format!("resuming at step {c}")),
+                    "{log}"
+                );
+            }
+            // The run records every interruption with its cause and downtime.
+            let events = sb
+                .ok(&[
+                    "query",
+                    "zflow-store",
+                    "select kind, step, cause, downtime_s from \"train.p1/events\"",
+                ])
+                .stdout;
+            assert_eq!(events.matches("failure").count(), expected, "{events}");
+            assert!(
+                events.contains("SIGABRT") && (!faults.contains("hang") || events.contains("hung")),
+                "{events}"
+            );
+        }
+    }
+
+    injected
 }
 
 /// Starts `zflow run`, waits until the train stage reported `step`, and SIGKILLs the zflow
@@ -235,9 +260,24 @@ fn partial_metrics(store: &Path) -> Option<PathBuf> {
 
 #[test]
 fn two_ranks_reshaped_to_one_and_four_continue_the_same_run() {
+    reshapes("native");
+}
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn two_ranks_of_the_torch_engine_reshaped_to_one_and_four_continue_the_same_run() {
+    reshapes("torch");
+}
+
+/// A 2-rank run of `engine` stopped at step 10, reshaped for 1 and 4 ranks, continues the
+/// uninterrupted 2-rank run's losses and weights to float rounding.
+fn reshapes(engine: &str) {
     // Two ranks train to step 10 and stop (out of restarts after a crash at step 12).
     let sb = Sandbox::new();
-    sb.write("r.yaml", &recipe(2, 0));
+    sb.write("r.yaml", &recipe_on(engine, 2, 0));
     let out = sb
         .cmd(&["run", "r.yaml"])
         .env("ZFLOW_FAULTS", "crash@12")
@@ -261,7 +301,7 @@ fn two_ranks_reshaped_to_one_and_four_continue_the_same_run() {
 
     // The uninterrupted 2-rank run, for comparison.
     let reference = Sandbox::new();
-    reference.write("r.yaml", &recipe(2, 0));
+    reference.write("r.yaml", &recipe_on(engine, 2, 0));
     reference.ok(&["run", "r.yaml"]);
     let reference_losses = losses(
         &std::fs::read_to_string(reference.output("train.p1").join("metrics.jsonl")).unwrap(),
@@ -305,7 +345,7 @@ fn two_ranks_reshaped_to_one_and_four_continue_the_same_run() {
         }
 
         let job_path = write_job(&job, &dir);
-        let stdout = run_workers(&job_path, ranks);
+        let stdout = run_workers_of(engine, &job_path, ranks);
         let resumed = losses(&stdout);
         assert_eq!(
             resumed.first().map(|l| l.0),
@@ -368,7 +408,7 @@ fn two_ranks_reshaped_to_one_and_four_continue_the_same_run() {
             }
         }
         eprintln!(
-            "{ranks} rank(s) from the reshaped step-10 checkpoint vs 2 ranks throughout: worst relative weight difference {:.2e} ({})",
+            "{engine}: {ranks} rank(s) from the reshaped step-10 checkpoint vs 2 ranks throughout: worst relative weight difference {:.2e} ({})",
             worst.0, worst.1
         );
         assert!(
@@ -383,7 +423,7 @@ fn two_ranks_reshaped_to_one_and_four_continue_the_same_run() {
     let dir = sb.path().join("dp4-direct");
     copy_dir(&step10, &dir.join("checkpoints/step-00000010"));
     let job_path = write_job(&job, &dir);
-    let stdout = run_workers(&job_path, 4);
+    let stdout = run_workers_of(engine, &job_path, 4);
     assert_eq!(losses(&stdout).first().map(|l| l.0), Some(11));
 }
 
@@ -402,26 +442,33 @@ fn write_job(job: &serde_json::Value, dir: &Path) -> PathBuf {
     path
 }
 
-/// Runs `ranks` `zflow worker` processes on `job` (as the train stage would) and returns
+/// Runs `ranks` worker processes of `engine` on `job` (as the train stage would) and returns
 /// rank 0's stdout.
-fn run_workers(job: &Path, ranks: usize) -> String {
-    run_workers_with(job, ranks, |_, _| {}).0
+fn run_workers_of(engine: &str, job: &Path, ranks: usize) -> String {
+    run_workers_with_engine(engine, job, ranks, |_, _| {}).0
 }
 
-/// [`run_workers`], calling `meddle(rendezvous, rank 0's ring address)` once rank 0 has
+/// [`run_workers_of`] of the native engine, calling `meddle(rendezvous, rank 0's ring address)` once rank 0 has
 /// started and before the other ranks start. Returns rank 0's stdout and stderr.
 fn run_workers_with(job: &Path, ranks: usize, meddle: impl FnOnce(&str, &str)) -> (String, String) {
+    run_workers_with_engine("native", job, ranks, meddle)
+}
+
+/// [`run_workers_with`] of training engine `engine`.
+fn run_workers_with_engine(
+    engine: &str,
+    job: &Path,
+    ranks: usize,
+    meddle: impl FnOnce(&str, &str),
+) -> (String, String) {
     let rendezvous = format!("127.0.0.1:{}", free_port());
     let secret = "0123456789abcdef".repeat(4);
     let data: Vec<String> = (0..ranks)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
     let spawn = |rank: usize| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_zflow"));
-        c.args(["worker", "--job"])
-            .arg(job)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut c = common::worker(engine, job);
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
         if ranks > 1 {
             c.env("ZFLOW_RANK", rank.to_string())
                 .env("ZFLOW_WORLD", ranks.to_string())

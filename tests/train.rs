@@ -1,12 +1,12 @@
 //! Training through the real binary: a two-phase recipe of a tiny ZAYA1 on this repository's
 //! own text (Markdown prose, Rust code), run uninterrupted, run again in a fresh store (same
 //! seed: identical weights), and run with a worker that crashes mid-phase and is relaunched by
-//! the supervisor (final weights bit-identical). Also: the balancing controller on real data,
-//! and bad settings. The fault matrix, data parallelism and reshaping are in `faults.rs`.
+//! the supervisor (final weights bit-identical), on each training engine (native, torch).
+//! Also: the two engines start from the same model and hand phases to each other, the
+//! balancing controller on real data, and bad settings. The fault matrix, data parallelism and
+//! reshaping are in `faults.rs`.
 
 mod common;
-
-use std::process::Command;
 
 use common::{Sandbox, stage_dir};
 
@@ -61,6 +61,11 @@ phases:
     )
 }
 
+/// [`recipe`] trained by `engine`.
+fn recipe_on(engine: &str) -> String {
+    common::with_engine(&recipe(), engine)
+}
+
 fn final_weights(sb: &Sandbox, stage: &str) -> Vec<u8> {
     std::fs::read(sb.output(stage).join("final/model.safetensors")).unwrap()
 }
@@ -75,8 +80,21 @@ fn metrics(sb: &Sandbox, stage: &str) -> Vec<serde_json::Value> {
 
 #[test]
 fn two_phases_deterministic_and_resumable_bit_for_bit() {
+    two_phases("native");
+}
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn two_phases_on_the_torch_engine_deterministic_and_resumable_bit_for_bit() {
+    two_phases("torch");
+}
+
+fn two_phases(engine: &str) {
     let a = Sandbox::new();
-    a.write("r.yaml", &recipe());
+    a.write("r.yaml", &recipe_on(engine));
     a.ok(&["run", "r.yaml"]);
     for stage in ["train.p1", "train.p2"] {
         let dir = a.output(stage);
@@ -189,7 +207,7 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
 
     // Same recipe and seed in a fresh store: identical weights.
     let b = Sandbox::new();
-    b.write("r.yaml", &recipe());
+    b.write("r.yaml", &recipe_on(engine));
     b.ok(&["run", "r.yaml"]);
     assert!(
         final_weights(&a, "train.p2") == final_weights(&b, "train.p2"),
@@ -199,7 +217,7 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
     // A worker that dies after step 7 (checkpoints at 5, 10, ...): the supervisor relaunches it
     // from step 5 and the phase ends bit-identical to the uninterrupted run.
     let c = Sandbox::new();
-    c.write("r.yaml", &recipe());
+    c.write("r.yaml", &recipe_on(engine));
     let crashed = c
         .cmd(&["run", "r.yaml"])
         .env("ZFLOW_FAULTS", "crash@7")
@@ -236,7 +254,7 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
         .collect();
     assert_eq!(steps, (1..=steps.len() as u64).collect::<Vec<_>>());
 
-    balancing_controller_reduces_the_error(&a);
+    balancing_controller_reduces_the_error(&a, engine);
 
     // A damaged checkpoint is reported, not trusted (done last: it changes the store).
     let copy = a.path().join("damaged");
@@ -259,7 +277,7 @@ fn two_phases_deterministic_and_resumable_bit_for_bit() {
 
 /// Re-runs phase 1's worker with the controller off and on, from the same data: on, the
 /// balance error ends lower than it starts and lower than with the controller off.
-fn balancing_controller_reduces_the_error(a: &Sandbox) {
+fn balancing_controller_reduces_the_error(a: &Sandbox, engine: &str) {
     let job_path = stage_dir(&a.path().join("zflow-store"), "train.p1").join("job.json");
     let mut job: serde_json::Value =
         serde_json::from_slice(&std::fs::read(job_path).unwrap()).unwrap();
@@ -270,11 +288,7 @@ fn balancing_controller_reduces_the_error(a: &Sandbox) {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("job.json");
         std::fs::write(&path, serde_json::to_vec(&job).unwrap()).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_zflow"))
-            .args(["worker", "--job"])
-            .arg(&path)
-            .output()
-            .unwrap();
+        let out = common::worker(engine, &path).output().unwrap();
         assert!(
             out.status.success(),
             "{}",
@@ -292,7 +306,7 @@ fn balancing_controller_reduces_the_error(a: &Sandbox) {
     let tail = |v: &[f64]| v[v.len() - 5..].iter().sum::<f64>() / 5.0;
     let head = |v: &[f64]| v[..3].iter().sum::<f64>() / 3.0;
     eprintln!(
-        "balance error: controller off {:.3} -> {:.3}, on {:.3} -> {:.3}",
+        "{engine}: balance error: controller off {:.3} -> {:.3}, on {:.3} -> {:.3}",
         head(&off),
         tail(&off),
         head(&on),
@@ -302,6 +316,77 @@ fn balancing_controller_reduces_the_error(a: &Sandbox) {
     assert!(
         tail(&on) < tail(&off),
         "controller on {on:?} vs off {off:?}"
+    );
+}
+
+/// The step lines of `stage`'s metrics.
+fn steps(sb: &Sandbox, stage: &str) -> Vec<serde_json::Value> {
+    metrics(sb, stage)
+        .into_iter()
+        .filter(|r| r["type"] == "step")
+        .collect()
+}
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn the_engines_start_from_one_model_and_hand_phases_to_each_other() {
+    // Phase 1 on native, phase 2 on torch (from native's final checkpoint).
+    let a = Sandbox::new();
+    let p2_on = |recipe: String, engine: &str| {
+        recipe.replace(
+            "carry_optimizer: false}",
+            &format!("carry_optimizer: false, engine: {engine}}}"),
+        )
+    };
+    a.write("r.yaml", &p2_on(recipe(), "torch"));
+    a.ok(&["run", "r.yaml"]);
+    // Phase 1 on torch, phase 2 on native.
+    let b = Sandbox::new();
+    b.write("r.yaml", &p2_on(recipe_on("torch"), "native"));
+    b.ok(&["run", "r.yaml"]);
+    for (sb, engines) in [(&a, ["native", "torch"]), (&b, ["torch", "native"])] {
+        for (stage, engine) in ["train.p1", "train.p2"].into_iter().zip(engines) {
+            let job: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(sb.output(stage).join("job.json")).unwrap())
+                    .unwrap();
+            let named = job["train"]["engine"].as_str().unwrap_or("native");
+            assert_eq!(named, engine, "{stage}");
+        }
+        // Phase 2 starts from phase 1's weights (its loss far below an untrained model's) and
+        // learns on.
+        let (p1, p2) = (steps(sb, "train.p1"), steps(sb, "train.p2"));
+        let loss = |r: &serde_json::Value| r["loss"].as_f64().unwrap();
+        let mean = |v: &[serde_json::Value]| v.iter().map(loss).sum::<f64>() / v.len() as f64;
+        assert!(
+            mean(&p2) < loss(&p1[0]) - 1.0,
+            "{engines:?}: phase 2 did not start from phase 1's weights"
+        );
+        assert!(
+            sb.output("train.p2")
+                .join("final/model.safetensors")
+                .exists(),
+            "{engines:?}"
+        );
+    }
+    // One seed, one model: the torch engine initialises as the native one does, and its
+    // first step on the same batch matches to float rounding (f32 sums in another order).
+    let (native, torch) = (&steps(&a, "train.p1")[0], &steps(&b, "train.p1")[0]);
+    let close = |key: &str, tolerance: f64| {
+        let (x, y) = (native[key].as_f64().unwrap(), torch[key].as_f64().unwrap());
+        assert!(
+            (x - y).abs() <= tolerance * x.abs(),
+            "step 1 {key}: native {x}, torch {y}"
+        );
+    };
+    close("loss", 1e-5);
+    close("grad_norm", 1e-4);
+    assert_eq!(native["expert_load"], torch["expert_load"]);
+    eprintln!(
+        "step 1: native loss {} grad norm {}, torch loss {} grad norm {}",
+        native["loss"], native["grad_norm"], torch["loss"], torch["grad_norm"]
     );
 }
 

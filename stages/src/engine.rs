@@ -3,6 +3,13 @@
 //! the JSON lines on stdout, the exit codes, the checkpoint format), so the supervisor
 //! (`train.rs`) knows none of them: it asks this file for the command of a rank. A new engine
 //! is one more arm here.
+//!
+//! - `torch`: PyTorch workers, `python -m zflow_torch.worker` from
+//!   `workers/torch/`, training transformers' ZayaForCausalLM with torch.distributed (gloo on
+//!   CPU, NCCL on CUDA, RCCL through PyTorch's `nccl` backend on ROCm builds). The Python is
+//!   [`TORCH_PYTHON`] if set, else the environment `scripts/setup.sh` creates
+//!   (`target/torch-venv`).
+//! - `native` (the default, `TrainSettings`): zflow's own burn trainer, `zflow worker`.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -10,7 +17,27 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 
 /// The engines `train.engine` may name.
-pub const ENGINES: &[&str] = &["native"];
+pub const ENGINES: &[&str] = &["torch", "native"];
+
+/// Names the Python interpreter the torch engine runs (one with torch and transformers; on
+/// ROCm, PyTorch's ROCm build).
+pub const TORCH_PYTHON: &str = "ZFLOW_TORCH_PYTHON";
+
+/// Names the folder holding the `zflow_torch` package (default: this repository's
+/// `workers/torch`).
+pub const TORCH_WORKER_DIR: &str = "ZFLOW_TORCH_WORKER_DIR";
+
+/// How to start one rank: program, arguments and the environment it needs beyond the
+/// contract's.
+#[derive(Clone, Debug)]
+pub struct EngineCommand {
+    /// The program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Extra environment variables.
+    pub env: Vec<(String, OsString)>,
+}
 
 /// Whether `engine` is one of [`ENGINES`]; the error says which ones are.
 pub fn check(engine: &str) -> std::result::Result<(), String> {
@@ -28,50 +55,93 @@ fn unknown(engine: &str) -> String {
     )
 }
 
-/// The program and arguments that probe one device for `engine` (the preflight GEMM and
-/// bandwidth), answering with one `preflight` message: what the `preflight` stage runs per
-/// rank.
-pub fn probe_command(
-    engine: &str,
-    backend: &str,
-    device: usize,
-) -> Result<(PathBuf, Vec<OsString>)> {
+/// This repository's root (the torch worker package and the set-up's Python live in it).
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("stages/ has a parent")
+        .to_path_buf()
+}
+
+/// The Python the torch engine runs: [`TORCH_PYTHON`], else `target/torch-venv/bin/python`.
+pub fn torch_python() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(TORCH_PYTHON) {
+        return Ok(PathBuf::from(p));
+    }
+    let venv = repo_root().join("target/torch-venv/bin/python");
+    if venv.exists() {
+        return Ok(venv);
+    }
+    bail!(
+        "the torch engine needs a Python with torch==2.15.0 and transformers==5.23.0: run \
+         scripts/setup.sh (it creates {}), or set {TORCH_PYTHON} to such a Python (on ROCm, \
+         one with PyTorch's ROCm build)",
+        venv.display()
+    )
+}
+
+fn torch_command(args: Vec<OsString>) -> Result<EngineCommand> {
+    let dir = std::env::var_os(TORCH_WORKER_DIR)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("workers/torch"));
+    let mut all: Vec<OsString> = vec!["-m".into(), "zflow_torch.worker".into()];
+    all.extend(args);
+    Ok(EngineCommand {
+        program: torch_python()?,
+        args: all,
+        env: vec![
+            ("PYTHONPATH".into(), dir.into_os_string()),
+            // Lines on stdout reach the supervisor as they are written.
+            ("PYTHONUNBUFFERED".into(), "1".into()),
+        ],
+    })
+}
+
+/// The command that probes one device for `engine` (the preflight GEMM and bandwidth),
+/// answering with one `preflight` message: what the `preflight` stage runs per rank.
+pub fn probe_command(engine: &str, backend: &str, device: usize) -> Result<EngineCommand> {
+    let args: Vec<OsString> = [
+        "--probe",
+        "--backend",
+        backend,
+        "--device",
+        &device.to_string(),
+    ]
+    .into_iter()
+    .map(OsString::from)
+    .collect();
     match engine {
-        "native" => Ok((
-            zflow_pipeline::stage::zflow_exe()?,
-            [
-                "worker",
-                "--probe",
-                "--backend",
-                backend,
-                "--device",
-                &device.to_string(),
-            ]
-            .into_iter()
-            .map(OsString::from)
-            .collect(),
-        )),
+        "native" => Ok(EngineCommand {
+            program: zflow_pipeline::stage::zflow_exe()?,
+            args: std::iter::once(OsString::from("worker"))
+                .chain(args)
+                .collect(),
+            env: Vec::new(),
+        }),
+        "torch" => torch_command(args),
         other => bail!(unknown(other)),
     }
 }
 
-/// The program and arguments that run one rank of `engine` on the train job at `job`, on
-/// `backend` (cpu, cuda, rocm).
-pub fn worker_command(engine: &str, job: &Path, backend: &str) -> Result<(PathBuf, Vec<OsString>)> {
+/// The command that runs one rank of `engine` on the train job at `job`, on `backend` (cpu,
+/// cuda, rocm).
+pub fn worker_command(engine: &str, job: &Path, backend: &str) -> Result<EngineCommand> {
+    let args: Vec<OsString> = vec![
+        "--job".into(),
+        job.as_os_str().to_owned(),
+        "--backend".into(),
+        backend.into(),
+    ];
     match engine {
         // zflow's own trainer (burn): `zflow worker`.
-        "native" => Ok((
-            zflow_pipeline::stage::zflow_exe()?,
-            ["worker", "--job"]
-                .into_iter()
-                .map(OsString::from)
-                .chain([
-                    job.as_os_str().to_owned(),
-                    "--backend".into(),
-                    backend.into(),
-                ])
+        "native" => Ok(EngineCommand {
+            program: zflow_pipeline::stage::zflow_exe()?,
+            args: std::iter::once(OsString::from("worker"))
+                .chain(args)
                 .collect(),
-        )),
+            env: Vec::new(),
+        }),
+        "torch" => torch_command(args),
         other => bail!(unknown(other)),
     }
 }

@@ -169,10 +169,16 @@ impl Stage for Preflight {
         let mut children = Vec::new();
         for rank in 0..c.ranks {
             let device = if c.backend == "cpu" { 0 } else { rank };
-            let (program, args) = crate::engine::probe_command(&c.engine, &c.backend, device)?;
-            let mut cmd =
-                crate::launch::rank_command(slurm.as_ref(), &program, rank, c.ranks, ctx.name());
-            cmd.args(&args)
+            let engine = crate::engine::probe_command(&c.engine, &c.backend, device)?;
+            let mut cmd = crate::launch::rank_command(
+                slurm.as_ref(),
+                &engine.program,
+                rank,
+                c.ranks,
+                ctx.name(),
+            );
+            cmd.args(&engine.args)
+                .envs(engine.env.iter().map(|(k, v)| (k, v)))
                 .env(zflow_runtime::contract::env::RANK, rank.to_string())
                 .envs(ctx.child_env())
                 .stdin(Stdio::null())

@@ -109,6 +109,35 @@ impl Sandbox {
     }
 }
 
+/// [`tiny_train_recipe`] trained by `engine` (`native` or `torch`).
+pub fn tiny_train_recipe_on(engine: &str, ranks: usize, max_restarts: u32) -> String {
+    with_engine(&tiny_train_recipe(ranks, max_restarts), engine)
+}
+
+/// `recipe` (whose `train:` section starts with `global_batch`) trained by `engine`.
+pub fn with_engine(recipe: &str, engine: &str) -> String {
+    assert!(recipe.contains("\ntrain:\n  global_batch"), "{recipe}");
+    recipe.replace(
+        "\ntrain:\n  global_batch",
+        &format!("\ntrain:\n  engine: {engine}\n  global_batch"),
+    )
+}
+
+/// One rank of `engine` on the train job at `job` on the CPU, started as the train stage
+/// starts it (`stages/src/engine.rs`), minus the placement.
+pub fn worker(engine: &str, job: &Path) -> Command {
+    let e = zflow_stages::engine::worker_command(engine, job, "cpu").unwrap();
+    // The native engine is this binary's `zflow worker` (a test's own executable is not).
+    let program = if engine == "native" {
+        PathBuf::from(env!("CARGO_BIN_EXE_zflow"))
+    } else {
+        e.program
+    };
+    let mut c = Command::new(program);
+    c.args(&e.args).envs(e.env.iter().map(|(k, v)| (k, v)));
+    c
+}
+
 /// One short phase of a tiny ZAYA1 on this repository's text: ~58 steps of 8 x 64 tokens,
 /// a checkpoint every 5 steps.
 pub fn tiny_train_recipe(ranks: usize, max_restarts: u32) -> String {

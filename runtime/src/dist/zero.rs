@@ -24,6 +24,12 @@ use crate::checkpoint;
 /// The optimizers whose state is sharded.
 pub const OPTIMIZERS: [&str; 2] = ["muon", "adamw"];
 
+/// How a record written by the torch engine (`workers/torch/zflow_torch/checkpoint.py`)
+/// begins: then a safetensors file of torch's per-parameter optimizer state. The native
+/// engine's records are burn's; neither engine reads the other's, and one that finds the
+/// other's starts that optimizer afresh.
+pub const TORCH_RECORD: &[u8] = b"ZFTORCH1";
+
 /// File name of optimizer `optimizer`'s shard on rank `rank`.
 pub fn shard_file(optimizer: &str, rank: usize) -> String {
     format!("optim-{optimizer}.rank-{rank}.bin")

@@ -100,14 +100,26 @@ pub(super) fn restore<B: AutodiffBackend>(
         }
         let muon = zero::shard_for(dir, files, &saved, layout, rank, "muon")?;
         let adamw = zero::shard_for(dir, files, &saved, layout, rank, "adamw")?;
-        let muon = optimizer_record(&muon, device)
-            .with_context(|| format!("{}: Muon state of rank {rank}", dir.display()))?;
-        let adamw = optimizer_record(&adamw, device)
-            .with_context(|| format!("{}: AdamW state of rank {rank}", dir.display()))?;
-        optim.muon = optim.muon.load_record(muon);
-        optim.adamw = optim.adamw.load_record(adamw);
+        if from_torch(&muon) || from_torch(&adamw) {
+            tracing::warn!(
+                "{}: the optimizer state was written by the torch engine, whose records this engine cannot read; Muon and AdamW start afresh",
+                dir.display()
+            );
+        } else {
+            let muon = optimizer_record(&muon, device)
+                .with_context(|| format!("{}: Muon state of rank {rank}", dir.display()))?;
+            let adamw = optimizer_record(&adamw, device)
+                .with_context(|| format!("{}: AdamW state of rank {rank}", dir.display()))?;
+            optim.muon = optim.muon.load_record(muon);
+            optim.adamw = optim.adamw.load_record(adamw);
+        }
     }
     Ok((model, optim, state))
+}
+
+/// Whether a shard's records were written by the torch engine ([`zero::TORCH_RECORD`]).
+fn from_torch(shard: &[u8]) -> bool {
+    zero::entries(shard).is_ok_and(|e| e.iter().any(|(_, r)| r.starts_with(zero::TORCH_RECORD)))
 }
 
 /// An optimizer record as bytes ([`zero`]'s shard format), entries sorted by parameter id so

@@ -79,15 +79,20 @@ impl Train {
     ) -> Result<Outcome> {
         let slurm = crate::launch::SlurmJob::from_env()?;
         let placements = crate::launch::placements(slurm.as_ref(), world, attempt)?;
-        let (program, args) =
-            crate::engine::worker_command(&c.train.engine, job_path, &c.train.backend)?;
+        let engine = crate::engine::worker_command(&c.train.engine, job_path, &c.train.backend)?;
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
         let mut ranks = Vec::new();
         let heartbeat = (c.launch.hang_timeout_s / 4).max(1);
         for p in &placements {
-            let mut cmd =
-                crate::launch::rank_command(slurm.as_ref(), &program, p.rank, world, ctx.name());
-            cmd.args(&args);
+            let mut cmd = crate::launch::rank_command(
+                slurm.as_ref(),
+                &engine.program,
+                p.rank,
+                world,
+                ctx.name(),
+            );
+            cmd.args(&engine.args)
+                .envs(engine.env.iter().map(|(k, v)| (k, v)));
             if world > 1 {
                 cmd.envs(p.to_env());
             }

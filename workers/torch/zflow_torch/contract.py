@@ -8,6 +8,7 @@ the supervisor's own parser.
 import json
 import socket
 import sys
+import threading
 from typing import Any, TextIO
 
 # A message field: what json.dumps writes (numbers, strings, None, lists and mappings of them).
@@ -59,14 +60,27 @@ class Emitter:
     """Writes protocol messages, one JSON object per line, flushed at once (the supervisor
     reads them as they come; anything else the worker prints goes to stderr)."""
 
-    def __init__(self, out: TextIO = sys.stdout) -> None:
+    def __init__(self, out: TextIO = sys.stdout, silenced: threading.Event | None = None) -> None:
         self.out = out
+        # Once set (a hang fault fired), nothing more is sent.
+        self.silenced = silenced or threading.Event()
+        # The heartbeat thread writes too.
+        self.lock = threading.Lock()
+        # The last step reported (what a heartbeat says is in progress).
+        self.last_step = 0
 
     def _emit(self, kind: str, **fields: Json) -> None:
         # No NaN or infinity: they are not JSON, and the supervisor could not read the line.
         line = json.dumps({"type": kind, **fields}, separators=(",", ":"), allow_nan=False)
-        self.out.write(line + "\n")
-        self.out.flush()
+        with self.lock:
+            if self.silenced.is_set():
+                return
+            try:
+                self.out.write(line + "\n")
+                self.out.flush()
+            except BrokenPipeError:
+                # A supervisor that went away closed the pipe: nothing is left to report to.
+                pass
 
     def hello(
         self, rank: int, world: int, device: str, start_step: int, total_steps: int, params: int
@@ -103,6 +117,7 @@ class Emitter:
         balance_error: float,
     ) -> None:
         """One optimizer step's metrics."""
+        self.last_step = step
         self._emit(
             "step",
             step=step,

@@ -1,0 +1,100 @@
+"""Unit tests of the torch engine's checkpoints and model map (they need torch; the Rust
+integration tests run them against the native engine)."""
+
+import json
+import tempfile
+import unittest
+from pathlib import Path
+
+import torch
+
+from zflow_torch import checkpoint, model
+
+TINY = {
+    "hidden_size": 32,
+    "num_blocks": 2,
+    "vocab_size": 64,
+    "num_query_heads": 2,
+    "num_kv_heads": 1,
+    "head_dim": 16,
+    "conv_kernel": 2,
+    "rope_fraction": 0.5,
+    "rope_base": 10000.0,
+    "num_experts": 3,
+    "top_k": 1,
+    "expert_ffn": 16,
+    "mod_skip": True,
+    "router_dim": 8,
+    "router_mlp_layers": 3,
+    "eda": True,
+    "residual_scaling": True,
+    "tie_embeddings": True,
+    "rms_norm_eps": 1e-5,
+}
+
+
+class Checkpoints(unittest.TestCase):
+    def test_a_commit_verifies_and_a_flipped_byte_is_quarantined(self) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            root = Path(d)
+            checkpoint.commit(root, 5, 0, 1, [("a.bin", b"abc"), ("b.json", b"{}")])
+            checkpoint.commit(root, 10, 0, 1, [("a.bin", b"xyz")])
+            self.assertEqual(checkpoint.read_verified(root / "step-00000005")["a.bin"], b"abc")
+            (root / "step-00000010" / "a.bin").write_bytes(b"xyZ")
+            warnings: list[str] = []
+            checkpoint.quarantine_damaged(root, warnings.append)
+            self.assertTrue((root / "quarantine" / "step-00000010").exists())
+            found = checkpoint.latest(root, warnings.append)
+            assert found is not None
+            self.assertEqual(found[0].name, "step-00000005")
+            checkpoint.retain(root, 1)
+            self.assertEqual([s for s, _ in checkpoint.listing(root)], [5])
+
+    def test_layout_balances_whole_tensors(self) -> None:
+        params = [("e", 1, 1000)] + [(f"x{i}", 10 + i, 300) for i in range(4)] + [("n", 99, 10)]
+        layout = checkpoint.layout(params, 2)
+        load = [0, 0]
+        for slot in layout["params"]:
+            load[slot["owner"]] += slot["numel"]
+        # As zero::Layout's own test: 1000 + 10 on rank 0, the four 300s on rank 1.
+        self.assertEqual(load, [1010, 1200])
+
+    def test_optimizer_records_round_trip_and_foreign_ones_are_recognised(self) -> None:
+        state = {"step": torch.tensor(3.0), "exp_avg": torch.arange(6.0).reshape(2, 3)}
+        record = checkpoint.encode_state(state)
+        back = checkpoint.decode_state(record)
+        assert back is not None
+        self.assertTrue(torch.equal(back["exp_avg"], state["exp_avg"]))
+        self.assertIsNone(checkpoint.decode_state(b"\x82\xa4burn"))
+        joined = checkpoint.join_entries([(9, b"b"), (2, b"aa")])
+        self.assertEqual(checkpoint.entries(joined, "x"), [(2, b"aa"), (9, b"b")])
+
+
+class Model(unittest.TestCase):
+    def test_weights_map_to_zflow_names_and_back_and_one_seed_is_one_model(self) -> None:
+        a = model.build(TINY, 10000.0, seed=7)
+        b = model.build(TINY, 10000.0, seed=7)
+        state = model.zflow_state(a, TINY)
+        self.assertEqual(list(state), [t.name for t in model.zflow_tensors(TINY)])
+        for name, value in model.zflow_state(b, TINY).items():
+            self.assertTrue(torch.equal(value, state[name]), name)
+        c = model.build(TINY, 10000.0, seed=8)
+        model.load_zflow_state(c, TINY, state)
+        x = torch.randint(0, 64, (2, 9))
+        model.set_biases(a, [[0.0, 0.0, 0.0, -1.0]] * 2)
+        model.set_biases(c, [[0.0, 0.0, 0.0, -1.0]] * 2)
+        self.assertTrue(torch.equal(a(input_ids=x).logits, c(input_ids=x).logits))
+        counts = model.route_counts(a)
+        self.assertEqual(counts.shape, (2, 4))
+        self.assertEqual(int(counts.sum()), 2 * 2 * 9)
+
+    def test_unsupported_configs_are_named(self) -> None:
+        with self.assertRaises(model.UnsupportedModel) as caught:
+            model.hf_config({**TINY, "top_k": 2}, 1e4)
+        self.assertIn("model.top_k", str(caught.exception))
+        self.assertIn("engine: native", str(caught.exception))
+        json.dumps(TINY)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,715 @@
+"""The torch engine's trainer: one phase on one rank (``zflow_torch.worker`` starts it). It
+keeps zflow's engine contract (``runtime/src/contract``) exactly as ``zflow worker`` does, so
+the train stage supervises either the same way: the train job, the environment, the JSON lines
+on stdout, the exit codes, the checkpoint format, the data order.
+
+A step, as the native trainer (``runtime/src/trainer``) takes it: ``global_batch / (world x
+micro_batch)`` micro-batches read through the data cursor, their gradients accumulated and
+averaged over the ranks (DistributedDataParallel: bucketed all-reduce overlapped with the
+backward pass), clipped by global norm, then Muon (torch.optim.Muon, RMS-matched to AdamW) on
+the 2-D weight matrices and AdamW on the rest, at the WSD learning rate, each rank updating
+only the tensors it owns (ZeRO-1, ``checkpoint.layout``) and broadcasting them to the others.
+After the update the balancing controller moves the router biases from the step's global
+routing counts.
+"""
+
+import contextlib
+import errno
+import hmac
+import json
+import math
+import os
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import blake3
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import nn
+
+from zflow_torch import balance, checkpoint, faults, model, schedule, spike
+from zflow_torch.contract import (
+    PREFLIGHT,
+    RANK,
+    RENDEZVOUS,
+    SECRET,
+    WORLD,
+    Emitter,
+    JobError,
+    read_job,
+)
+from zflow_torch.megatron import IndexedDataset
+from zflow_torch.mixture import DataCursor, MixtureReader
+from zflow_torch.rng import SplitMix64
+
+
+class Fatal(Exception):
+    """A failure no relaunch can fix (bad settings or data, a full disk): exit code 3."""
+
+
+class PeerLost(Exception):
+    """Another rank went away (the collective failed): exit code 4, the supervisor blames it."""
+
+
+def log(message: str) -> None:
+    """A line in the stage log (stderr)."""
+    print(f"{time.strftime('%H:%M:%S')} torch-worker: {message}", file=sys.stderr, flush=True)
+
+
+# -- the device and the process group ---------------------------------------------------------
+
+
+def device_for(backend: str, index: int) -> torch.device:
+    """The torch device of ``backend`` (ROCm builds of PyTorch call their GPUs ``cuda``)."""
+    if backend == "cpu":
+        return torch.device("cpu")
+    if backend not in ("cuda", "rocm"):
+        raise Fatal(f"unknown backend `{backend}` (expected cpu, cuda or rocm)")
+    if backend == "rocm" and torch.version.hip is None:
+        raise Fatal("backend rocm, but this PyTorch is not a ROCm build (see ZFLOW_TORCH_PYTHON)")
+    if backend == "cuda" and torch.version.cuda is None:
+        raise Fatal("backend cuda, but this PyTorch has no CUDA")
+    if not torch.cuda.is_available():
+        raise Fatal(f"backend {backend}: no GPU is visible to PyTorch")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cpu":
+        return f"torch {torch.__version__} cpu ({torch.get_num_threads()} threads)"
+    return f"torch {torch.__version__} {torch.cuda.get_device_name(device)}"
+
+
+def _mac(key: bytes, *parts: str) -> str:
+    return blake3.blake3("\n".join(parts).encode(), key=key).hexdigest()
+
+
+def join_group(rank: int, world: int, backend: str) -> None:
+    """Joins the launch's process group at zflow's rendezvous (rank 0 serves the store there)
+    and proves, both ways, that every rank holds the launch secret before any collective runs:
+    each rank answers rank 0's nonce with a keyed BLAKE3 MAC, and rank 0 answers each rank's."""
+    host, _, port = os.environ[RENDEZVOUS].rpartition(":")
+    if host in ("127.0.0.1", "localhost", "::1"):
+        # Gloo's own connections stay on loopback, like the store's clients.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world))
+    key = blake3.blake3(os.environ[SECRET].encode()).digest()
+    timeout = timedelta(seconds=300)
+    store_type: Any = dist.TCPStore  # type: ignore[attr-defined]
+    store = store_type(host, int(port), world, is_master=rank == 0, timeout=timeout)
+    if rank == 0:
+        challenge = secrets.token_hex(16)
+        store.set("zflow/challenge", challenge)
+        for r in range(1, world):
+            nonce, _, proof = store.get(f"zflow/proof/{r}").decode().partition(":")
+            if not hmac.compare_digest(proof, _mac(key, "rank", challenge, nonce, str(r))):
+                raise Fatal(f"rank {r} did not prove the launch secret; refusing it")
+            store.set(f"zflow/answer/{r}", _mac(key, "root", challenge, nonce, str(r)))
+    else:
+        challenge = store.get("zflow/challenge").decode()
+        nonce = secrets.token_hex(16)
+        store.set(
+            f"zflow/proof/{rank}", f"{nonce}:{_mac(key, 'rank', challenge, nonce, str(rank))}"
+        )
+        answer = store.get(f"zflow/answer/{rank}").decode()
+        if not hmac.compare_digest(answer, _mac(key, "root", challenge, nonce, str(rank))):
+            raise Fatal("rank 0 did not prove the launch secret; refusing it")
+    dist_backend = "gloo" if backend == "cpu" else "nccl"
+    dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+# -- the preflight probe ------------------------------------------------------------------------
+
+
+def probe(device: torch.device, slow_ms: int) -> tuple[float, float]:
+    """GEMM GFLOP/s and memory bandwidth GB/s, as the native probe measures them: a 512^2 f32
+    matmul and an elementwise add of 4M floats (read two, write one), best of 3."""
+
+    def best_of(f: Callable[[], object]) -> float:
+        f()
+        best = math.inf
+        for _ in range(3):
+            t = time.perf_counter()
+            f()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            time.sleep(slow_ms / 1000)
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    n, length = 512, 1 << 22
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    x, y = torch.rand(length, device=device), torch.rand(length, device=device)
+    gemm = best_of(lambda: (a @ b).sum().item())
+    add = best_of(lambda: (x + y)[:1].item())
+    return 2.0 * n**3 / gemm / 1e9, 3.0 * 4.0 * length / add / 1e9
+
+
+# -- the trainer's state ------------------------------------------------------------------------
+
+
+class State:
+    """``trainer.json``: step, data cursor, balancing state, tokens, loss history, skips."""
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.phase: str = d["phase"]
+        self.step: int = d["step"]
+        self.total_steps: int = d["total_steps"]
+        c = d["cursor"]
+        self.cursor = DataCursor(c["phase"], c["sample"], c["fingerprint"])
+        self.balance = [
+            balance.BalanceState(
+                [balance.f32(b) for b in s["biases"]],
+                list(s["integral"]),
+                list(s["last_error"]),
+                list(s["m"]),
+                list(s["v"]),
+                s["steps"],
+            )
+            for s in d["balance"]
+        ]
+        self.tokens: int = d["tokens"]
+        self.seed: int = d["seed"]
+        self.loss_history: list[float] = list(d.get("loss_history", []))
+        self.skipped_batches: list[int] = list(d.get("skipped_batches", []))
+        self.rollbacks: int = d.get("rollbacks", 0)
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.cursor
+        return {
+            "phase": self.phase,
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "cursor": {"phase": c.phase, "sample": c.sample, "fingerprint": c.fingerprint},
+            "balance": [b.to_json() for b in self.balance],
+            "tokens": self.tokens,
+            "seed": self.seed,
+            "loss_history": self.loss_history,
+            "skipped_batches": self.skipped_batches,
+            "rollbacks": self.rollbacks,
+        }
+
+
+class Trainer:
+    """One phase on one rank."""
+
+    def __init__(self, job: dict[str, Any], backend: str, emit: Emitter) -> None:
+        self.job, self.emit = job, emit
+        self.t: dict[str, Any] = job["train"]
+        self.rank = int(os.environ.get(RANK, "0"))
+        self.world = int(os.environ.get(WORLD, "1"))
+        local = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
+        self.device = device_for(backend, local)
+        self.faults = faults.Faults.from_env(self.rank)
+        t = self.t
+        if t["global_batch"] % (self.world * t["micro_batch"]) != 0:
+            raise Fatal(
+                f"phase `{job['phase']}`: global_batch {t['global_batch']} is not a multiple of "
+                f"{self.world} ranks x micro_batch {t['micro_batch']}"
+            )
+        self.accumulation = t["global_batch"] // (self.world * t["micro_batch"])
+        self.model_config = dict(job["model"])
+        rope_base = t.get("rope_base")
+        if rope_base is not None:
+            self.model_config["rope_base"] = rope_base
+        try:
+            model.check_supported(self.model_config)
+        except model.UnsupportedModel as e:
+            raise Fatal(str(e)) from e
+        self.checkpoints = Path(job["checkpoints"])
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def open_data(self) -> None:
+        sources = []
+        for s in self.job["sources"]:
+            sources.append(IndexedDataset(Path(s["tokens"])))
+        self.reader = MixtureReader(Path(self.job["mixture"]), sources)
+        self.seq_len = self.reader.seq_len
+        self.total_steps = self.reader.num_samples // self.t["global_batch"]
+        if self.total_steps == 0:
+            raise Fatal(
+                f"phase `{self.job['phase']}`: the mixture has {self.reader.num_samples} samples, "
+                f"fewer than one global batch of {self.t['global_batch']}"
+            )
+        self.heldout: list[tuple[str, IndexedDataset]] = []
+        if self.rank == 0:
+            for s in self.job["sources"]:
+                if s.get("heldout"):
+                    ds = IndexedDataset(Path(s["heldout"]))
+                    if ds.num_docs() > 0:
+                        self.heldout.append((s["name"], ds))
+
+    def build_model(self) -> None:
+        m = self.model_config
+        self.net = model.build(m, m["rope_base"], self.t["seed"]).to(self.device)
+        self.bound = model.bind(self.net, m)
+        self.ids = {t.name: model.param_id(t.name) for t, _ in self.bound}
+        self.layout = checkpoint.layout(
+            [(t.name, self.ids[t.name], math.prod(t.shape)) for t, _ in self.bound], self.world
+        )
+        owner = {s["name"]: s["owner"] for s in self.layout["params"]}
+        self.owned_by: list[list[nn.Parameter]] = [[] for _ in range(self.world)]
+        for t, p in self.bound:
+            self.owned_by[owner[t.name]].append(p)
+        self.mine = [(t, p) for t, p in self.bound if owner[t.name] == self.rank]
+        self.routes = m["num_experts"] + int(m["mod_skip"])
+        self.target = balance.target_shares(self.routes, m["mod_skip"], self.t["balance"])
+        self.ddp: nn.Module = self.net
+        if self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = nn.parallel.DistributedDataParallel(
+                self.net, device_ids=ids, broadcast_buffers=False, bucket_cap_mb=25
+            )
+
+    def new_optimizers(self) -> None:
+        t = self.t
+        matrices = [p for tensor, p in self.mine if tensor.linear]
+        rest = [p for tensor, p in self.mine if not tensor.linear]
+        mu, aw = t["muon"], t["adamw"]
+        self.muon = (
+            torch.optim.Muon(
+                matrices,
+                lr=0.0,
+                weight_decay=mu["weight_decay"],
+                momentum=mu["momentum"],
+                nesterov=mu["nesterov"],
+                ns_steps=mu["ns_steps"],
+                adjust_lr_fn="match_rms_adamw",
+            )
+            if matrices
+            else None
+        )
+        self.adamw = (
+            torch.optim.AdamW(
+                rest,
+                lr=0.0,
+                betas=(aw["beta1"], aw["beta2"]),
+                eps=aw["eps"],
+                weight_decay=aw["weight_decay"],
+            )
+            if rest
+            else None
+        )
+
+    def optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
+        named = [("muon", self.muon), ("adamw", self.adamw)]
+        return [(n, o) for n, o in named if o is not None]
+
+    def fresh_state(self) -> State:
+        m = self.model_config
+        cursor = self.reader.start(self.job["phase"])
+        return State(
+            {
+                "phase": self.job["phase"],
+                "step": 0,
+                "total_steps": self.total_steps,
+                "cursor": {
+                    "phase": cursor.phase,
+                    "sample": cursor.sample,
+                    "fingerprint": cursor.fingerprint,
+                },
+                "balance": [
+                    balance.BalanceState.new(self.routes, m["mod_skip"]).to_json()
+                    for _ in range(m["num_blocks"])
+                ],
+                "tokens": 0,
+                "seed": self.t["seed"],
+            }
+        )
+
+    def load_weights(self, files: dict[str, bytes], d: Path) -> None:
+        if "model.safetensors" not in files:
+            raise checkpoint.CheckpointError(f"{d}: no model.safetensors in the checkpoint")
+        try:
+            model.load_zflow_state(self.net, self.model_config, st_load(files["model.safetensors"]))
+        except ValueError as e:
+            raise Fatal(f"{d}/model.safetensors: {e}") from e
+
+    def load_optimizers(self, files: dict[str, bytes], d: Path) -> None:
+        by_id = {self.ids[t.name]: p for t, p in self.mine}
+        for name, opt in self.optimizers():
+            records = checkpoint.read_shard(files, d, name, set(by_id))
+            foreign = 0
+            for pid, record in records.items():
+                saved = checkpoint.decode_state(record)
+                if saved is None:
+                    foreign += 1
+                    continue
+                p = by_id[pid]
+                # Copies: the loaded tensors are views of the checkpoint's bytes.
+                opt.state[p] = {
+                    k: v.clone() if k == "step" else v.to(self.device, copy=True)
+                    for k, v in saved.items()
+                }
+            if foreign:
+                log(
+                    f"{d}: {foreign} {name} state entries were written by the native engine, "
+                    f"whose records this engine cannot read; {name} starts afresh"
+                )
+                opt.state.clear()
+
+    def start(self) -> State:
+        """The state training starts (or restarts after a spike) from: this phase's newest
+        checkpoint that verifies, else the previous phase's final one, else a fresh model."""
+        with torch.no_grad():
+            model.initialise(self.net, self.model_config, self.t["seed"])
+        self.new_optimizers()
+        state = self.fresh_state()
+        found = checkpoint.latest(self.checkpoints, log)
+        if found is not None:
+            d, files = found
+            self.load_weights(files, d)
+            state = State(json.loads(files["trainer.json"]))
+            if state.phase != self.job["phase"]:
+                raise Fatal(
+                    f"{d}: a checkpoint of phase `{state.phase}` "
+                    f"in phase `{self.job['phase']}`'s directory"
+                )
+            self.load_optimizers(files, d)
+            log(f"resuming phase {state.phase} at step {state.step} from {d}")
+        elif self.job.get("init"):
+            init = Path(self.job["init"])
+            try:
+                files = checkpoint.read_verified(init)
+            except checkpoint.CheckpointError as e:
+                raise checkpoint.CheckpointError(
+                    f"the previous phase's checkpoint {init}: {e}"
+                ) from e
+            self.load_weights(files, init)
+            if self.t["carry_optimizer"]:
+                self.load_optimizers(files, init)
+            # The routing biases are part of the model; the phase's data and step restart.
+            state.balance = State(json.loads(files["trainer.json"])).balance
+            carried = "carried" if self.t["carry_optimizer"] else "reset"
+            log(f"phase {state.phase} starts from {init} (optimizer state {carried})")
+        return state
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def batch(
+        self, state: State, garbage: bool, batch_start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        t, vocab = self.t, self.model_config["vocab_size"]
+        b = self.reader.batch(state.cursor, self.rank, self.world, t["micro_batch"])
+        tokens = b.tokens
+        bad = next((x for x in tokens if x >= vocab), None)
+        if bad is not None:
+            raise Fatal(
+                f"phase `{self.job['phase']}`: the batch at sample {state.cursor.sample} holds "
+                f"token id {bad}, beyond model.vocab_size {vocab}"
+            )
+        if garbage:
+            # Fault injection: this batch is noise, as a corrupt shard would be.
+            rng = SplitMix64(batch_start ^ 0xBAD)
+            tokens = [rng.below(vocab) for _ in tokens]
+        rows = torch.tensor(tokens, dtype=torch.long).view(t["micro_batch"], self.seq_len + 1)
+        rows = rows.to(self.device)
+        return rows[:, :-1], rows[:, 1:]
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def loss(
+        self, module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, reduction: str
+    ) -> torch.Tensor:
+        with self.autocast():
+            logits = module(input_ids=inputs).logits
+        return F.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction
+        )
+
+    def train_step(
+        self, micro: list[tuple[torch.Tensor, torch.Tensor]], lr: float
+    ) -> tuple[float, float, list[list[int]]]:
+        n = len(micro)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        counts = torch.zeros(
+            (self.model_config["num_blocks"], self.routes), dtype=torch.long, device=self.device
+        )
+        for i, (inputs, targets) in enumerate(micro):
+            sync = self.world == 1 or i == n - 1
+            ctx = contextlib.nullcontext() if sync else self.ddp.no_sync()  # type: ignore[operator]
+            with ctx:
+                loss = self.loss(self.ddp, inputs, targets, "mean")
+                torch.autograd.backward(loss / n)
+            loss_sum += loss.detach().double()
+            counts += model.route_counts(self.net)
+        mean_loss = loss_sum / n
+        if self.world > 1:
+            dist.all_reduce(mean_loss)
+            mean_loss /= self.world
+            dist.all_reduce(counts)
+        params = [p for _, p in self.bound]
+        clip = self.t["grad_clip"]
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
+        for _, opt in self.optimizers():
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.step()
+        self.net.zero_grad(set_to_none=True)
+        if self.world > 1:
+            self.gather_parameters()
+        return float(mean_loss.item()), float(norm.item()), counts.tolist()
+
+    def gather_parameters(self) -> None:
+        """ZeRO-1's all-gather: every rank broadcasts the tensors it owns and updated."""
+        with torch.no_grad():
+            for owner, params in enumerate(self.owned_by):
+                if not params:
+                    continue
+                flat = torch.cat([p.reshape(-1) for p in params])
+                dist.broadcast(flat, src=owner)
+                if owner != self.rank:
+                    at = 0
+                    for p in params:
+                        p.copy_(flat[at : at + p.numel()].view_as(p))
+                        at += p.numel()
+
+    def evaluate(self) -> list[tuple[str, float]]:
+        """Held-out loss per source (rank 0), as the native trainer scores it: the first
+        ``eval_tokens + 1`` tokens of the held-out documents in windows of ``seq_len``."""
+        out = []
+        want = self.t["eval_tokens"] + 1
+        with torch.no_grad():
+            for name, ds in self.heldout:
+                stream: list[int] = []
+                for doc in range(ds.num_docs()):
+                    take = min(ds.doc_len(doc), want - len(stream))
+                    stream.extend(ds.read(doc, 0, take))
+                    if len(stream) == want:
+                        break
+                s = self.seq_len
+                windows = [stream[i : i + s + 1] for i in range(0, len(stream) - s, s)]
+                if not windows:
+                    continue
+                total, count = 0.0, 0
+                for at in range(0, len(windows), self.t["micro_batch"]):
+                    chunk = windows[at : at + self.t["micro_batch"]]
+                    rows = torch.tensor(chunk, dtype=torch.long, device=self.device)
+                    total += float(self.loss(self.net, rows[:, :-1], rows[:, 1:], "sum").item())
+                    count += len(chunk) * s
+                out.append((name, total / count))
+        return out
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def snapshot(self, state: State) -> list[tuple[str, bytes]]:
+        """This rank's files of a checkpoint of the current state."""
+        by_param = {id(p): self.ids[t.name] for t, p in self.mine}
+        optimizers = dict(self.optimizers())
+        files = []
+        # Every rank writes both files, empty when it owns no tensor of that optimizer.
+        for name in checkpoint.OPTIMIZERS:
+            opt = optimizers.get(name)
+            records = [
+                (by_param[id(p)], checkpoint.encode_state(s))
+                for p, s in (opt.state.items() if opt is not None else [])
+                if id(p) in by_param
+            ]
+            files.append((checkpoint.shard_file(name, self.rank), checkpoint.join_entries(records)))
+        if self.rank == 0:
+            weights = model.zflow_state(self.net, self.model_config)
+            files.append(
+                (
+                    "model.safetensors",
+                    st_save(weights, metadata={"format": checkpoint.WEIGHTS_FORMAT}),
+                )
+            )
+            files.append(("trainer.json", json.dumps(state.to_json(), indent=2).encode()))
+            files.append(("layout.json", json.dumps(self.layout, indent=2).encode()))
+            files.append(("model.json", json.dumps(self.model_config, indent=2).encode()))
+        return files
+
+    def save(self, state: State, saver: checkpoint.Saver, final: bool) -> None:
+        files, step = self.snapshot(state), state.step
+        fs, rank, world, emit = self.faults, self.rank, self.world, self.emit
+
+        def before_commit(tmp: Path, files: list[tuple[str, bytes]]) -> None:
+            if fs.at("kill-in-checkpoint", step):
+                # Die with half of the files on disk: the commit must never happen.
+                checkpoint.write_files(tmp, files[: len(files) // 2])
+                faults.abort(f"killed while writing the step-{step} checkpoint")
+
+        def work() -> None:
+            d = checkpoint.commit(self.checkpoints, step, rank, world, files, before_commit)
+            if d is not None:
+                if fs.at("corrupt-checkpoint", step):
+                    path = d / "model.safetensors"
+                    data = bytearray(path.read_bytes())
+                    data[len(data) // 2] ^= 0x40
+                    path.write_bytes(bytes(data))
+                    log(f"fault injection: flipped a byte of {path}")
+                checkpoint.retain(self.checkpoints, self.t["keep_checkpoints"])
+                emit.checkpoint_committed(step, str(d))
+
+        saver.save(work, final)
+
+    # -- the phase ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        t = self.t
+        if self.rank == 0:
+            # Before any rank reads the checkpoints (the others wait for rank 0 in the group).
+            checkpoint.quarantine_damaged(self.checkpoints, log)
+        if os.environ.get(PREFLIGHT):
+            gemm, bw = probe(self.device, self.faults.delay_ms(0))
+            self.emit.preflight(self.rank, gemm, bw, describe(self.device))
+        if self.world > 1:
+            join_group(self.rank, self.world, "cpu" if self.device.type == "cpu" else "gpu")
+        self.open_data()
+        self.build_model()
+        state = self.start()
+        params = sum(math.prod(tensor.shape) for tensor, _ in self.bound)
+        self.emit.hello(
+            self.rank, self.world, describe(self.device), state.step, self.total_steps, params
+        )
+        saver = checkpoint.Saver(t["async_checkpoints"])
+        spike_fired = False
+        last_loss = state.loss_history[-1] if state.loss_history else None
+        saved_step = state.step if state.step > 0 else None
+        gb = t["global_batch"]
+        while state.step < self.total_steps:
+            while state.cursor.sample in state.skipped_batches:
+                state.cursor = DataCursor(
+                    state.cursor.phase, state.cursor.sample + gb, state.cursor.fingerprint
+                )
+            if state.cursor.sample + gb > self.reader.num_samples:
+                log(
+                    f"phase {state.phase}: out of samples after skipping batches; "
+                    f"ending at step {state.step}"
+                )
+                break
+            started = time.perf_counter()
+            batch_start = state.cursor.sample
+            garbage = self.faults.at("spike", state.step + 1) and not spike_fired
+            spike_fired |= garbage
+            model.set_biases(self.net, [b.biases for b in state.balance])
+            micro = []
+            for _ in range(self.accumulation):
+                micro.append(self.batch(state, garbage, batch_start))
+                state.cursor = state.cursor.advance(self.world, t["micro_batch"])
+            lr = schedule.lr(t["schedule"], state.step, self.total_steps)
+            loss, grad_norm, counts = self.train_step(micro, lr)
+            delay = self.faults.delay_ms(state.step + 1)
+            if delay:
+                time.sleep(delay / 1000)
+
+            # The loss-spike guard; every rank sees the same (all-reduced) loss.
+            z = spike.check(t["spike"], state.loss_history, loss)
+            if z is not None:
+                if state.rollbacks < t["spike"]["max_rollbacks"]:
+                    saver.wait()
+                    if self.world > 1:
+                        dist.barrier()
+                    skipped = sorted(set(state.skipped_batches) | {batch_start})
+                    rollbacks, spiked = state.rollbacks + 1, state.step + 1
+                    state = self.start()
+                    state.skipped_batches, state.rollbacks = skipped, rollbacks
+                    log(
+                        f"loss spike at step {spiked} (loss {loss:.4f}, z {z:.1f}): "
+                        f"back to step {state.step}, skipping samples {batch_start}.."
+                    )
+                    self.emit.loss_spike(spiked, loss, z, state.step, batch_start)
+                    continue
+                log(
+                    f"loss spike at step {state.step + 1} (z {z:.1f}) but the phase "
+                    f"already rolled back {state.rollbacks} times; going on"
+                )
+            if not math.isfinite(loss):
+                raise RuntimeError(
+                    f"phase `{state.phase}`: the loss is {loss} at step {state.step + 1}"
+                )
+            spike.record(t["spike"], state.loss_history, loss)
+
+            error = 0.0
+            for layer, c in enumerate(counts):
+                error += balance.balance_error(c, self.target)
+                balance.update(state.balance[layer], c, self.target, t["balance"])
+            state.step += 1
+            tokens = gb * self.seq_len
+            state.tokens += tokens
+            last_loss = loss
+            load = [sum(c[r] for c in counts) for r in range(self.routes)]
+            self.emit.step(
+                state.step,
+                loss,
+                lr,
+                grad_norm,
+                tokens / (time.perf_counter() - started),
+                state.tokens,
+                load,
+                error / len(counts),
+            )
+            last = state.step == self.total_steps
+            if self.rank == 0 and (
+                (t["eval_every"] > 0 and state.step % t["eval_every"] == 0) or last
+            ):
+                self.emit.eval(state.step, self.evaluate())
+            if (t["checkpoint_every"] > 0 and state.step % t["checkpoint_every"] == 0) or last:
+                self.save(state, saver, last)
+                saved_step = state.step
+            if self.faults.at("crash", state.step):
+                faults.abort(f"aborting after step {state.step}")
+            if self.faults.at("hang", state.step):
+                faults.hang(f"hanging after step {state.step}")
+        if saved_step != state.step:
+            # The phase ended early (skipped batches): its last state still becomes a checkpoint.
+            self.save(state, saver, True)
+        saver.wait()
+        self.emit.done(state.step, last_loss)
+
+
+# -- entry points (zflow_torch.worker) ---------------------------------------------------------
+
+
+def failure_class(e: BaseException) -> str:
+    """What the supervisor should do about ``e`` (contract/exit.rs)."""
+    if isinstance(e, Fatal | JobError | model.UnsupportedModel | faults.FaultSpecError):
+        return "fatal"
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "fatal"
+    if isinstance(e, PeerLost | dist.DistBackendError | dist.DistNetworkError):
+        return "lost_peer"
+    return "retry"
+
+
+def prepare() -> None:
+    """Process-wide settings: the stage's thread count, deterministic kernels."""
+    threads = os.environ.get("ZFLOW_THREADS")
+    if threads:
+        torch.set_num_threads(max(int(threads), 1))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def probe_only(backend: str, index: int, emit: Emitter) -> None:
+    """``--probe``: one ``preflight`` message for device ``index`` of ``backend``."""
+    rank = int(os.environ.get(RANK, "0"))
+    device = device_for(backend, index)
+    gemm, bw = probe(device, faults.Faults.from_env(rank).delay_ms(0))
+    emit.preflight(rank, gemm, bw, describe(device))
+
+
+def train(job_path: str, backend: str, emit: Emitter) -> None:
+    """Trains the phase of the job at ``job_path``."""
+    try:
+        job = read_job(job_path)
+    except (OSError, ValueError) as e:
+        raise Fatal(f"bad settings: {e}") from e
+    try:
+        Trainer(job, backend, emit).run()
+    finally:
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()

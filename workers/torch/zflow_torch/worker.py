@@ -1,0 +1,59 @@
+"""One rank of the torch engine: ``python -m zflow_torch.worker --job JOB --backend
+cpu|cuda|rocm``, or ``--probe --backend B --device D`` for the preflight device check.
+
+This entry point imports only the standard library before it starts heartbeats: loading
+torch and transformers takes seconds, longer than a supervisor's hang timeout may allow
+without a sign of life. The trainer itself is ``zflow_torch.trainer``.
+"""
+
+import argparse
+import os
+import sys
+import threading
+import time
+import traceback
+
+from zflow_torch import faults
+from zflow_torch.contract import HEARTBEAT_S, Emitter
+
+
+def heartbeat(emit: Emitter, every: float) -> None:
+    """Liveness for the supervisor's hang detection, while a step or a load takes long."""
+    while True:
+        time.sleep(max(every, 1.0))
+        emit.heartbeat(emit.last_step)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m zflow_torch.worker", description=__doc__)
+    ap.add_argument("--job", help="the train job (job.json)")
+    ap.add_argument("--backend", default="cpu", help="cpu, cuda or rocm")
+    ap.add_argument("--device", type=int, default=0, help="the GPU to probe (with --probe)")
+    ap.add_argument("--probe", action="store_true", help="only measure the device")
+    args = ap.parse_args(argv)
+    emit = Emitter(silenced=faults.HUNG)
+    if not args.probe:
+        if not args.job:
+            return emit.error("--job JOB is required (or --probe)", "fatal")
+        every = float(os.environ.get(HEARTBEAT_S, "15"))
+        threading.Thread(target=heartbeat, args=(emit, every), daemon=True).start()
+    try:
+        from zflow_torch import trainer
+    except ImportError as e:
+        # No relaunch installs a missing package.
+        traceback.print_exc(file=sys.stderr)
+        return emit.error(f"the torch engine cannot load its packages: {e}", "fatal")
+    try:
+        trainer.prepare()
+        if args.probe:
+            trainer.probe_only(args.backend, args.device, emit)
+        else:
+            trainer.train(args.job, args.backend, emit)
+        return 0
+    except Exception as e:
+        traceback.print_exc(file=sys.stderr)
+        return emit.error(f"{type(e).__name__}: {e}", trainer.failure_class(e))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
