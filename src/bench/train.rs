@@ -1,9 +1,10 @@
-//! `zflow bench train`: the training step of a recipe's model, against this machine's matmul
-//! peak and against the same model and step in PyTorch (`scripts/bench_train_torch.py`), in
-//! one run, the two alternating for `--rounds` rounds so that a change in the machine's load
-//! shows as a spread, not as a ratio. PyTorch is used when `python3` can import it
-//! (`ZFLOW_TORCH_PYTHON` picks another interpreter); `scripts/bench_train_vs_torch.sh`
-//! installs the PyPI wheel users install and runs this.
+//! `zflow bench train`: the training step of a recipe's model on each of zflow's engines, the
+//! native one (burn) and the torch engine (its worker's own step, `zflow_torch.bench`), against
+//! this machine's matmul peak and against the same model and step in plain PyTorch
+//! (`scripts/bench_train_torch.py`), in one run, the three alternating for `--rounds` rounds so
+//! that a change in the machine's load shows as a spread, not as a ratio. The torch rows run
+//! in the torch engine's Python (`stages/src/engine.rs`: `ZFLOW_TORCH_PYTHON`, else the one
+//! `scripts/setup.sh` made); `scripts/bench_train_vs_torch.sh` runs this.
 
 use std::process::{Command, ExitCode};
 
@@ -51,16 +52,33 @@ pub fn run(
         );
     };
     let mut ratios = Vec::new();
+    let mut engine_ratios = Vec::new();
     let mut flops_per_token = 0;
     for round in 1..=rounds {
         let zflow = zflow_runtime::bench::train_step_throughput(&model, batch, seq_len, steps);
         flops_per_token = zflow.flops_per_token;
         row(
-            &format!("zflow train step (burn flex), round {round}"),
+            &format!("zflow native engine (burn flex), round {round}"),
             zflow.step_s,
             zflow.tokens_per_s,
             flops_per_token,
         );
+        let engine_tps = match torch_engine_step(&model, batch, seq_len, steps, threads) {
+            Ok(t) => {
+                let tps = t["tokens_per_s"].as_f64().unwrap_or(0.0);
+                row(
+                    &format!("zflow torch engine (worker step), round {round}"),
+                    t["step_s"].as_f64().unwrap_or(0.0),
+                    tps,
+                    flops_per_token,
+                );
+                Some(tps)
+            }
+            Err(e) => {
+                println!("zflow torch engine: not run ({e:#})");
+                None
+            }
+        };
         match torch_step(&model, batch, seq_len, steps, threads) {
             Ok(t) => {
                 let tps = t["tokens_per_s"].as_f64().unwrap_or(0.0);
@@ -76,6 +94,9 @@ pub fn run(
                     flops_per_token,
                 );
                 ratios.push(zflow.tokens_per_s / tps);
+                if let Some(e) = engine_tps {
+                    engine_ratios.push((e / tps, e / zflow.tokens_per_s));
+                }
             }
             Err(e) => println!("PyTorch: not run ({e:#})"),
         }
@@ -83,13 +104,59 @@ pub fn run(
     if !ratios.is_empty() {
         let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}x")).collect();
         println!();
-        println!("zflow / PyTorch, per round: {}", shown.join(", "));
+        println!("native / PyTorch, per round: {}", shown.join(", "));
+    }
+    if !engine_ratios.is_empty() {
+        let shown: Vec<String> = engine_ratios
+            .iter()
+            .map(|(p, n)| format!("{p:.2}x of PyTorch, {n:.2}x native"))
+            .collect();
+        println!("torch engine, per round: {}", shown.join("; "));
     }
     println!(
         "model FLOPs per token (forward + backward): {:.1} M",
         flops_per_token as f64 / 1e6
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The torch engine's own step (`python -m zflow_torch.bench`), in the engine's Python.
+fn torch_engine_step(
+    model: &zflow_runtime::model::config::ModelConfig,
+    batch: usize,
+    seq_len: usize,
+    steps: usize,
+    threads: usize,
+) -> Result<serde_json::Value> {
+    let command =
+        zflow_stages::engine::worker_command("torch", std::path::Path::new("unused"), "cpu")?;
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("bench.json");
+    let train = zflow_runtime::contract::settings::TrainSettings::default();
+    let config = serde_json::json!({"model": model, "train": train, "batch": batch, "seq_len": seq_len, "steps": steps, "threads": threads});
+    std::fs::write(&cfg, serde_json::to_vec(&config)?)?;
+    let out = Command::new(&command.program)
+        .args(["-m", "zflow_torch.bench"])
+        .arg(&cfg)
+        .envs(command.env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .with_context(|| format!("running {}", command.program.display()))?;
+    last_json_line(&out, "python -m zflow_torch.bench")
+}
+
+/// The last stdout line of a finished benchmark process, parsed; its stderr's last line as
+/// the error if it failed.
+fn last_json_line(out: &std::process::Output, what: &str) -> Result<serde_json::Value> {
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        anyhow::bail!("{what} failed: {}", err.lines().last().unwrap_or(""));
+    }
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or("")
+        .to_string();
+    serde_json::from_str(&line).with_context(|| format!("parsing {what}'s output: {line}"))
 }
 
 fn torch_step(
@@ -99,7 +166,7 @@ fn torch_step(
     steps: usize,
     threads: usize,
 ) -> Result<serde_json::Value> {
-    let python = std::env::var("ZFLOW_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = zflow_stages::engine::torch_python()?;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench_train_torch.py");
     let dir = tempfile::tempdir()?;
     let cfg = dir.path().join("bench.json");
@@ -109,19 +176,6 @@ fn torch_step(
         .arg(script)
         .arg(&cfg)
         .output()
-        .with_context(|| format!("running {python}"))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        anyhow::bail!(
-            "{python} {script} failed: {}",
-            err.lines().last().unwrap_or("")
-        );
-    }
-    let line = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or("")
-        .to_string();
-    serde_json::from_str(&line)
-        .with_context(|| format!("parsing the PyTorch benchmark's output: {line}"))
+        .with_context(|| format!("running {}", python.display()))?;
+    last_json_line(&out, script)
 }
