@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{Sandbox, stage_dir, tiny_train_recipe};
+use common::{Sandbox, stage_dir, tiny_train_recipe, tiny_train_recipe_on};
 
 /// A task over `toy/test.jsonl`: which of four lines of this repository's README follows a
 /// given line.
@@ -67,6 +67,28 @@ fn eval_args(sb: &Sandbox, cache: &str, out: &str) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect()
+}
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn eval_scores_a_checkpoint_the_torch_engine_trained() {
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &tiny_train_recipe_on("torch", 1, 3));
+    sb.ok(&["run", "r.yaml"]);
+    write_task(&sb);
+    let args = eval_args(&sb, "cache", "torch.json");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let scored = sb.ok(&args);
+    assert!(
+        scored.stdout.contains("next_line") && scored.stdout.contains("acc_norm"),
+        "{}",
+        scored.stdout
+    );
+    let results: serde_json::Value = serde_json::from_str(&sb.read("torch.json")).unwrap();
+    assert!(results.to_string().contains("acc"), "{results}");
 }
 
 #[test]
