@@ -2,7 +2,8 @@
 //! slurmctld and slurmd on this machine). A tiny ZAYA1 phase on 2 ranks runs as a batch job
 //! whose ranks are `srun` steps; it ends byte-identical to the same recipe run locally, also
 //! after the job is `scancel`led mid-phase and resumed, and after Slurm requeues it mid-phase;
-//! the per-source data stages that become ready together go out as one job array.
+//! the per-source data stages that become ready together go out as one job array. The torch
+//! engine's ranks run as `srun` steps too, and end as its local run does.
 //!
 //! They run where `scripts/test.sh` set them up (it starts the daemons and sets `SLURM_CONF`)
 //! and always under CI; elsewhere they are ignored (see `build.rs`). A Slurm that does not
@@ -14,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Sandbox, tiny_train_recipe};
+use common::{Sandbox, tiny_train_recipe, tiny_train_recipe_on};
 
 /// The local Slurm's config; panics when its controller does not answer.
 fn slurm_conf() -> PathBuf {
@@ -180,6 +181,35 @@ fn a_recipe_runs_on_slurm_and_scancel_then_rerun_resumes_to_the_same_weights() {
         ])
         .stdout;
     assert!(runs.contains("| 1 "), "{runs}");
+}
+
+#[test]
+#[cfg_attr(
+    not(all(zflow_slurm, zflow_torch)),
+    ignore = "needs the local Slurm and the torch engine's Python: scripts/test.sh sets them up"
+)]
+fn torch_engine_ranks_run_as_srun_steps_and_end_as_the_local_run() {
+    let conf = slurm_conf();
+    let reference = Sandbox::new();
+    reference.write("r.yaml", &tiny_train_recipe_on("torch", 2, 3));
+    reference.ok(&["run", "r.yaml"]);
+    let sb = Sandbox::new();
+    sb.write(
+        "r.yaml",
+        &tiny_train_recipe_on("torch", 2, 3).replace(
+            "name: faults-test",
+            "name: faults-test\nexecutor: {kind: slurm, poll_s: 0.3}",
+        ),
+    );
+    let out = run(&sb, &conf);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let log = sb.ok(&["logs", "r.yaml", "train.p1"]).stdout;
+    assert!(log.contains("torch 2.15.0"), "{log}");
+    assert!(
+        final_weights(&sb) == final_weights(&reference),
+        "the torch engine on Slurm differs from its local run"
+    );
 }
 
 #[test]
