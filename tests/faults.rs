@@ -780,6 +780,66 @@ fn strangers_at_the_rendezvous_and_the_ring_are_turned_away_at_no_cost() {
 }
 
 #[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn torch_ranks_prove_the_launch_secret_and_a_stranger_at_the_store_changes_nothing() {
+    use std::io::Write;
+    let reference = Sandbox::new();
+    reference.write("r.yaml", &recipe_on("torch", 2, 0));
+    reference.ok(&["run", "r.yaml"]);
+    let want = losses(
+        &std::fs::read_to_string(reference.output("train.p1").join("metrics.jsonl")).unwrap(),
+    );
+    let job = read_job(&reference);
+
+    // Bytes that are not the store's protocol, at rank 0's store before rank 1 arrives: the
+    // launch trains as it would have.
+    let job_path = write_job(&job, &reference.path().join("attacked"));
+    let mut stranger = None;
+    let (stdout, _) = run_workers_with_engine("torch", &job_path, 2, |rendezvous, _| {
+        let mut s = connect_when_up(rendezvous);
+        let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: zflow\r\n\r\n");
+        stranger = Some(s);
+    });
+    drop(stranger);
+    assert_eq!(
+        losses(&stdout),
+        want,
+        "a stranger at the store changed training"
+    );
+
+    // A rank with another secret never joins: rank 0 refuses it, as a fatal failure.
+    let job_path = write_job(&job, &reference.path().join("impostor"));
+    let rendezvous = format!("127.0.0.1:{}", free_port());
+    let spawn = |rank: usize, secret: &str| {
+        let mut c = common::worker("torch", &job_path);
+        c.env("ZFLOW_RANK", rank.to_string())
+            .env("ZFLOW_WORLD", "2")
+            .env("ZFLOW_RENDEZVOUS", &rendezvous)
+            .env("ZFLOW_DATA_ADDRESS", format!("127.0.0.1:{}", free_port()))
+            .env("ZFLOW_GROUP_SECRET", secret)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let rank0 = spawn(0, &"0123456789abcdef".repeat(4));
+    let impostor = spawn(1, &"fedcba9876543210".repeat(4));
+    let out = rank0.wait_with_output().unwrap();
+    let mut impostor = impostor;
+    let _ = impostor.kill();
+    let _ = impostor.wait();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(
+        said.contains("rank 1 did not prove the launch secret")
+            && said.contains("\"class\":\"fatal\""),
+        "{said}"
+    );
+}
+
+#[test]
 fn token_ids_beyond_the_vocabulary_fail_at_once_naming_both_sizes() {
     // A tokenizer larger than the model: the train stage refuses before any rank starts, and
     // nothing is retried.
