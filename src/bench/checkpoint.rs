@@ -1,6 +1,7 @@
-//! `zflow bench checkpoint`: checkpoint I/O of a recipe's model, against `dd` writing the same
-//! number of bytes to the same disk in the same run, and the cost of checkpointing on the step
-//! time, written in the background (as training does) and inline.
+//! `zflow bench checkpoint`: checkpoint I/O of a recipe's model on each training engine (the
+//! native one, and the torch engine's own code: `zflow_torch.bench checkpoint`), against `dd`
+//! writing the same number of bytes to the same disk in the same run, and the cost of
+//! checkpointing on the step time, written in the background (as training does) and inline.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -61,6 +62,38 @@ pub fn run(
         100.0 * dd_s / io.write_s,
         io.snapshot_s
     );
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let torch = crate::bench::train::torch_engine_bench(
+        "checkpoint",
+        serde_json::json!({"model": model, "batch": batch, "seq_len": seq_len, "steps": steps, "every": every, "threads": threads, "dir": tmp.path().join("torch")}),
+    );
+    match &torch {
+        Ok(t) => {
+            let f = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
+            let (tmb, write_s) = (f("bytes") / 1e6, f("write_s"));
+            let torch_dd = dd(&tmp.path().join("dd.bin"), f("bytes") as u64, 3)?;
+            println!(
+                "{:<48} {:>10.1} {:>10.3} {:>10.0}",
+                "torch engine checkpoint (same format)",
+                tmb,
+                write_s,
+                tmb / write_s
+            );
+            println!(
+                "{:<48} {:>10.1} {:>10.3} {:>10.0}",
+                "dd bs=1M conv=fsync (same bytes)",
+                tmb,
+                torch_dd,
+                tmb / torch_dd
+            );
+            println!(
+                "torch engine / dd: {:.0}%   (snapshot into host memory: {:.3} s)",
+                100.0 * torch_dd / write_s,
+                f("snapshot_s")
+            );
+        }
+        Err(e) => println!("torch engine: not run ({e:#})"),
+    }
 
     let [plain, background, inline] = zflow_runtime::bench::checkpoint_overhead(
         &model,
@@ -87,6 +120,21 @@ pub fn run(
         inline,
         100.0 * (inline / plain - 1.0)
     );
+    if let Ok(t) = &torch {
+        let f = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
+        let plain = f("plain_s");
+        println!("{:<48} {:>10.3} s", "torch engine: no checkpoints", plain);
+        for (label, key) in [
+            ("torch engine: asynchronous (as training)", "background_s"),
+            ("torch engine: synchronous (inline)", "inline_s"),
+        ] {
+            println!(
+                "{label:<48} {:>10.3} s  ({:+.1}%)",
+                f(key),
+                100.0 * (f(key) / plain - 1.0)
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -128,20 +128,30 @@ fn torch_engine_step(
     steps: usize,
     threads: usize,
 ) -> Result<serde_json::Value> {
+    let config = serde_json::json!({"model": model, "batch": batch, "seq_len": seq_len, "steps": steps, "threads": threads});
+    torch_engine_bench("train", config)
+}
+
+/// Runs `python -m zflow_torch.bench WHAT CONFIG` (the torch engine's own code, in its
+/// Python) with `config` plus the default training settings; returns its JSON line.
+pub(crate) fn torch_engine_bench(
+    what: &str,
+    mut config: serde_json::Value,
+) -> Result<serde_json::Value> {
     let command =
         zflow_stages::engine::worker_command("torch", std::path::Path::new("unused"), "cpu")?;
     let dir = tempfile::tempdir()?;
     let cfg = dir.path().join("bench.json");
-    let train = zflow_runtime::contract::settings::TrainSettings::default();
-    let config = serde_json::json!({"model": model, "train": train, "batch": batch, "seq_len": seq_len, "steps": steps, "threads": threads});
+    config["train"] =
+        serde_json::to_value(zflow_runtime::contract::settings::TrainSettings::default())?;
     std::fs::write(&cfg, serde_json::to_vec(&config)?)?;
     let out = Command::new(&command.program)
-        .args(["-m", "zflow_torch.bench"])
+        .args(["-m", "zflow_torch.bench", what])
         .arg(&cfg)
         .envs(command.env.iter().map(|(k, v)| (k, v)))
         .output()
         .with_context(|| format!("running {}", command.program.display()))?;
-    last_json_line(&out, "python -m zflow_torch.bench")
+    last_json_line(&out, &format!("python -m zflow_torch.bench {what}"))
 }
 
 /// The last stdout line of a finished benchmark process, parsed; its stderr's last line as

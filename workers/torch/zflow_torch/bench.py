@@ -1,64 +1,186 @@
-"""``python -m zflow_torch.bench CONFIG_JSON``: the torch engine's own training step, timed, for
-``zflow bench train`` (which writes the config: the model, the training settings, batch,
-sequence length, steps, threads). It builds the worker's model and optimizers through
-``Trainer`` and times ``Trainer.train_step`` (forward, backward, clipping, Muon + AdamW) on
-random tokens: the real worker's step, without the data plane and checkpoints. Prints one JSON
-line: ``step_s`` (the best of the timed steps), ``tokens_per_s``, ``torch``.
+"""The torch engine's hot paths, timed through its own code, for ``zflow bench``:
+
+- ``python -m zflow_torch.bench train CONFIG_JSON`` (``zflow bench train``): the worker's
+  training step, ``Trainer.train_step`` (forward, backward, clipping, Muon + AdamW), on random
+  tokens: the real worker's step, without the data plane and checkpoints. Prints ``step_s``
+  (the best of the timed steps), ``tokens_per_s``, ``torch``.
+- ``python -m zflow_torch.bench checkpoint CONFIG_JSON`` (``zflow bench checkpoint``): the
+  worker's checkpoint of that model after one step (``Trainer.snapshot`` into host memory,
+  then ``checkpoint.commit``: files, fsync, BLAKE3, manifest, rename; best of 3), and the step
+  time without checkpoints, with one every ``every`` steps written in the background (as
+  training does) and written inline. Prints ``bytes``, ``snapshot_s``, ``write_s``, ``plain_s``,
+  ``background_s``, ``inline_s``.
+
+- ``python -m zflow_torch.bench gpu CONFIG_JSON`` (``scripts/gpu_check.sh``): the worker's step
+  on GPU 0 (bf16 autocast, f32 master weights, SDPA), for a ZAYA1-shaped model; prints
+  ``tokens_per_s``, ``mfu`` against ``peak_tflops`` (the GPU's dense bf16 peak, from the
+  config) and ``peak_memory_gb``.
+
+``zflow bench`` writes the config: the model, the training settings, batch, sequence length,
+steps, threads (and for ``checkpoint`` the scratch folder and ``every``).
 """
 
+import functools
 import io
 import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from zflow_torch import model, trainer
+from zflow_torch import checkpoint, model, trainer
 from zflow_torch.contract import Emitter
+from zflow_torch.mixture import DataCursor
 
 
-def main(path: str) -> None:
-    with open(path) as f:
-        cfg = json.load(f)
-    batch, seq_len, steps = cfg["batch"], cfg["seq_len"], cfg["steps"]
+def _trainer(cfg: dict[str, Any], checkpoints: str, backend: str = "cpu") -> trainer.Trainer:
+    batch = cfg["batch"]
     torch.set_num_threads(cfg["threads"])
+    job = {
+        "phase": "bench",
+        "model": cfg["model"],
+        "train": {**cfg["train"], "global_batch": batch, "micro_batch": batch},
+        "checkpoints": checkpoints,
+        "mixture": "",
+        "sources": [],
+    }
+    t = trainer.Trainer(job, backend, Emitter(io.StringIO()))
+    t.seq_len = cfg["seq_len"]
+    t.build_model()
+    t.new_optimizers()
+    m = cfg["model"]
+    model.set_biases(t.net, [[0.0] * m["num_experts"] + [-1.0]] * m["num_blocks"])
+    return t
+
+
+def _stepper(t: trainer.Trainer, cfg: dict[str, Any]) -> Callable[[], None]:
+    gen = torch.Generator().manual_seed(0)
+    batch, seq_len, vocab = cfg["batch"], cfg["seq_len"], cfg["model"]["vocab_size"]
+
+    def step() -> None:
+        rows = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(t.device)
+        t.train_step([(rows[:, :-1], rows[:, 1:])], 1e-3)
+
+    return step
+
+
+def train(cfg: dict[str, Any]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
-        job = {
-            "phase": "bench",
-            "model": cfg["model"],
-            "train": {**cfg["train"], "global_batch": batch, "micro_batch": batch},
-            "checkpoints": d,
-            "mixture": "",
-            "sources": [],
-        }
-        t = trainer.Trainer(job, "cpu", Emitter(io.StringIO()))
-        t.seq_len = seq_len
-        t.build_model()
-        t.new_optimizers()
-        m = cfg["model"]
-        routes = m["num_experts"] + 1
-        model.set_biases(t.net, [[0.0] * (routes - 1) + [-1.0]] * m["num_blocks"])
-        gen = torch.Generator().manual_seed(0)
-
-        def step() -> None:
-            rows = torch.randint(0, m["vocab_size"], (batch, seq_len + 1), generator=gen)
-            t.train_step([(rows[:, :-1], rows[:, 1:])], 1e-3)
-
+        t = _trainer(cfg, d)
+        step = _stepper(t, cfg)
         step()  # warm-up: allocation, first-call costs
         times = []
-        for _ in range(steps):
+        for _ in range(cfg["steps"]):
             started = time.perf_counter()
             step()
             times.append(time.perf_counter() - started)
-        # The best step, as `zflow bench train` reports every side's.
-        step_s = min(times)
-    print(
-        json.dumps(
-            {"step_s": step_s, "tokens_per_s": batch * seq_len / step_s, "torch": torch.__version__}
-        )
-    )
+    # The best step, as `zflow bench train` reports every side's.
+    step_s = min(times)
+    tokens = cfg["batch"] * cfg["seq_len"]
+    return {"step_s": step_s, "tokens_per_s": tokens / step_s, "torch": torch.__version__}
+
+
+def checkpoints(cfg: dict[str, Any]) -> dict[str, Any]:
+    root = Path(cfg["dir"])
+    t = _trainer(cfg, str(root / "unused"))
+    step = _stepper(t, cfg)
+    step()
+    t.total_steps = 0
+    state = t.fresh_state(DataCursor("bench", 0, ""))
+    started = time.perf_counter()
+    files = t.snapshot(state)
+    snapshot_s = time.perf_counter() - started
+    write_s = float("inf")
+    io_dir = root / "io"
+    for i in range(3):
+        started = time.perf_counter()
+        checkpoint.commit(io_dir, i, 0, 1, files)
+        write_s = min(write_s, time.perf_counter() - started)
+        checkpoint.retain(io_dir, 1)
+
+    steps: int = cfg["steps"]
+
+    def run(mode: str) -> float:
+        out = root / mode
+        saver = checkpoint.Saver(asynchronous=mode == "background")
+        started = time.perf_counter()
+        for i in range(1, steps + 1):
+            step()
+            if mode != "plain" and i % cfg["every"] == 0:
+                snapshot = t.snapshot(state)
+                saver.save(functools.partial(_commit, out, i, snapshot), wait=False)
+        saver.wait()
+        return (time.perf_counter() - started) / steps
+
+    plain, background, inline = run("plain"), run("background"), run("inline")
+    return {
+        "bytes": sum(len(b) for _, b in files),
+        "snapshot_s": snapshot_s,
+        "write_s": write_s,
+        "plain_s": plain,
+        "background_s": background,
+        "inline_s": inline,
+    }
+
+
+def flops_per_token(m: dict[str, Any], seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward = 3 x forward, 2 per multiply-add) of the
+    parameters a token uses (attention, router, one expert, the tied head) and of causal
+    attention's scores and weighted sums."""
+    h, d, f = m["hidden_size"], m["router_dim"], m["expert_ffn"]
+    lq, lk = m["num_query_heads"] * m["head_dim"], m["num_kv_heads"] * m["head_dim"]
+    attention = h * lq + h * lk + h * lk + lq * h
+    router = h * d + 2 * d * d + d * (m["num_experts"] + 1)
+    expert = h * 2 * f + f * h
+    per_layer = attention + router + expert
+    matmul = 6.0 * (m["num_blocks"] * per_layer + h * m["vocab_size"])
+    scores = 6.0 * m["num_blocks"] * seq_len * lq  # QK^T and AV, half of them under the mask
+    return float(matmul + scores)
+
+
+def gpu(cfg: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        t = _trainer(cfg, d, backend=cfg.get("backend", "cuda"))
+        step = _stepper(t, cfg)
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(cfg["steps"]):
+            started = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - started)
+    step_s = sorted(times)[len(times) // 2]
+    tokens_per_s = cfg["batch"] * cfg["seq_len"] / step_s
+    flops = flops_per_token(cfg["model"], cfg["seq_len"])
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "step_s": step_s,
+        "tokens_per_s": tokens_per_s,
+        "model_tflops": tokens_per_s * flops / 1e12,
+        "mfu": tokens_per_s * flops / (cfg["peak_tflops"] * 1e12),
+        "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30,
+        "params": sum(p.numel() for p in t.net.parameters()),
+    }
+
+
+def _commit(root: Path, step: int, files: list[tuple[str, bytes]]) -> None:
+    checkpoint.commit(root, step, 0, 1, files)
+    checkpoint.retain(root, 1)
+
+
+def main(argv: list[str]) -> None:
+    what, path = argv
+    with open(path) as f:
+        cfg = json.load(f)
+    result = {"train": train, "checkpoint": checkpoints, "gpu": gpu}[what](cfg)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

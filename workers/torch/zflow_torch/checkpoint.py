@@ -13,12 +13,14 @@ records are burn's; an engine that finds the other's records starts that optimiz
 (``read_shard`` says so).
 """
 
+import contextlib
 import json
 import os
 import shutil
 import struct
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +67,29 @@ def _write_synced(path: Path, data: bytes) -> None:
 
 
 def write_files(tmp: Path, files: list[tuple[str, bytes]]) -> dict[str, list[Any]]:
-    """Writes and fsyncs ``files`` into ``tmp``; returns their (size, BLAKE3) entries."""
-    part: dict[str, list[Any]] = {}
-    for name, data in files:
-        _write_synced(tmp / name, data)
-        part[name] = [len(data), blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()]
-    return part
+    """Writes and fsyncs ``files`` into ``tmp``; returns their (size, BLAKE3) entries. The
+    hashing runs in a second thread while the files are written and flushed (both release the
+    GIL), as the native engine's writer does."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        digests = pool.submit(
+            lambda: [
+                blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() for _, data in files
+            ]
+        )
+        opened = []
+        try:
+            for name, data in files:
+                f = open(tmp / name, "wb")  # closed below, after the fsyncs
+                opened.append(f)
+                f.write(data)
+            for f in opened:
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            for f in opened:
+                f.close()
+        hashes = digests.result()
+    return {name: [len(data), h] for (name, data), h in zip(files, hashes, strict=True)}
 
 
 def _finish(d: Path, files: dict[str, list[Any]]) -> None:
@@ -280,6 +299,10 @@ class Saver:
             return
 
         def run() -> None:
+            # Lowest CPU priority: on a CPU the training step's OpenMP threads hold every core,
+            # and a writer competing as an equal stalls each of their parallel regions.
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
             try:
                 work()
             except BaseException as e:  # reported by wait(), on the training thread

@@ -337,9 +337,10 @@ class Trainer:
         named = [("muon", self.muon), ("adamw", self.adamw)]
         return [(n, o) for n, o in named if o is not None]
 
-    def fresh_state(self) -> State:
+    def fresh_state(self, cursor: DataCursor | None = None) -> State:
+        """The state at the start of the phase (at ``cursor``, default the mixture's start)."""
         m = self.model_config
-        cursor = self.reader.start(self.job["phase"])
+        cursor = cursor or self.reader.start(self.job["phase"])
         return State(
             {
                 "phase": self.job["phase"],
