@@ -20,6 +20,7 @@ import json
 import math
 import os
 import secrets
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -119,6 +120,10 @@ def describe(device: torch.device) -> str:
     return f"torch {torch.__version__} {torch.cuda.get_device_name(device)}"
 
 
+# Rank 0's listening sockets, kept open for its store.
+_LISTENERS: list[socket.socket] = []
+
+
 def _mac(key: bytes, *parts: str) -> str:
     return blake3.blake3("\n".join(parts).encode(), key=key).hexdigest()
 
@@ -135,7 +140,22 @@ def join_group(rank: int, world: int, backend: str) -> None:
     key = blake3.blake3(os.environ[SECRET].encode()).digest()
     timeout = timedelta(seconds=300)
     store_type: Any = dist.TCPStore  # type: ignore[attr-defined]
-    store = store_type(host, int(port), world, is_master=rank == 0, timeout=timeout)
+    if rank == 0:
+        # The store listens on the rendezvous address only (loopback for a launch on one
+        # machine), not on every interface as TCPStore's own listener would.
+        listener = socket.create_server((host, int(port)))
+        _LISTENERS.append(listener)
+        store = store_type(
+            host,
+            int(port),
+            world,
+            is_master=True,
+            timeout=timeout,
+            master_listen_fd=listener.fileno(),
+            use_libuv=True,
+        )
+    else:
+        store = store_type(host, int(port), world, is_master=False, timeout=timeout)
     if rank == 0:
         challenge = secrets.token_hex(16)
         store.set("zflow/challenge", challenge)
