@@ -559,6 +559,19 @@ fn store_stage(sb: &Sandbox, stage: &str) -> PathBuf {
 
 #[test]
 fn a_loss_spike_rolls_back_and_skips_the_bad_batch() {
+    loss_spike("native");
+}
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn a_loss_spike_on_the_torch_engine_rolls_back_and_skips_the_bad_batch() {
+    loss_spike("torch");
+}
+
+fn loss_spike(engine: &str) {
     // The batch of step 30 is noise (as a corrupt shard would be): the loss jumps, both ranks
     // go back to the step-25 checkpoint together and skip that batch. The training text is this
     // repository's, which every commit changes, and a noise batch lifts this tiny model's loss
@@ -567,13 +580,16 @@ fn a_loss_spike_rolls_back_and_skips_the_bad_batch() {
     let sb = Sandbox::new();
     sb.write(
         "r.yaml",
-        &recipe(2, 2).replace("  eval_every: 0\n", "  eval_every: 0\n  spike: {z: 3.0}\n"),
+        &recipe_on(engine, 2, 2)
+            .replace("  eval_every: 0\n", "  eval_every: 0\n  spike: {z: 3.0}\n"),
     );
     let (stderr, _) = run_with(&sb, "spike@30");
     assert!(
         stderr.contains("loss spike at step 30") && stderr.contains("rolled back to step 25"),
         "{stderr}"
     );
+    // The rollback happens inside the launch: no rank is restarted.
+    assert!(!stderr.contains("relaunching"), "{stderr}");
     let state = trainer_state(&sb.output("train.p1").join("final"));
     assert_eq!(
         state["skipped_batches"],
@@ -606,7 +622,7 @@ fn a_loss_spike_rolls_back_and_skips_the_bad_batch() {
     );
     // A clean run never rolls back (the guard does not mistake a falling curve for spikes).
     let clean = Sandbox::new();
-    clean.write("r.yaml", &recipe(2, 0));
+    clean.write("r.yaml", &recipe_on(engine, 2, 0));
     clean.ok(&["run", "r.yaml"]);
     assert_eq!(
         trainer_state(&clean.output("train.p1").join("final"))["rollbacks"],
