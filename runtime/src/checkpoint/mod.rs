@@ -379,7 +379,8 @@ pub fn write_part(dir: &Path, rank: usize, files: &[(String, Vec<u8>)]) -> Resul
     let tmp = tmp_dir(dir);
     fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let part = write_files(&tmp, files)?;
-    write_synced(
+    // Atomically: rank 0 reads the vote as soon as the name exists.
+    zflow_files::atomic::write(
         &tmp.join(format!("part-{rank}.json")),
         &serde_json::to_vec(&part)?,
     )

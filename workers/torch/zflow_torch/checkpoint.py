@@ -129,7 +129,10 @@ def commit(
     if world == 1:
         _finish(d, part)
         return d
-    _write_synced(tmp / f"part-{rank}.json", json.dumps(part).encode())
+    # Atomically: rank 0 reads the vote as soon as the name exists.
+    vote = tmp / f".part-{rank}.json.tmp"
+    _write_synced(vote, json.dumps(part).encode())
+    os.rename(vote, tmp / f"part-{rank}.json")
     if rank != 0:
         return None
     every: dict[str, list[Any]] = {}
