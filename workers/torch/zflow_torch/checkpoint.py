@@ -13,7 +13,6 @@ records are burn's; an engine that finds the other's records starts that optimiz
 (``read_shard`` says so).
 """
 
-import contextlib
 import json
 import os
 import shutil
@@ -302,10 +301,6 @@ class Saver:
             return
 
         def run() -> None:
-            # Lowest CPU priority: on a CPU the training step's OpenMP threads hold every core,
-            # and a writer competing as an equal stalls each of their parallel regions.
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
             try:
                 work()
             except BaseException as e:  # reported by wait(), on the training thread
