@@ -138,16 +138,17 @@ pub(crate) fn torch_engine_bench(
     what: &str,
     mut config: serde_json::Value,
 ) -> Result<serde_json::Value> {
-    let command =
-        zflow_stages::engine::worker_command("torch", std::path::Path::new("unused"), "cpu")?;
     let dir = tempfile::tempdir()?;
     let cfg = dir.path().join("bench.json");
     config["train"] =
         serde_json::to_value(zflow_runtime::contract::settings::TrainSettings::default())?;
     std::fs::write(&cfg, serde_json::to_vec(&config)?)?;
+    let command = zflow_stages::engine::torch_module(
+        "zflow_torch.bench",
+        vec![what.into(), cfg.clone().into_os_string()],
+    )?;
     let out = Command::new(&command.program)
-        .args(["-m", "zflow_torch.bench", what])
-        .arg(&cfg)
+        .args(&command.args)
         .envs(command.env.iter().map(|(k, v)| (k, v)))
         .output()
         .with_context(|| format!("running {}", command.program.display()))?;

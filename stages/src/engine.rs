@@ -80,11 +80,13 @@ pub fn torch_python() -> Result<PathBuf> {
     )
 }
 
-fn torch_command(args: Vec<OsString>) -> Result<EngineCommand> {
+/// `python -m <module> <args>` in the torch engine's Python, with the `zflow_torch` package
+/// on its path: the worker (`zflow_torch.worker`) and its benchmarks (`zflow_torch.bench`).
+pub fn torch_module(module: &str, args: Vec<OsString>) -> Result<EngineCommand> {
     let dir = std::env::var_os(TORCH_WORKER_DIR)
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("workers/torch"));
-    let mut all: Vec<OsString> = vec!["-m".into(), "zflow_torch.worker".into()];
+    let mut all: Vec<OsString> = vec!["-m".into(), module.into()];
     all.extend(args);
     Ok(EngineCommand {
         program: torch_python()?,
@@ -95,6 +97,22 @@ fn torch_command(args: Vec<OsString>) -> Result<EngineCommand> {
             ("PYTHONUNBUFFERED".into(), "1".into()),
         ],
     })
+}
+
+/// One rank of `engine` with the worker arguments `args`.
+fn rank_command(engine: &str, args: Vec<OsString>) -> Result<EngineCommand> {
+    match engine {
+        // zflow's own trainer (burn): `zflow worker`.
+        "native" => Ok(EngineCommand {
+            program: zflow_pipeline::stage::zflow_exe()?,
+            args: std::iter::once(OsString::from("worker"))
+                .chain(args)
+                .collect(),
+            env: Vec::new(),
+        }),
+        "torch" => torch_module("zflow_torch.worker", args),
+        other => bail!(unknown(other)),
+    }
 }
 
 /// The command that probes one device for `engine` (the preflight GEMM and bandwidth),
@@ -110,17 +128,7 @@ pub fn probe_command(engine: &str, backend: &str, device: usize) -> Result<Engin
     .into_iter()
     .map(OsString::from)
     .collect();
-    match engine {
-        "native" => Ok(EngineCommand {
-            program: zflow_pipeline::stage::zflow_exe()?,
-            args: std::iter::once(OsString::from("worker"))
-                .chain(args)
-                .collect(),
-            env: Vec::new(),
-        }),
-        "torch" => torch_command(args),
-        other => bail!(unknown(other)),
-    }
+    rank_command(engine, args)
 }
 
 /// The command that runs one rank of `engine` on the train job at `job`, on `backend` (cpu,
@@ -132,16 +140,5 @@ pub fn worker_command(engine: &str, job: &Path, backend: &str) -> Result<EngineC
         "--backend".into(),
         backend.into(),
     ];
-    match engine {
-        // zflow's own trainer (burn): `zflow worker`.
-        "native" => Ok(EngineCommand {
-            program: zflow_pipeline::stage::zflow_exe()?,
-            args: std::iter::once(OsString::from("worker"))
-                .chain(args)
-                .collect(),
-            env: Vec::new(),
-        }),
-        "torch" => torch_command(args),
-        other => bail!(unknown(other)),
-    }
+    rank_command(engine, args)
 }

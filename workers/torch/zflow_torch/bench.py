@@ -51,6 +51,8 @@ def _trainer(cfg: dict[str, Any], checkpoints: str, backend: str = "cpu") -> tra
     t = trainer.Trainer(job, backend, Emitter(io.StringIO()))
     t.seq_len = cfg["seq_len"]
     t.build_model()
+    with torch.no_grad():
+        model.initialise(t.net, cfg["model"], cfg["train"]["seed"])
     t.new_optimizers()
     m = cfg["model"]
     model.set_biases(t.net, [[0.0] * m["num_experts"] + [-1.0]] * m["num_blocks"])

@@ -160,16 +160,18 @@ class RoutedMoe(nn.Module):
         return out.reshape(batch, seq, hidden), state
 
 
-def build(model: dict[str, Any], rope_base: float, seed: int) -> ZayaForCausalLM:
-    """The model, f32, with the native engine's initial weights for ``seed``."""
+def build(model: dict[str, Any], rope_base: float, seed: int | None) -> ZayaForCausalLM:
+    """The model, f32, with the native engine's initial weights for ``seed`` (None: left to
+    the caller, who loads or initialises them)."""
     config = hf_config(model, rope_base)
     config._attn_implementation = "sdpa"
     net = ZayaForCausalLM(config)
     for layer in net.model.layers:
         experts = Experts(model["num_experts"], model["hidden_size"], model["expert_ffn"])
         layer.mlp = RoutedMoe(layer.mlp.gate, experts, model["num_experts"])
-    with torch.no_grad():
-        initialise(net, model, seed)
+    if seed is not None:
+        with torch.no_grad():
+            initialise(net, model, seed)
     return net
 
 

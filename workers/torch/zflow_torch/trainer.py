@@ -303,7 +303,8 @@ class Trainer:
 
     def build_model(self) -> None:
         m = self.model_config
-        self.net = model.build(m, m["rope_base"], self.t["seed"]).to(self.device)
+        # `start` initialises or loads the weights.
+        self.net = model.build(m, m["rope_base"], None).to(self.device)
         self.bound = model.bind(self.net, m)
         self.ids = {t.name: model.param_id(t.name) for t, _ in self.bound}
         self.layout = checkpoint.layout(
@@ -414,11 +415,12 @@ class Trainer:
     def start(self) -> State:
         """The state training starts (or restarts after a spike) from: this phase's newest
         checkpoint that verifies, else the previous phase's final one, else a fresh model."""
-        with torch.no_grad():
-            model.initialise(self.net, self.model_config, self.t["seed"])
         self.new_optimizers()
         state = self.fresh_state()
         found = checkpoint.latest(self.checkpoints, log)
+        if found is None and not self.job.get("init"):
+            with torch.no_grad():
+                model.initialise(self.net, self.model_config, self.t["seed"])
         if found is not None:
             d, files = found
             self.load_weights(files, d)
