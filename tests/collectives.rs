@@ -122,9 +122,29 @@ fn assert_plot(stem: &std::path::Path, labels: &[&str]) {
 
 #[test]
 fn preflight_stage_probes_every_rank_and_fails_or_reports_an_outlier() {
+    preflight_stage("native");
+}
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn preflight_stage_probes_every_rank_in_torch_by_default() {
+    preflight_stage("torch");
+}
+
+/// The preflight stage probing with `engine`'s probe (torch, the default, when the recipe
+/// names none).
+fn preflight_stage(engine: &str) {
+    let named = if engine == "torch" {
+        String::new()
+    } else {
+        format!("    engine: {engine}\n")
+    };
     let recipe = |on_outlier: &str| {
         format!(
-            "name: pf\nstages:\n  - name: preflight\n    kind: preflight\n    ranks: 3\n    on_outlier: {on_outlier}\n"
+            "name: pf\nstages:\n  - name: preflight\n    kind: preflight\n    ranks: 3\n    on_outlier: {on_outlier}\n{named}"
         )
     };
     // Healthy ranks: `report`, because on a busy 2-core machine (this binary's other tests run

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{Sandbox, stage_dir, tiny_train_recipe, tiny_train_recipe_on};
+use common::{Sandbox, stage_dir, tiny_train_recipe_on};
 
 /// A task over `toy/test.jsonl`: which of four lines of this repository's README follows a
 /// given line.
@@ -94,7 +94,7 @@ fn eval_scores_a_checkpoint_the_torch_engine_trained() {
 #[test]
 fn eval_of_a_zflow_checkpoint_resumes_after_sigkill_without_rescoring() {
     let sb = Sandbox::new();
-    sb.write("r.yaml", &tiny_train_recipe(1, 3));
+    sb.write("r.yaml", &tiny_train_recipe_on("native", 1, 3));
     sb.ok(&["run", "r.yaml"]);
     write_task(&sb);
 
@@ -204,7 +204,7 @@ fn task_counts(stderr: &str, task: &str) -> (usize, usize) {
 fn zflow_report_scores_every_phase_next_to_the_baselines() {
     let sb = Sandbox::new();
     write_task(&sb);
-    let recipe = tiny_train_recipe(1, 3)
+    let recipe = tiny_train_recipe_on("native", 1, 3)
         + "  p2:\n    tokens: 8000\n    seq_len: 64\n    mixture: {prose: 1.0}\n"
         + "evals:\n  tasks: [next_line]\n  tasks_dir: tasks\n  limit: 120\n  data: {toy: {url: data/toy}}\n"
         + "  report:\n    tasks: [next_line, piqa]\n    baselines: [Gemma-3-270M-PT]\n";
@@ -387,7 +387,7 @@ fn loglikelihoods(sb: &Sandbox, model: &Path, cache: &str, out: &str) -> (Vec<f6
 #[test]
 fn a_rope_overridden_checkpoint_and_its_export_score_the_same() {
     let sb = Sandbox::new();
-    sb.write("r.yaml", &tiny_train_recipe(1, 3));
+    sb.write("r.yaml", &tiny_train_recipe_on("native", 1, 3));
     sb.ok(&["run", "r.yaml", "--set", "train.rope_base=1000000.0"]);
     write_task(&sb);
     sb.write(
@@ -466,7 +466,7 @@ fn every_task_runs_on_a_zflow_checkpoint_at_its_own_and_the_baselines_few_shot_c
     let data = std::env::var("ZFLOW_EVAL_DATA")
         .expect("ZFLOW_EVAL_DATA is not set: scripts/test.sh fetches the data and sets it");
     let sb = Sandbox::new();
-    sb.write("r.yaml", &tiny_train_recipe(1, 3));
+    sb.write("r.yaml", &tiny_train_recipe_on("native", 1, 3));
     sb.ok(&["run", "r.yaml"]);
     let store = sb.path().join("zflow-store");
     let model = stage_dir(&store, "train.p1")

@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use common::{Sandbox, stage_dir};
 
-/// One short phase of a tiny ZAYA1 (see [`common::tiny_train_recipe`]).
+/// One short phase of a tiny ZAYA1 (see [`common::tiny_train_recipe`]) on the native engine;
+/// the tests of the torch engine (the default) use [`recipe_on`].
 fn recipe(ranks: usize, max_restarts: u32) -> String {
-    common::tiny_train_recipe(ranks, max_restarts)
+    common::tiny_train_recipe_on("native", ranks, max_restarts)
 }
 
 /// [`recipe`] on training engine `engine`.

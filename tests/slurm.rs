@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Sandbox, tiny_train_recipe, tiny_train_recipe_on};
+use common::{Sandbox, tiny_train_recipe_on};
 
 /// The local Slurm's config; panics when its controller does not answer.
 fn slurm_conf() -> PathBuf {
@@ -42,7 +42,7 @@ fn slurm_conf() -> PathBuf {
 
 /// The tiny training recipe on the Slurm executor.
 fn slurm_recipe(ranks: usize) -> String {
-    tiny_train_recipe(ranks, 3).replace(
+    tiny_train_recipe_on("native", ranks, 3).replace(
         "name: faults-test",
         "name: faults-test\nexecutor: {kind: slurm, poll_s: 0.3}",
     )
@@ -104,7 +104,7 @@ fn job_past_checkpoint(sb: &Sandbox, step: u32) -> String {
 fn a_recipe_runs_on_slurm_and_scancel_then_rerun_resumes_to_the_same_weights() {
     let conf = slurm_conf();
     let reference = Sandbox::new();
-    reference.write("r.yaml", &tiny_train_recipe(2, 3));
+    reference.write("r.yaml", &tiny_train_recipe_on("native", 2, 3));
     reference.ok(&["run", "r.yaml"]);
 
     let sb = Sandbox::new();
@@ -220,7 +220,7 @@ fn torch_engine_ranks_run_as_srun_steps_and_end_as_the_local_run() {
 fn a_job_requeued_mid_phase_resumes_within_the_same_run() {
     let conf = slurm_conf();
     let reference = Sandbox::new();
-    reference.write("r.yaml", &tiny_train_recipe(1, 3));
+    reference.write("r.yaml", &tiny_train_recipe_on("native", 1, 3));
     reference.ok(&["run", "r.yaml"]);
 
     let sb = Sandbox::new();

@@ -4,12 +4,12 @@
 //! (`train.rs`) knows none of them: it asks this file for the command of a rank. A new engine
 //! is one more arm here.
 //!
-//! - `torch`: PyTorch workers, `python -m zflow_torch.worker` from
+//! - `torch` (the default, `zflow_runtime::contract::settings::DEFAULT_ENGINE`): PyTorch workers, `python -m zflow_torch.worker` from
 //!   `workers/torch/`, training transformers' ZayaForCausalLM with torch.distributed (gloo on
 //!   CPU, NCCL on CUDA, RCCL through PyTorch's `nccl` backend on ROCm builds). The Python is
 //!   [`TORCH_PYTHON`] if set, else the environment `scripts/setup.sh` creates
 //!   (`target/torch-venv`).
-//! - `native` (the default, `TrainSettings`): zflow's own burn trainer, `zflow worker`.
+//! - `native`: zflow's own burn trainer, `zflow worker`.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

@@ -64,17 +64,13 @@ pub struct PreflightConfig {
     /// What an outlier does to the stage.
     #[serde(default)]
     pub on_outlier: OnOutlier,
-    /// The training engine whose probe runs (`crate::engine`); left out of the identity when
-    /// native.
-    #[serde(default = "native", skip_serializing_if = "is_native")]
+    /// The training engine whose probe runs (`crate::engine`).
+    #[serde(default = "default_engine")]
     pub engine: String,
 }
 
-fn native() -> String {
-    "native".into()
-}
-fn is_native(engine: &str) -> bool {
-    engine == "native"
+fn default_engine() -> String {
+    zflow_runtime::contract::settings::DEFAULT_ENGINE.into()
 }
 
 fn one() -> usize {

@@ -139,7 +139,8 @@ pub fn worker(engine: &str, job: &Path) -> Command {
 }
 
 /// One short phase of a tiny ZAYA1 on this repository's text: ~58 steps of 8 x 64 tokens,
-/// a checkpoint every 5 steps.
+/// a checkpoint every 5 steps, on the default engine (torch; [`tiny_train_recipe_on`] names
+/// one).
 pub fn tiny_train_recipe(ranks: usize, max_restarts: u32) -> String {
     format!(
         r#"

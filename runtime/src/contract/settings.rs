@@ -57,9 +57,9 @@ impl Default for AdamWSettings {
     }
 }
 
-fn is_native(engine: &str) -> bool {
-    engine == "native"
-}
+/// The training engine a phase runs when its recipe names none: PyTorch workers
+/// (`stages/src/engine.rs` lists the engines).
+pub const DEFAULT_ENGINE: &str = "torch";
 
 /// A phase's training settings (the `train:` part of a `phases:` entry).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -93,9 +93,8 @@ pub struct TrainSettings {
     pub eval_tokens: usize,
     /// Seed of the weight initialisation.
     pub seed: u64,
-    /// The training engine each rank runs (`stages/src/engine.rs`); `native` is zflow's own.
-    /// Left out of the serialised settings when native, so it changes no existing identity.
-    #[serde(skip_serializing_if = "is_native")]
+    /// The training engine each rank runs (`stages/src/engine.rs`): [`DEFAULT_ENGINE`] unless
+    /// the recipe names one; `native` is zflow's own burn trainer.
     pub engine: String,
     /// Where workers run: cpu, cuda or rocm.
     pub backend: String,
@@ -122,7 +121,7 @@ impl Default for TrainSettings {
             eval_every: 50,
             eval_tokens: 16384,
             seed: 0,
-            engine: "native".into(),
+            engine: DEFAULT_ENGINE.into(),
             backend: "cpu".into(),
             async_checkpoints: true,
             spike: SpikeGuard::default(),
