@@ -218,12 +218,15 @@ enum CkptCommand {
         /// The checkpoint folder.
         path: PathBuf,
     },
-    /// Export a checkpoint as a Hugging Face folder for ZAYA1's reference implementation
-    /// (Zyphra's `transformers` fork): config.json, model.safetensors, tokenizer files.
+    /// Export a checkpoint as a Hugging Face folder: config.json, model.safetensors, tokenizer
+    /// files; in transformers 5.23's layout unless `--layout legacy` (Zyphra's fork, vLLM).
     Export {
         /// Output format; `hf` is the one there is.
         #[arg(long, default_value = "hf", value_parser = ["hf"])]
         format: String,
+        /// The folder's layout: `transformers` (transformers 5.23's `models.zaya`) or `legacy`.
+        #[arg(long, default_value = "transformers")]
+        layout: zflow_runtime::hf::Layout,
         /// The checkpoint folder.
         checkpoint: PathBuf,
         /// The folder to create (must not exist, or be empty).
@@ -385,12 +388,13 @@ fn main() -> ExitCode {
                 what:
                     CkptCommand::Export {
                         format: _,
+                        layout,
                         checkpoint,
                         out,
                         tokenizer,
                         recipe,
                     },
-            } => commands::ckpt_export(&checkpoint, &out, tokenizer, recipe.as_deref()),
+            } => commands::ckpt_export(&checkpoint, &out, layout, tokenizer, recipe.as_deref()),
             Command::Ckpt {
                 what: CkptCommand::Import { hf, out },
             } => commands::ckpt_import(&hf, &out),

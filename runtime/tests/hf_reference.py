@@ -189,7 +189,9 @@ def moe(t, p, x, prev, layer, cfg):
             (u,) = linear([token], t[e + "linear_fc1.weight"])
             f = len(u) // 2
             (y,) = linear([[silu(a) * b for a, b in zip(u[:f], u[f:])]], t[e + "linear_fc2.weight"])
-        else:  # the MoD skip route: the token passes through
+        elif cfg.get("zflow_skip_output") == "zero":  # the MoD skip route, current semantics
+            y = [0.0] * len(token)
+        else:  # the MoD skip route as the reference's legacy branch has it: the token passes
             y = token
         out.append([pr[c] * a for a in y])
     return out, nxt, choices

@@ -17,7 +17,7 @@ use zflow_runtime::checkpoint::{TrainerState, commit, load_weights, weights_to_s
 use zflow_runtime::data::mixture::DataCursor;
 use zflow_runtime::hf::{ExportOptions, export_hf};
 use zflow_runtime::model::Zaya;
-use zflow_runtime::model::config::ModelConfig;
+use zflow_runtime::model::config::{ModelConfig, SkipOutput};
 use zflow_runtime::trainer::balance::BalanceState;
 
 fn config() -> ModelConfig {
@@ -46,7 +46,21 @@ fn noise(t: usize, i: usize) -> f32 {
 
 #[test]
 fn exported_folder_gives_the_same_logits_in_a_reference_forward_pass() {
-    let c = config();
+    reference_forward(SkipOutput::Input);
+}
+
+#[test]
+fn with_a_zero_skip_output_too() {
+    reference_forward(SkipOutput::Zero);
+}
+
+/// The legacy export of a random model with skip semantics `skip_output`, against the
+/// reference forward pass.
+fn reference_forward(skip_output: SkipOutput) {
+    let c = ModelConfig {
+        skip_output,
+        ..config()
+    };
     let device = Default::default();
     // Every tensor perturbed, so norms, gates, biases and temperatures are not their 0/1 init
     // and a mix-up between any two of them changes the output.
@@ -138,7 +152,10 @@ fn exported_folder_gives_the_same_logits_in_a_reference_forward_pass() {
             rope_base,
             ..c.clone()
         },
-        &ExportOptions::default(),
+        &ExportOptions {
+            layout: zflow_runtime::hf::Layout::Legacy,
+            ..Default::default()
+        },
         &hf,
     )
     .unwrap();

@@ -11,6 +11,7 @@ use zflow_pipeline::{LoadOptions, recipe};
 pub fn ckpt_export(
     checkpoint: &Path,
     out: &Path,
+    layout: zflow_runtime::hf::Layout,
     tokenizer: Option<PathBuf>,
     recipe: Option<&Path>,
 ) -> Result<ExitCode> {
@@ -30,11 +31,12 @@ pub fn ckpt_export(
     };
     let opts = zflow_runtime::hf::ExportOptions {
         tokenizer,
+        layout,
         ..Default::default()
     };
     zflow_runtime::hf::export_hf(checkpoint, &model, &opts, out)?;
     println!(
-        "exported {} to {} (Hugging Face, model_type zaya)",
+        "exported {} to {} (Hugging Face, model_type zaya, {layout} layout)",
         checkpoint.display(),
         out.display()
     );

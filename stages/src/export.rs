@@ -1,11 +1,12 @@
-//! `export`: the recipe's trained model as a Hugging Face folder for ZAYA1's reference
-//! implementation (`zflow_runtime::hf`): `hf/` in the stage's output holds `config.json`,
-//! `model.safetensors` and, with a tokenizer, its files; `from_pretrained` on that folder loads
-//! it in Zyphra's `transformers` fork.
+//! `export`: the recipe's trained model as a Hugging Face folder (`zflow_runtime::hf`): `hf/`
+//! in the stage's output holds `config.json`, `model.safetensors` and, with a tokenizer, its
+//! files. In the default layout `AutoModelForCausalLM.from_pretrained` loads it with the
+//! transformers release (5.23); `layout: legacy` writes the form of Zyphra's fork and vLLM.
 //!
 //! Recipe section:
 //! ```yaml
-//! export: {format: hf}     # the only format
+//! export: {format: hf}                  # the only format; layout: transformers
+//! export: {format: hf, layout: legacy}
 //! ```
 //! adds one stage, `export`, after the last phase's `train.<phase>` (its `final/` checkpoint),
 //! needing the `tokenizer` stage too when the recipe has one.
@@ -31,6 +32,9 @@ pub struct ExportConfig {
     /// The context the model was trained at (`max_position_embeddings`).
     #[serde(default = "default_positions")]
     pub max_position_embeddings: usize,
+    /// The folder's layout (`hf::Layout`): `transformers` (the default) or `legacy`.
+    #[serde(default)]
+    pub layout: hf::Layout,
 }
 
 fn default_positions() -> usize {
@@ -79,6 +83,7 @@ impl Stage for Export {
         let opts = ExportOptions {
             tokenizer,
             max_position_embeddings: c.max_position_embeddings,
+            layout: c.layout,
         };
         let model = zflow_runtime::checkpoint::model_config(&checkpoint)?;
         hf::export_hf(&checkpoint, &model, &opts, &ctx.out_dir().join("hf"))?;

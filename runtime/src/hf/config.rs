@@ -1,13 +1,43 @@
-//! `config.json`: a [`ModelConfig`] to the reference's `ZayaConfig` fields and back.
+//! `config.json`: a [`ModelConfig`] to `ZayaConfig` fields and back, in either layout
+//! ([`Layout`]: transformers 5.23's, or the scalar form of Zyphra's fork).
+//!
+//! Both state the skip route's semantics in `zflow_skip_output` (`zero` or `input`,
+//! [`SkipOutput`]); transformers keeps unknown config keys, so the field survives a
+//! `save_pretrained`. A folder without it follows its layout's code: zero for transformers',
+//! the normed input for the legacy one (the `zaya1-legacy` branch).
 
-use crate::model::config::ModelConfig;
+use super::layout::Layout;
+use crate::model::config::{ModelConfig, SkipOutput};
 use anyhow::{Context, Result, anyhow, ensure};
 use serde_json::{Map, Value, json};
 use std::path::Path;
 
-/// Refuses a model the reference implementation cannot express (or that zflow's model does not
-/// actually implement as configured), naming the `model:` field.
-pub(super) fn check_exportable(c: &ModelConfig) -> Result<()> {
+/// The `config.json` key that states the skip route's semantics.
+const SKIP_OUTPUT_KEY: &str = "zflow_skip_output";
+
+fn skip_output_name(s: SkipOutput) -> &'static str {
+    match s {
+        SkipOutput::Zero => "zero",
+        SkipOutput::Input => "input",
+    }
+}
+
+/// Refuses a model that `layout`'s implementation cannot express (or that zflow's model does
+/// not actually implement as configured), naming the `model:` field.
+pub(super) fn check_exportable(c: &ModelConfig, layout: Layout) -> Result<()> {
+    if layout == Layout::Transformers {
+        // transformers 5.23's ZAYA has no switch for these.
+        for (field, on) in [
+            ("mod_skip", c.mod_skip),
+            ("eda", c.eda),
+            ("residual_scaling", c.residual_scaling),
+        ] {
+            ensure!(
+                on,
+                "model.{field} is false; transformers 5.23's ZAYA always has it (export with --layout legacy)"
+            );
+        }
+    }
     ensure!(
         c.router_mlp_layers == 3,
         "model.router_mlp_layers is {}; the reference implementation's router MLP has exactly 3 layers",
@@ -55,7 +85,7 @@ pub(super) struct Specials {
 /// (the scalar form of `configuration_zaya.py`: `num_attention_heads` = CCA query heads,
 /// `num_query_groups` = `num_key_value_heads` = KV heads, explicit `head_dim`). serde_json keeps
 /// insertion order here, so the same inputs give the same bytes.
-pub(super) fn hf_config(c: &ModelConfig, max_positions: usize, specials: &Specials) -> Value {
+fn legacy_config(c: &ModelConfig, max_positions: usize, specials: &Specials) -> Value {
     let id = |t: &Option<(u32, Option<String>)>| t.as_ref().map(|(id, _)| *id);
     // A list of pairs rather than one `json!` (which would exceed the macro recursion limit).
     let fields: Vec<(&str, Value)> = vec![
@@ -109,6 +139,75 @@ pub(super) fn hf_config(c: &ModelConfig, max_positions: usize, specials: &Specia
         ("swa_layers", Value::Null),
         ("swa_rotary_base", Value::Null),
         ("torch_dtype", json!("float32")),
+        (SKIP_OUTPUT_KEY, json!(skip_output_name(c.skip_output))),
+    ];
+    Value::Object(
+        fields
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+    )
+}
+
+/// `config.json` for `c` in `layout`; see [`legacy_config`] and [`transformers_config`].
+pub(super) fn hf_config(
+    c: &ModelConfig,
+    layout: Layout,
+    max_positions: usize,
+    specials: &Specials,
+) -> Value {
+    match layout {
+        Layout::Transformers => transformers_config(c, max_positions, specials),
+        Layout::Legacy => legacy_config(c, max_positions, specials),
+    }
+}
+
+/// `config.json` for `c` as transformers 5.23's `ZayaConfig` writes it (its fields, sorted as
+/// `save_pretrained` sorts them): one `hybrid` layer type per block with its RoPE parameters.
+/// serde_json keeps insertion order here, so the same inputs give the same bytes.
+fn transformers_config(c: &ModelConfig, max_positions: usize, specials: &Specials) -> Value {
+    let id = |t: &Option<(u32, Option<String>)>| t.as_ref().map(|(id, _)| *id);
+    let fields: Vec<(&str, Value)> = vec![
+        ("architectures", json!(["ZayaForCausalLM"])),
+        ("attention_bias", json!(false)),
+        ("attention_dropout", json!(0.0)),
+        ("bos_token_id", json!(id(&specials.bos))),
+        ("cca_time0", json!(c.conv_kernel)),
+        ("cca_time1", json!(c.conv_kernel)),
+        ("dtype", json!("float32")),
+        ("eos_token_id", json!(id(&specials.eos))),
+        ("head_dim", json!(c.head_dim)),
+        ("hidden_act", json!("silu")),
+        ("hidden_size", json!(c.hidden_size)),
+        ("initializer_range", json!(0.02)),
+        ("layer_types", json!(vec!["hybrid"; c.num_blocks])),
+        ("lm_head_bias", json!(false)),
+        ("max_position_embeddings", json!(max_positions)),
+        ("model_type", json!("zaya")),
+        ("moe_intermediate_size", json!(c.expert_ffn)),
+        ("num_attention_heads", json!(c.num_query_heads)),
+        ("num_experts", json!(c.num_experts)),
+        ("num_experts_per_tok", json!(c.top_k)),
+        ("num_hidden_layers", json!(c.num_blocks)),
+        ("num_key_value_heads", json!(c.num_kv_heads)),
+        ("output_router_logits", json!(false)),
+        ("pad_token_id", json!(id(&specials.pad))),
+        ("rms_norm_eps", json!(c.rms_norm_eps)),
+        (
+            "rope_parameters",
+            json!({"hybrid": {
+                "partial_rotary_factor": c.rope_fraction,
+                "rope_theta": c.rope_base,
+                "rope_type": "default",
+            }}),
+        ),
+        ("router_hidden_size", json!(c.router_dim)),
+        ("sliding_window", Value::Null),
+        ("tie_word_embeddings", json!(true)),
+        ("transformers_version", json!("5.23.0")),
+        ("use_cache", json!(true)),
+        ("vocab_size", json!(c.vocab_size)),
+        (SKIP_OUTPUT_KEY, json!(skip_output_name(c.skip_output))),
     ];
     Value::Object(
         fields
@@ -201,6 +300,19 @@ impl Fields<'_> {
             .transpose()
     }
 
+    /// The skip route's semantics the folder states ([`SKIP_OUTPUT_KEY`]), else `unstated`.
+    pub(super) fn skip_output(&self, unstated: SkipOutput) -> Result<SkipOutput> {
+        match self.str(SKIP_OUTPUT_KEY)? {
+            None => Ok(unstated),
+            Some("zero") => Ok(SkipOutput::Zero),
+            Some("input") => Ok(SkipOutput::Input),
+            Some(other) => Err(self.error(
+                SKIP_OUTPUT_KEY,
+                format!("`{other}`; expected `zero` or `input`"),
+            )),
+        }
+    }
+
     /// Fails unless boolean `key` is `want` (default `default`): a feature zflow's model lacks.
     pub(super) fn expect_bool(
         &self,
@@ -235,6 +347,9 @@ pub fn model_config_from_hf(v: &Value, file: &Path) -> Result<ModelConfig> {
             ));
         }
         None => return Err(f.error("model_type", "missing (expected `zaya`)")),
+    }
+    if Layout::of_config(v) == Layout::Transformers {
+        return transformers_model_config(&f);
     }
     let hidden_size = f.required("hidden_size")?;
     let vocab_size = f.required("vocab_size")?;
@@ -443,8 +558,122 @@ pub fn model_config_from_hf(v: &Value, file: &Path) -> Result<ModelConfig> {
         residual_scaling: f.bool("scale_residual_merge", true)?,
         tie_embeddings: true,
         rms_norm_eps: f.f64("norm_epsilon", 1e-5)?,
+        skip_output: f.skip_output(SkipOutput::Input)?,
     };
-    check_exportable(&c)
+    check_exportable(&c, Layout::Legacy)
         .with_context(|| format!("{}: a ZAYA1 model zflow cannot represent", file.display()))?;
+    Ok(c)
+}
+
+/// The [`ModelConfig`] of a transformers 5.23 `config.json` (`ZayaConfig`; absent fields take
+/// that class's defaults, which are ZAYA1-8B's).
+fn transformers_model_config(f: &Fields<'_>) -> Result<ModelConfig> {
+    let or = |key: &str, default: usize| -> Result<usize> { Ok(f.usize(key)?.unwrap_or(default)) };
+    let num_blocks = or("num_hidden_layers", 40)?;
+    if let Some(types) = f.get("layer_types") {
+        let types = types
+            .as_array()
+            .ok_or_else(|| f.error("layer_types", format!("expected a list, found {types}")))?;
+        if types.len() != num_blocks {
+            return Err(f.error(
+                "layer_types",
+                format!("{} entries for {num_blocks} layers", types.len()),
+            ));
+        }
+        if let Some((i, t)) = types
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.as_str() != Some("hybrid"))
+        {
+            return Err(f.error(
+                "layer_types",
+                format!("entry {i} is {t}; zflow's ZAYA1 has `hybrid` layers only (full attention over the whole context)"),
+            ));
+        }
+    }
+    let top_k = or("num_experts_per_tok", 1)?;
+    if top_k != 1 {
+        return Err(f.error(
+            "num_experts_per_tok",
+            format!("{top_k} is not supported: zflow's ZAYA1 routes top-1"),
+        ));
+    }
+    let conv = or("cca_time0", 2)?;
+    let conv1 = or("cca_time1", 2)?;
+    if conv != conv1 || conv == 0 {
+        return Err(f.error(
+            "cca_time1",
+            format!("{conv1} with cca_time0 {conv}; zflow's ZAYA1 uses one kernel size for both convolutions"),
+        ));
+    }
+    for (key, why) in [
+        ("attention_bias", "zflow's attention linears have no bias"),
+        ("lm_head_bias", "zflow's output head has no bias"),
+    ] {
+        f.expect_bool(key, false, false, why)?;
+    }
+    f.expect_bool(
+        "tie_word_embeddings",
+        true,
+        true,
+        "zflow's ZAYA1 ties the output head to the embedding",
+    )?;
+    if let Some(a) = f.str("hidden_act")?.filter(|a| *a != "silu") {
+        return Err(f.error(
+            "hidden_act",
+            format!("`{a}` is not supported: zflow's experts are SwiGLU (silu)"),
+        ));
+    }
+    // `rope_parameters.hybrid`: theta and the partial factor of the full-attention layers.
+    let hybrid = f
+        .get("rope_parameters")
+        .and_then(|r| r.get("hybrid"))
+        .and_then(Value::as_object);
+    let rope = |key: &str, default: f64| -> Result<f64> {
+        match hybrid.and_then(|h| h.get(key)) {
+            None => Ok(default),
+            Some(v) => v.as_f64().ok_or_else(|| {
+                f.error(
+                    &format!("rope_parameters.hybrid.{key}"),
+                    format!("expected a number, found {v}"),
+                )
+            }),
+        }
+    };
+    if let Some(t) = hybrid
+        .and_then(|h| h.get("rope_type"))
+        .filter(|t| t.as_str() != Some("default"))
+    {
+        return Err(f.error(
+            "rope_parameters.hybrid.rope_type",
+            format!("{t} is not supported: zflow's RoPE is the default (unscaled) one"),
+        ));
+    }
+    let c = ModelConfig {
+        hidden_size: or("hidden_size", 2048)?,
+        num_blocks,
+        vocab_size: or("vocab_size", 262_272)?,
+        num_query_heads: or("num_attention_heads", 8)?,
+        num_kv_heads: or("num_key_value_heads", 2)?,
+        head_dim: or("head_dim", 128)?,
+        conv_kernel: conv,
+        rope_fraction: rope("partial_rotary_factor", 0.5)?,
+        rope_base: rope("rope_theta", 5_000_000.0)?,
+        num_experts: or("num_experts", 16)?,
+        top_k,
+        expert_ffn: or("moe_intermediate_size", 2048)?,
+        // transformers' ZAYA always has the skip route, EDA, residual scaling and a 3-layer
+        // router MLP.
+        mod_skip: true,
+        skip_output: f.skip_output(SkipOutput::Zero)?,
+        router_dim: or("router_hidden_size", 256)?,
+        router_mlp_layers: 3,
+        eda: true,
+        residual_scaling: true,
+        tie_embeddings: true,
+        rms_norm_eps: f.f64("rms_norm_eps", 1e-5)?,
+    };
+    check_exportable(&c, Layout::Transformers)
+        .with_context(|| format!("{}: a ZAYA1 model zflow cannot represent", f.file.display()))?;
     Ok(c)
 }

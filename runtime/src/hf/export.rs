@@ -1,7 +1,8 @@
 //! Export: a verified zflow checkpoint to a Hugging Face folder.
 
 use super::config::{Specials, check_exportable, hf_config};
-use super::tensors::{Lazy, biases_name, f32_bytes, specs};
+use super::layout::{Layout, biases_name, skip_bias_at_minus_one};
+use super::tensors::{Lazy, f32_bytes, specs};
 use super::tokenizer::TokenizerFiles;
 use super::{ExportOptions, GEMMA3_VOCAB};
 use crate::checkpoint::TrainerState;
@@ -24,7 +25,7 @@ pub fn export_hf(
     opts: &ExportOptions,
     out: &Path,
 ) -> Result<()> {
-    check_exportable(model)?;
+    check_exportable(model, opts.layout)?;
     let listed = crate::checkpoint::verify(checkpoint).with_context(|| {
         format!(
             "{} does not verify against its manifest; refusing to export a damaged checkpoint",
@@ -71,7 +72,7 @@ pub fn export_hf(
     let weights = zflow_files::map::read_only(&origin)?;
     let st = SafeTensors::deserialize(&weights)
         .with_context(|| format!("{}: not a safetensors file", origin.display()))?;
-    let specs = specs(model);
+    let specs = specs(model, opts.layout);
     let known: BTreeSet<&str> = specs.iter().map(|s| s.ours.as_str()).collect();
     let mut names = st.names();
     names.sort();
@@ -100,15 +101,23 @@ pub fn export_hf(
             s.shape
         );
         let transpose = s.linear.then(|| (s.shape[0], s.shape[1]));
-        tensors.push((
-            s.hf.clone(),
-            Lazy {
-                source: Cow::Borrowed(view.data()),
-                dtype: Dtype::F32,
-                shape: s.hf_shape(),
-                transpose,
-            },
-        ));
+        let source = Cow::Borrowed(view.data());
+        match s.stacked {
+            // The next expert of a stacked tensor that expert 0 started (the specs list a
+            // layer's experts in order).
+            Some((e, _)) if e > 0 => {
+                let (_, stack) = tensors
+                    .iter_mut()
+                    .rev()
+                    .find(|(name, _)| *name == s.hf)
+                    .expect("expert 0 comes first");
+                stack.sources.push(source);
+            }
+            _ => tensors.push((
+                s.hf.clone(),
+                Lazy::one(source, Dtype::F32, s.hf_shape(), transpose),
+            )),
+        }
     }
     let routes = model.num_experts + usize::from(model.mod_skip);
     ensure!(
@@ -125,16 +134,20 @@ pub fn export_hf(
             checkpoint.display(),
             b.biases.len()
         );
-        let biases = Lazy {
-            source: Cow::Owned(f32_bytes(&b.biases)),
-            dtype: Dtype::F32,
-            shape: vec![routes],
-            transpose: None,
+        let values = match opts.layout {
+            Layout::Transformers if model.mod_skip => skip_bias_at_minus_one(&b.biases),
+            _ => b.biases.clone(),
         };
-        tensors.push((biases_name(i), biases));
+        let biases = Lazy::one(
+            Cow::Owned(f32_bytes(&values)),
+            Dtype::F32,
+            vec![routes],
+            None,
+        );
+        tensors.push((biases_name(opts.layout, i), biases));
     }
 
-    let config = hf_config(model, opts.max_position_embeddings, &specials);
+    let config = hf_config(model, opts.layout, opts.max_position_embeddings, &specials);
     publish(out, |dir| {
         fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);

@@ -1,7 +1,8 @@
 //! Import: a Hugging Face folder to a zflow checkpoint.
 
 use super::config::model_config_from_hf;
-use super::tensors::{Lazy, biases_name, specs, widen};
+use super::layout::{Layout, biases_name};
+use super::tensors::{Lazy, specs, widen};
 use super::{CHECKPOINT_FORMAT, IMPORTED_PHASE};
 use crate::checkpoint::{Manifest, TrainerState};
 use crate::data::mixture::DataCursor;
@@ -63,8 +64,8 @@ pub(super) fn to_f32<'a>(view: &TensorView<'a>, name: &str, file: &Path) -> Resu
     }
 }
 
-/// Imports Hugging Face folder `hf` (a reference-implementation ZAYA1: `config.json` and
-/// `model.safetensors` or its shards) as zflow checkpoint folder `out`: `model.safetensors` with
+/// Imports Hugging Face folder `hf` (a ZAYA1 in either [`Layout`], read from its
+/// `config.json`; `model.safetensors` or its shards) as zflow checkpoint folder `out`: `model.safetensors` with
 /// our names and layouts (f32, the bytes the trainer would write for these weights),
 /// `trainer.json` (the balancing biases, the RoPE base, step 0 of phase `hf-import`; no data
 /// cursor or optimizer state), `model.json` and `manifest.json`. Returns the model config.
@@ -75,6 +76,7 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
     )
     .with_context(|| format!("{}: not JSON", cpath.display()))?;
     let model = model_config_from_hf(&v, &cpath)?;
+    let layout = Layout::of_config(&v);
 
     let files = HfFiles::open(hf)?;
     let mut tables: Vec<(&Path, SafeTensors<'_>)> = Vec::new();
@@ -105,10 +107,10 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
         Ok((t.tensor(name)?, p))
     };
 
-    let specs = specs(&model);
+    let specs = specs(&model, layout);
     let routes = model.num_experts + usize::from(model.mod_skip);
     let mut expected: BTreeSet<String> = specs.iter().map(|s| s.hf.clone()).collect();
-    expected.extend((0..model.num_blocks).map(biases_name));
+    expected.extend((0..model.num_blocks).map(|i| biases_name(layout, i)));
     if let Some(extra) = at
         .keys()
         .find(|n| !expected.contains(*n) && n.as_str() != "lm_head.weight")
@@ -132,15 +134,24 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
             want
         );
         to_f32(&view, &s.hf, file)?; // the dtype check, before anything is written
-        let transpose = s.linear.then(|| (want[0], want[1]));
+        let slice = s.slice_shape();
+        let transpose = s.linear.then(|| (slice[0], slice[1]));
+        let data = match s.stacked {
+            // Expert `e`'s slice of the stacked tensor.
+            Some((e, experts)) => {
+                let len = view.data().len() / experts;
+                &view.data()[e * len..(e + 1) * len]
+            }
+            None => view.data(),
+        };
         tensors.push((
             s.ours.clone(),
-            Lazy {
-                source: Cow::Borrowed(view.data()),
-                dtype: view.dtype(),
-                shape: s.shape.clone(),
+            Lazy::one(
+                Cow::Borrowed(data),
+                view.dtype(),
+                s.shape.clone(),
                 transpose,
-            },
+            ),
         ));
     }
     // A saved tied head duplicates the embedding; anything else is a model zflow cannot hold.
@@ -158,7 +169,7 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
     }
     let mut balance = Vec::with_capacity(model.num_blocks);
     for i in 0..model.num_blocks {
-        let name = biases_name(i);
+        let name = biases_name(layout, i);
         let (view, file) = get(&name)?;
         ensure!(
             view.shape() == [routes],

@@ -38,12 +38,14 @@ use std::path::PathBuf;
 mod config;
 mod export;
 mod import;
+mod layout;
 mod tensors;
 mod tokenizer;
 
 pub use config::model_config_from_hf;
 pub use export::export_hf;
 pub use import::import_hf;
+pub use layout::{LAYOUTS, Layout};
 
 /// An imported checkpoint carries the trainer's single metadata entry, so its
 /// `model.safetensors` has the same bytes as one the trainer wrote for the same weights.
@@ -68,6 +70,8 @@ pub struct ExportOptions {
     pub tokenizer: Option<PathBuf>,
     /// `max_position_embeddings` in `config.json`: the context the model was trained at.
     pub max_position_embeddings: usize,
+    /// The folder's layout: transformers 5.23's (the default) or the legacy one.
+    pub layout: Layout,
 }
 
 impl Default for ExportOptions {
@@ -75,6 +79,7 @@ impl Default for ExportOptions {
         ExportOptions {
             tokenizer: None,
             max_position_embeddings: DEFAULT_MAX_POSITIONS,
+            layout: Layout::default(),
         }
     }
 }

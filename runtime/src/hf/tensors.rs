@@ -1,54 +1,67 @@
 //! The tensors a model has under zflow's names and the reference's, and their layouts.
 
+use super::layout::{Layout, transformers_place};
 use crate::model::config::ModelConfig;
 use crate::model::{reference_name, tensors};
 use safetensors::Dtype;
 use safetensors::tensor::View;
 use std::borrow::Cow;
 
-/// One parameter: our name and shape, the reference's name, and whether it is a linear weight
-/// (stored transposed on the two sides).
+/// One parameter: our name and shape, its name in the folder, whether it is a linear weight
+/// (stored transposed on the two sides), and whether the folder stacks it with the other
+/// experts' (slice `e` of `experts`).
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Spec {
     pub(super) ours: String,
     pub(super) shape: Vec<usize>,
     pub(super) hf: String,
     pub(super) linear: bool,
+    pub(super) stacked: Option<(usize, usize)>,
 }
 
 impl Spec {
-    pub(super) fn hf_shape(&self) -> Vec<usize> {
+    /// The shape of one slice (the whole tensor unless stacked).
+    pub(super) fn slice_shape(&self) -> Vec<usize> {
         if self.linear {
             vec![self.shape[1], self.shape[0]]
         } else {
             self.shape.clone()
         }
     }
+
+    /// The shape of the folder's tensor.
+    pub(super) fn hf_shape(&self) -> Vec<usize> {
+        match self.stacked {
+            Some((_, experts)) => [vec![experts], self.slice_shape()].concat(),
+            None => self.slice_shape(),
+        }
+    }
 }
 
-/// The model's parameters ([`crate::model::tensors`]) with their reference names.
-pub(super) fn specs(c: &ModelConfig) -> Vec<Spec> {
+/// The model's parameters ([`crate::model::tensors`]) with their names in `layout`.
+pub(super) fn specs(c: &ModelConfig, layout: Layout) -> Vec<Spec> {
     tensors(c)
         .into_iter()
-        .map(|t| Spec {
-            // Every parameter path has a reference name (`model_grad.rs` checks it on a real
-            // model).
-            hf: reference_name(&t.name)
-                .unwrap_or_else(|| panic!("no reference name for `{}`", t.name)),
-            ours: t.name,
-            shape: t.shape,
-            linear: t.linear,
+        .map(|t| {
+            // Every parameter path has a name in both layouts (`model_grad.rs` and
+            // `layout.rs` check it).
+            let missing = || -> ! { panic!("no {layout} name for `{}`", t.name) };
+            let (hf, stacked) = match layout {
+                Layout::Legacy => (reference_name(&t.name).unwrap_or_else(|| missing()), None),
+                Layout::Transformers => {
+                    let p = transformers_place(&t.name, c.num_blocks).unwrap_or_else(|| missing());
+                    (p.name, p.expert.map(|e| (e, c.num_experts)))
+                }
+            };
+            Spec {
+                hf,
+                stacked,
+                ours: t.name,
+                shape: t.shape,
+                linear: t.linear,
+            }
         })
         .collect()
-}
-
-/// The reference's name of MoE layer `block`'s balancing-bias buffer (`ZayaRouter`'s
-/// `register_buffer("balancing_biases", ...)`).
-pub(super) fn biases_name(block: usize) -> String {
-    format!(
-        "model.layers.{}.zaya_block.router.balancing_biases",
-        2 * block + 1
-    )
 }
 
 /// `[rows, cols]` row-major f32 bytes -> `[cols, rows]`. Moves 4-byte elements whole, so every
@@ -95,14 +108,32 @@ pub(super) fn widen(data: &[u8], dtype: Dtype) -> Cow<'_, [u8]> {
     }
 }
 
-/// One f32 tensor to write, converted from its source (widened, then transposed if `from` is a
-/// `[rows, cols]` linear weight) only when the safetensors writer asks for its bytes: the
-/// writer takes one tensor at a time, so a full-size model never sits in memory twice.
+/// One f32 tensor to write, converted from its sources (each widened, then transposed if it
+/// is a `[rows, cols]` linear weight, then concatenated: several when experts are stacked)
+/// only when the safetensors writer asks for its bytes: the writer takes one tensor at a time,
+/// so a full-size model never sits in memory twice.
 pub(super) struct Lazy<'a> {
-    pub(super) source: Cow<'a, [u8]>,
+    pub(super) sources: Vec<Cow<'a, [u8]>>,
     pub(super) dtype: Dtype,
     pub(super) shape: Vec<usize>,
     pub(super) transpose: Option<(usize, usize)>,
+}
+
+impl<'a> Lazy<'a> {
+    /// A tensor converted from one source.
+    pub(super) fn one(
+        source: Cow<'a, [u8]>,
+        dtype: Dtype,
+        shape: Vec<usize>,
+        transpose: Option<(usize, usize)>,
+    ) -> Self {
+        Lazy {
+            sources: vec![source],
+            dtype,
+            shape,
+            transpose,
+        }
+    }
 }
 
 impl View for Lazy<'_> {
@@ -113,10 +144,16 @@ impl View for Lazy<'_> {
         &self.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        let values = widen(&self.source, self.dtype);
-        match self.transpose {
-            Some((rows, cols)) => Cow::Owned(transpose(&values, rows, cols)),
-            None => values,
+        let convert = |source: &'_ Cow<'_, [u8]>| -> Vec<u8> {
+            let values = widen(source, self.dtype);
+            match self.transpose {
+                Some((rows, cols)) => transpose(&values, rows, cols),
+                None => values.into_owned(),
+            }
+        };
+        match self.sources.as_slice() {
+            [one] if self.transpose.is_none() => widen(one, self.dtype),
+            parts => Cow::Owned(parts.iter().flat_map(convert).collect()),
         }
     }
     fn data_len(&self) -> usize {

@@ -3,7 +3,7 @@ use super::tensors::{f32_bytes, specs};
 use super::*;
 use crate::checkpoint::TrainerState;
 use crate::data::mixture::DataCursor;
-use crate::model::config::ModelConfig;
+use crate::model::config::{ModelConfig, SkipOutput};
 use crate::trainer::balance::BalanceState;
 use burn_flex::Flex;
 use safetensors::tensor::TensorView;
@@ -29,6 +29,14 @@ fn tiny() -> ModelConfig {
         router_dim: 4,
         rope_base: 5.0e5,
         ..ModelConfig::default()
+    }
+}
+
+/// Export options for the legacy layout (Zyphra's fork), which most tests here check.
+fn legacy() -> ExportOptions {
+    ExportOptions {
+        layout: Layout::Legacy,
+        ..Default::default()
     }
 }
 
@@ -100,8 +108,10 @@ fn specs_match_the_model() {
         },
     ];
     for c in variants {
-        let got: Vec<(String, Vec<usize>)> =
-            specs(&c).into_iter().map(|s| (s.ours, s.shape)).collect();
+        let got: Vec<(String, Vec<usize>)> = specs(&c, Layout::Legacy)
+            .into_iter()
+            .map(|s| (s.ours, s.shape))
+            .collect();
         let want: Vec<(String, Vec<usize>)> = weights(&model(&c, 1))
             .into_iter()
             .map(|(n, shape, _)| (n, shape))
@@ -117,7 +127,7 @@ fn export_then_import_is_bit_exact() {
     let (ckpt, state) = checkpoint(&dir.path().join("ckpts"), &c, 3);
     assert_eq!(checkpoint::model_config(&ckpt).unwrap(), c);
     let hf = dir.path().join("hf");
-    export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
+    export_hf(&ckpt, &c, &legacy(), &hf).unwrap();
 
     // The reference's names and layouts.
     let bytes = fs::read(hf.join("model.safetensors")).unwrap();
@@ -203,7 +213,7 @@ fn export_then_import_is_bit_exact() {
     );
     // Exported again: the same folder, byte for byte.
     let again = dir.path().join("again");
-    export_hf(&back, &c, &ExportOptions::default(), &again).unwrap();
+    export_hf(&back, &c, &legacy(), &again).unwrap();
     for f in ["config.json", "model.safetensors"] {
         assert_eq!(
             fs::read(hf.join(f)).unwrap(),
@@ -214,12 +224,110 @@ fn export_then_import_is_bit_exact() {
 }
 
 #[test]
+fn the_transformers_layout_stacks_experts_and_round_trips_bit_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = tiny();
+    let (ckpt, state) = checkpoint(&dir.path().join("ckpts"), &c, 5);
+    let hf = dir.path().join("hf");
+    export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
+    let bytes = fs::read(hf.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let ours = fs::read(ckpt.join("model.safetensors")).unwrap();
+    let ours = SafeTensors::deserialize(&ours).unwrap();
+    let at = |v: &TensorView<'_>, i: usize| {
+        f32::from_le_bytes(v.data()[4 * i..4 * i + 4].try_into().unwrap())
+    };
+    // Experts stacked: gate_up [experts, 2F, hidden], expert 2's [o][i] = ours [i][o].
+    let gate_up = st
+        .tensor("model.layers.1.mlp.experts.gate_up_proj")
+        .unwrap();
+    assert_eq!(gate_up.shape(), [3, 12, 8]);
+    let fc1 = ours
+        .tensor("blocks.1.moe.local_experts.2.linear_fc1.weight")
+        .unwrap();
+    assert_eq!(fc1.shape(), [8, 12]);
+    assert_eq!(
+        at(&gate_up, 2 * 96 + 7 * 8 + 3).to_bits(),
+        at(&fc1, 3 * 12 + 7).to_bits()
+    );
+    assert_eq!(
+        st.tensor("model.layers.0.mlp.experts.down_proj")
+            .unwrap()
+            .shape(),
+        [3, 8, 6]
+    );
+    // Block 1's pre-attention scaling is layer 0's post-MLP one; block 0's gates the embeddings.
+    assert_eq!(
+        st.tensor("model.layers.0.post_mlp_residual_scale.residual_bias")
+            .unwrap()
+            .data(),
+        ours.tensor("blocks.1.attn_res_scale.residual_bias")
+            .unwrap()
+            .data()
+    );
+    assert!(st.tensor("model.input_hidden_states_scale").is_ok());
+    assert!(st.names().iter().all(|n| !n.contains("zaya_block")));
+    // The biases, shifted so that the skip bias is -1.0 (transformers' loader sets it so).
+    let b = st
+        .tensor("model.layers.1.mlp.gate.balancing_biases")
+        .unwrap();
+    let exported: Vec<f32> = (0..4).map(|i| at(&b, i)).collect();
+    let trained = &state.balance[1].biases;
+    assert_eq!(exported[3], -1.0);
+    for i in 0..3 {
+        let (d_out, d_in) = (exported[i] - exported[3], trained[i] - trained[3]);
+        assert!((d_out - d_in).abs() < 1e-6, "route {i}: {d_out} vs {d_in}");
+    }
+    let config: Value = serde_json::from_slice(&fs::read(hf.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["layer_types"], json!(["hybrid", "hybrid"]));
+    assert_eq!(
+        config["rope_parameters"]["hybrid"]["rope_theta"],
+        json!(5.0e5)
+    );
+    assert_eq!(config["moe_intermediate_size"], json!(6));
+    assert_eq!(config["zflow_skip_output"], json!("zero"));
+
+    // Imported: the trainer's bytes; exported again: the same folder.
+    let back = dir.path().join("back");
+    assert_eq!(import_hf(&hf, &back).unwrap(), c);
+    assert_eq!(
+        fs::read(back.join("model.safetensors")).unwrap(),
+        fs::read(ckpt.join("model.safetensors")).unwrap()
+    );
+    let again = dir.path().join("again");
+    export_hf(&back, &c, &ExportOptions::default(), &again).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        assert_eq!(
+            fs::read(hf.join(f)).unwrap(),
+            fs::read(again.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    // transformers' ZAYA has no switch for a model without EDA: refused, naming the field.
+    let no_eda = ModelConfig { eda: false, ..c };
+    let e = format!(
+        "{:#}",
+        export_hf(
+            &ckpt,
+            &no_eda,
+            &ExportOptions::default(),
+            &dir.path().join("x")
+        )
+        .unwrap_err()
+    );
+    assert!(
+        e.contains("model.eda") && e.contains("--layout legacy"),
+        "{e}"
+    );
+}
+
+#[test]
 fn bf16_weights_import_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let c = tiny();
     let (ckpt, _) = checkpoint(&dir.path().join("ckpts"), &c, 4);
     let hf = dir.path().join("hf");
-    export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
+    export_hf(&ckpt, &c, &legacy(), &hf).unwrap();
     // Rewrite the export in bf16, as the released ZAYA1-base is.
     let bytes = fs::read(hf.join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -309,7 +417,7 @@ fn import_names_what_is_wrong() {
     let c = tiny();
     let (ckpt, _) = checkpoint(&dir.path().join("ckpts"), &c, 5);
     let hf = dir.path().join("hf");
-    export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
+    export_hf(&ckpt, &c, &legacy(), &hf).unwrap();
     let out = dir.path().join("out");
     let expert = "model.layers.1.zaya_block.experts.local_experts.2.linear_fc2.weight";
 
@@ -371,7 +479,7 @@ fn sharded_folders_and_a_saved_tied_head_import() {
     let c = tiny();
     let (ckpt, _) = checkpoint(&dir.path().join("ckpts"), &c, 8);
     let hf = dir.path().join("hf");
-    export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap();
+    export_hf(&ckpt, &c, &legacy(), &hf).unwrap();
     // Two shards and an index, as `save_pretrained` writes big models, plus the tied head.
     let bytes = fs::read(hf.join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -436,10 +544,7 @@ fn export_refuses_damaged_checkpoints_and_existing_folders() {
     let hf = dir.path().join("hf");
     fs::create_dir(&hf).unwrap();
     fs::write(hf.join("keep.txt"), "mine").unwrap();
-    let e = format!(
-        "{:#}",
-        export_hf(&ckpt, &c, &ExportOptions::default(), &hf).unwrap_err()
-    );
+    let e = format!("{:#}", export_hf(&ckpt, &c, &legacy(), &hf).unwrap_err());
     assert!(e.contains("already exists"), "{e}");
     assert_eq!(fs::read_to_string(hf.join("keep.txt")).unwrap(), "mine");
 
@@ -450,13 +555,7 @@ fn export_refuses_damaged_checkpoints_and_existing_folders() {
     };
     let e = format!(
         "{:#}",
-        export_hf(
-            &ckpt,
-            &wide,
-            &ExportOptions::default(),
-            &dir.path().join("x")
-        )
-        .unwrap_err()
+        export_hf(&ckpt, &wide, &legacy(), &dir.path().join("x")).unwrap_err()
     );
     assert!(
         e.contains("linear_fc1.weight` is F32 [8, 12], the model config implies F32 [8, 16]"),
@@ -470,7 +569,7 @@ fn export_refuses_damaged_checkpoints_and_existing_folders() {
                 router_mlp_layers: 2,
                 ..c.clone()
             },
-            &ExportOptions::default(),
+            &legacy(),
             &dir.path().join("x")
         )
         .unwrap_err()
@@ -483,10 +582,7 @@ fn export_refuses_damaged_checkpoints_and_existing_folders() {
     bytes[n - 1] ^= 1;
     fs::write(&path, bytes).unwrap();
     let out = dir.path().join("out");
-    let e = format!(
-        "{:#}",
-        export_hf(&ckpt, &c, &ExportOptions::default(), &out).unwrap_err()
-    );
+    let e = format!("{:#}", export_hf(&ckpt, &c, &legacy(), &out).unwrap_err());
     assert!(
         e.contains("refusing to export a damaged checkpoint") && e.contains("checksum mismatch"),
         "{e}"
@@ -520,6 +616,7 @@ fn tokenizer_files_and_special_ids() {
     let opts = ExportOptions {
         tokenizer: Some(tok.clone()),
         max_position_embeddings: 256,
+        layout: Layout::Legacy,
     };
     export_hf(&ckpt, &c, &opts, &hf).unwrap();
     let read = |f: &str| serde_json::from_slice::<Value>(&fs::read(hf.join(f)).unwrap()).unwrap();
@@ -558,7 +655,7 @@ fn tokenizer_files_and_special_ids() {
         &c,
         &ExportOptions {
             tokenizer: Some(tok.clone()),
-            ..Default::default()
+            ..legacy()
         },
         &hf2,
     )
@@ -611,15 +708,30 @@ fn reads_the_released_per_layer_config_form() {
         "norm_epsilon": 1e-5, "zaya_use_mod": true, "zaya_use_eda": true, "scale_residual_merge": true,
         "tie_word_embeddings": true, "moe_router_topk": 1, "sliding_window": null, "rope_scaling": null
     });
+    // A legacy folder that does not state its skip semantics has the older branch's.
     assert_eq!(
         model_config_from_hf(&v, Path::new("config.json")).unwrap(),
-        ModelConfig::zaya1_base()
+        ModelConfig {
+            skip_output: SkipOutput::Input,
+            ..ModelConfig::zaya1_base()
+        }
     );
     // And the scalar form this module writes reads back as the same model.
     let specials = Specials::default();
     let c = ModelConfig::zaya1_base();
-    assert_eq!(
-        model_config_from_hf(&hf_config(&c, 4096, &specials), Path::new("config.json")).unwrap(),
-        c
-    );
+    for layout in [Layout::Legacy, Layout::Transformers] {
+        for skip_output in [SkipOutput::Zero, SkipOutput::Input] {
+            let c = ModelConfig {
+                skip_output,
+                ..c.clone()
+            };
+            let config = hf_config(&c, layout, 4096, &specials);
+            assert_eq!(Layout::of_config(&config), layout);
+            assert_eq!(
+                model_config_from_hf(&config, Path::new("config.json")).unwrap(),
+                c,
+                "{layout}"
+            );
+        }
+    }
 }

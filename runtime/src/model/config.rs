@@ -16,6 +16,21 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The MoE output of a token that the router sends to the MoD skip route. Both keep the
+/// residual stream (the token skips the experts); they differ in what the sub-layer adds to it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipOutput {
+    /// Nothing: the sub-layer's output is zero. transformers 5.23 (`transformers.models.zaya`),
+    /// Zyphra's vLLM model and the newest branch of their fork; the default for new recipes.
+    #[default]
+    Zero,
+    /// The normed input, scaled by the skip route's probability: the older `zaya1-legacy`
+    /// branch of Zyphra's fork, and every zflow checkpoint trained before this setting existed
+    /// (a model config without `skip_output` reads as `zero`: state `input` for those).
+    Input,
+}
+
 /// The size of a ZAYA1-style model. Serde defaults are ZAYA1-base, so an empty `model: {}`
 /// in a recipe means ZAYA1-base; unknown keys are rejected so a typo never silently falls
 /// back to a default.
@@ -57,6 +72,9 @@ pub struct ModelConfig {
     /// Mixture-of-depths: the router has one extra "skip" choice that passes the token through
     /// (17 router outputs for 16 experts). true for the base checkpoint (the report).
     pub mod_skip: bool,
+    /// What the MoE sub-layer outputs for a token routed to the skip route (with `mod_skip`);
+    /// [`SkipOutput`] has the two behaviours ZAYA1's code bases implement. `zero` by default.
+    pub skip_output: SkipOutput,
     /// Width of the router's hidden state (`down_proj` output, EDA state, MLP width). 256
     /// (the report, "down_proj 2048->256").
     pub router_dim: usize,
@@ -96,6 +114,7 @@ impl Default for ModelConfig {
             top_k: 1,
             expert_ffn: 2048,
             mod_skip: true,
+            skip_output: SkipOutput::Zero,
             router_dim: 256,
             router_mlp_layers: 3,
             eda: true,

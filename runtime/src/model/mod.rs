@@ -69,6 +69,9 @@ pub struct Options {
     pub num_experts: usize,
     /// Whether the MoD skip route exists (the last route).
     pub mod_skip: bool,
+    /// Whether the skip route outputs zero ([`config::SkipOutput::Zero`]) rather than its
+    /// normed input (`Input`). A flag: burn modules hold plain values.
+    pub skip_zero: bool,
     /// RMSNorm epsilon.
     pub eps: f64,
 }
@@ -162,6 +165,7 @@ impl<B: Backend> Zaya<B> {
                 rope_base: config.rope_base,
                 num_experts: config.num_experts,
                 mod_skip: config.mod_skip,
+                skip_zero: config.skip_output == config::SkipOutput::Zero,
                 eps: config.rms_norm_eps,
             },
         }

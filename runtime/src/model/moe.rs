@@ -205,9 +205,12 @@ impl<B: Backend> Moe<B> {
                 continue;
             }
             let rows = sorted.clone().narrow(0, start[r], len);
-            // Route `num_experts` is the MoD skip: the token passes through unchanged.
+            // Route `num_experts` is the MoD skip: the sub-layer adds nothing, or passes the
+            // normed input through (`SkipOutput`).
             outputs.push(if r < o.num_experts {
                 self.local_experts[r].forward(rows)
+            } else if o.skip_zero {
+                rows.zeros_like()
             } else {
                 rows
             });

@@ -16,6 +16,10 @@ use crate::names;
 pub struct ExportSpec {
     /// The format (`hf`).
     pub format: String,
+    /// The folder's layout: `transformers` (5.23, the default) or `legacy` (Zyphra's fork,
+    /// vLLM).
+    #[serde(default)]
+    pub layout: zflow_runtime::hf::Layout,
 }
 
 /// The `export:` section, checked against the rest of the recipe (`doc`): there must be a
@@ -55,7 +59,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
     vec![NodeSpec {
         name: names::EXPORT.into(),
         kind: "export".into(),
-        config: json!({"format": s.format, "train": train, "tokenizer": tokenizer, "max_position_embeddings": last.phase.seq_len}),
+        config: json!({"format": s.format, "layout": s.layout, "train": train, "tokenizer": tokenizer, "max_position_embeddings": last.phase.seq_len}),
         needs,
         resources: None,
         path: "export".into(),

@@ -24,6 +24,7 @@ TINY = {
     "top_k": 1,
     "expert_ffn": 16,
     "mod_skip": True,
+    "skip_output": "zero",
     "router_dim": 8,
     "router_mlp_layers": 3,
     "eda": True,

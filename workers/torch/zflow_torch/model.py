@@ -10,9 +10,9 @@ What is transformers' and what is ours:
 - ours (``RoutedMoe``): the expert dispatch. The router's choice is the argmax of the detached
   probabilities plus the balancing biases that zflow's controller sets each step; every
   route's token count is kept for the controller; the output is scaled by the chosen route's
-  probability. The skip route passes the normed input through (the semantics zflow's native
-  model and Zyphra's original code have; transformers 5.23 gives skipped tokens a zero
-  output). Each expert's two matrices are separate 2-D parameters, not transformers' stacked
+  probability. A token on the skip route gets what the model config's ``skip_output`` says:
+  zero (transformers 5.23's semantics, the default) or the normed input (Zyphra's older
+  code). Each expert's two matrices are separate 2-D parameters, not transformers' stacked
   ``[experts, out, in]`` tensors, because Muon orthogonalises whole 2-D matrices (torch's
   ``Muon`` takes 2-D parameters only) and ZeRO-1 shards whole tensors, one per expert matrix
   as zflow's checkpoints hold them.
@@ -119,13 +119,18 @@ class RoutedMoe(nn.Module):
     """The MoE sub-layer with zflow's routing (see the module page); replaces
     ``ZayaSparseMoeBlock`` in each decoder layer, keeping its router (``gate``)."""
 
-    def __init__(self, gate: nn.Module, experts: Experts, num_experts: int) -> None:
+    def __init__(
+        self, gate: nn.Module, experts: Experts, num_experts: int, skip_zero: bool
+    ) -> None:
         super().__init__()
         # transformers' ZayaRouter: down_proj, router_states_scale (EDA), router_mlp, and the
         # balancing_biases buffer.
         self.gate: Any = gate
         self.experts = experts
         self.num_experts = num_experts
+        # The skip route's output: zero (transformers' semantics, ``skip_output: zero``) or
+        # the normed input (``input``, the older one); see ``runtime/src/model/config.rs``.
+        self.skip_zero = skip_zero
         # Tokens per route in the last forward (experts, then skip), on the device.
         self.counts: torch.Tensor | None = None
 
@@ -151,8 +156,8 @@ class RoutedMoe(nn.Module):
         # Every expert runs, on an empty slice if need be, so that every parameter has a
         # gradient in every step (DistributedDataParallel's buckets expect all of them).
         outputs = [self.experts(e, pieces[e]) for e in range(self.num_experts)]
-        # The skip route: the normed input passes through.
-        outputs.append(pieces[self.num_experts])
+        skipped = pieces[self.num_experts]
+        outputs.append(torch.zeros_like(skipped) if self.skip_zero else skipped)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         out = torch.cat(outputs).index_select(0, inverse)
@@ -168,7 +173,8 @@ def build(model: dict[str, Any], rope_base: float, seed: int | None) -> ZayaForC
     net = ZayaForCausalLM(config)
     for layer in net.model.layers:
         experts = Experts(model["num_experts"], model["hidden_size"], model["expert_ffn"])
-        layer.mlp = RoutedMoe(layer.mlp.gate, experts, model["num_experts"])
+        skip_zero = model["skip_output"] == "zero"
+        layer.mlp = RoutedMoe(layer.mlp.gate, experts, model["num_experts"], skip_zero)
     if seed is not None:
         with torch.no_grad():
             initialise(net, model, seed)
