@@ -50,6 +50,10 @@ pub struct EvalArgs {
     /// The GPU index for --backend cuda|rocm.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// Who scores a zflow / Hugging Face ZAYA1 model: `native` (zflow's forward pass) or
+    /// `torch` (transformers 5.23 in the torch engine's environment; GPUs through PyTorch).
+    #[arg(long, default_value = "native", value_parser = ["native", "torch"])]
+    pub engine: String,
     /// Packed model inputs per forward pass (changes speed and memory, not scores).
     #[arg(long, default_value_t = 2048)]
     pub batch_tokens: usize,
@@ -72,12 +76,24 @@ pub fn open_model(
     max_length: usize,
     backend: &str,
     device: usize,
+    engine: &str,
 ) -> Result<Box<dyn LanguageModel>> {
     if path.is_dir() {
         let tokenizer = tokenizer.context("a zflow checkpoint is scored with its recipe's tokenizer: give --tokenizer (the tokenizer stage's tokenizer.json)")?;
+        if engine == "torch" {
+            return Ok(Box::new(zflow_stages::eval::open_transformers(
+                path, tokenizer, eos, max_length, backend, device,
+            )?));
+        }
         return Ok(zflow_evals::checkpoint::open_checkpoint(
             path, tokenizer, eos, max_length, backend, device,
         )?);
+    }
+    if engine == "torch" {
+        anyhow::bail!(
+            "{}: GGUF files are scored by candle; --engine torch applies to zflow and Hugging Face ZAYA1 folders",
+            path.display()
+        );
     }
     if backend != "cpu" {
         anyhow::bail!(
@@ -110,6 +126,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         a.max_length,
         &a.backend,
         a.device,
+        &a.engine,
     )?;
     eprintln!(
         "loaded {} in {:.1} s ({})",

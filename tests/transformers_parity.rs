@@ -209,6 +209,26 @@ fn parity(skip_output: &str) {
         &groups,
     );
 
+    // The evaluation harness's transformers adapter (`eval` stages and `zflow eval` with
+    // engine torch) on the zflow checkpoint: one batched forward per call, the same scores.
+    let mut torch = zflow_stages::eval::open_transformers(&ck, &tok, "t0", 64, "cpu", 0).unwrap();
+    let batched = torch.loglikelihood(&groups).unwrap().concat();
+    let c = compare(
+        &format!("{skip_output}: zflow's transformers adapter"),
+        &batched,
+        &exported,
+        &groups,
+    );
+    assert_eq!(
+        torch
+            .generate_greedy(&groups[0][0].context, 8, &mut |_| false)
+            .unwrap(),
+        generated,
+        "{skip_output}: the adapter's greedy decoding"
+    );
+    assert_ne!(torch.identity(), "", "{skip_output}");
+    drop(torch);
+
     // The legacy layout reads back to the same scores, bit for bit.
     zflow(
         &sb,
@@ -217,7 +237,7 @@ fn parity(skip_output: &str) {
     let (legacy, _) = zflow_scores(&dir.join("legacy"), &tok, &groups);
     assert_eq!(legacy, ours, "{skip_output}: legacy layout");
     eprintln!(
-        "skip_output {skip_output}: worst relative log-likelihood difference, transformers -> zflow {a:.1e}, zflow -> transformers {b:.1e}; legacy layout identical; routes {:?}",
+        "skip_output {skip_output}: worst relative log-likelihood difference, transformers -> zflow {a:.1e}, zflow -> transformers {b:.1e}, batched transformers adapter {c:.1e}; legacy layout identical; routes {:?}",
         theirs.routes
     );
 }

@@ -112,19 +112,7 @@ impl<B: Backend> CheckpointModel<B> {
         )
         .with_context(|| format!("parsing {}", state_path.display()))?;
         let model = load_weights(Zaya::<B>::new(&config, 0, &device), &weights, &weights_path)?;
-        let inner = tokenizers::Tokenizer::from_file(tokenizer)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
-        let eos_id = inner
-            .token_to_id(eos)
-            .with_context(|| format!("{}: no token `{eos}`", tokenizer.display()))?;
-        let tok_hash = blake3::hash(&std::fs::read(tokenizer)?).to_hex()[..16].to_string();
-        let tokenizer = Tokenizer::new(
-            inner,
-            None,
-            vec![eos_id],
-            false,
-            format!("zflow tokenizer {tok_hash}"),
-        );
+        let (tokenizer, tok_hash) = zflow_tokenizer(tokenizer, eos)?;
         // Everything that changes the function: the weights, the routing biases, the model
         // config they run under (RoPE base, skip semantics, ...) and the tokenizer.
         let mut identity = format!(
@@ -169,6 +157,25 @@ impl<B: Backend> CheckpointModel<B> {
         let (logits, _) = self.model.logits(tokens, &self.biases);
         log_softmax(logits, 2)
     }
+}
+
+/// A zflow model's tokenizer (a `tokenizer.json` whose `eos` token doubles as the prefix of
+/// empty contexts) and the short hash of its file, for model identities.
+pub(crate) fn zflow_tokenizer(tokenizer: &Path, eos: &str) -> Result<(Tokenizer, String)> {
+    let inner = tokenizers::Tokenizer::from_file(tokenizer)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
+    let eos_id = inner
+        .token_to_id(eos)
+        .with_context(|| format!("{}: no token `{eos}`", tokenizer.display()))?;
+    let tok_hash = blake3::hash(&std::fs::read(tokenizer)?).to_hex()[..16].to_string();
+    let tokenizer = Tokenizer::new(
+        inner,
+        None,
+        vec![eos_id],
+        false,
+        format!("zflow tokenizer {tok_hash}"),
+    );
+    Ok((tokenizer, tok_hash))
 }
 
 /// `dir` itself for a zflow checkpoint; for a Hugging Face folder, its import into a

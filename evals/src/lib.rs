@@ -37,6 +37,7 @@ pub mod results;
 pub mod task;
 pub mod template;
 pub mod tokenizer;
+pub mod transformers;
 
 pub use evaluate::{EvalOptions, evaluate};
 pub use model::{LanguageModel, Score, TokenRequest};

@@ -122,11 +122,26 @@ pub struct EvalConfig {
     /// kernels round differently, so the backend is part of the identity.
     #[serde(default = "cpu")]
     pub backend: String,
+    /// Who scores a zflow or Hugging Face ZAYA1 model: `native` (zflow's own forward pass,
+    /// `zflow_evals::checkpoint`) or `torch` (transformers 5.23 in the torch engine's
+    /// environment, `zflow_evals::transformers`: GPUs through PyTorch). Scores differ in
+    /// rounding, so a torch score is cached apart and the engine is part of the identity.
+    #[serde(default = "native", skip_serializing_if = "is_native")]
+    pub engine: String,
 }
 
 fn cpu() -> String {
     "cpu".into()
 }
+fn native() -> String {
+    "native".into()
+}
+fn is_native(engine: &str) -> bool {
+    engine == "native"
+}
+
+/// The scoring engines `engine` may name.
+pub const SCORING_ENGINES: &[&str] = &["native", "torch"];
 
 fn default_max_length() -> usize {
     2048
@@ -192,6 +207,22 @@ impl Stage for Eval {
         if let Err(e) = zflow_runtime::backend::BackendKind::parse(&c.backend) {
             return Err(ConfigError::new("backend", e.to_string()));
         }
+        if !SCORING_ENGINES.contains(&c.engine.as_str()) {
+            return Err(ConfigError::new(
+                "engine",
+                format!(
+                    "unknown scoring engine `{}` (engines: {})",
+                    c.engine,
+                    SCORING_ENGINES.join(", ")
+                ),
+            ));
+        }
+        if c.engine != "native" && c.model.format == ModelFormat::Gguf {
+            return Err(ConfigError::new(
+                "engine",
+                "GGUF models are scored by candle; `engine` applies to zflow and Hugging Face ZAYA1 models",
+            ));
+        }
         if c.backend != "cpu" && c.model.format == ModelFormat::Gguf {
             return Err(ConfigError::new(
                 "backend",
@@ -251,6 +282,7 @@ impl Stage for Eval {
             tokenizer_dir.as_deref(),
             c.max_length,
             &c.backend,
+            &c.engine,
         )?;
         tracing::info!("scoring {} ({})", model_path.display(), model.identity());
 
@@ -314,14 +346,38 @@ impl Stage for Eval {
     }
 }
 
+/// A zflow or Hugging Face ZAYA1 model scored through transformers in the torch engine's
+/// environment (`crate::engine::torch_module`), on `backend` device `device`: PyTorch names
+/// ROCm GPUs `cuda` too.
+pub fn open_transformers(
+    path: &Path,
+    tokenizer: &Path,
+    eos: &str,
+    max_length: usize,
+    backend: &str,
+    device: usize,
+) -> Result<zflow_evals::transformers::TransformersModel> {
+    let e = crate::engine::torch_module("zflow_torch.score", Vec::new())?;
+    let mut scorer = std::process::Command::new(&e.program);
+    scorer.args(&e.args).envs(e.env.iter().map(|(k, v)| (k, v)));
+    let device = match backend {
+        "cpu" => "cpu".to_string(),
+        _ => format!("cuda:{device}"),
+    };
+    zflow_evals::transformers::TransformersModel::open(
+        scorer, path, tokenizer, eos, max_length, &device,
+    )
+}
+
 /// Opens a model for scoring; a zflow model on `backend` (device 0: under a scheduler, the
-/// device the stage was given).
+/// device the stage was given), scored by `engine` (`native` or `torch`).
 pub fn open_model(
     format: ModelFormat,
     path: &Path,
     tokenizer_dir: Option<&Path>,
     max_length: usize,
     backend: &str,
+    engine: &str,
 ) -> Result<Box<dyn LanguageModel + Send>> {
     let tokenizer = tokenizer_dir.map(|d| d.join("tokenizer.json"));
     Ok(match format {
@@ -334,7 +390,14 @@ pub fn open_model(
                 ),
             };
             let eos = eos_token(dir, tokenizer)?;
-            zflow_evals::checkpoint::open_checkpoint(path, tokenizer, &eos, max_length, backend, 0)?
+            match engine {
+                "torch" => Box::new(open_transformers(
+                    path, tokenizer, &eos, max_length, backend, 0,
+                )?),
+                _ => zflow_evals::checkpoint::open_checkpoint(
+                    path, tokenizer, &eos, max_length, backend, 0,
+                )?,
+            }
         }
         ModelFormat::Gguf => Box::new(zflow_evals::gguf::GgufModel::load(
             path,

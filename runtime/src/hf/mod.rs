@@ -1,6 +1,8 @@
-//! Hugging Face export and import of zflow checkpoints.
+//! Hugging Face export and import of zflow checkpoints, in two layouts ([`Layout`]): the
+//! transformers release's (5.23, `transformers.models.zaya`; the default, see `layout.rs` for
+//! its names) and the legacy one described below.
 //!
-//! The target is the ZAYA1 reference implementation: Zyphra's `transformers` fork, branch
+//! The legacy target is the ZAYA1 reference implementation: Zyphra's `transformers` fork, branch
 //! `zaya`, `src/transformers/models/zaya/` (`ZayaConfig`, `ZayaForCausalLM`). An exported
 //! folder holds
 //!

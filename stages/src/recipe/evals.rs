@@ -55,6 +55,12 @@ pub struct EvalsSpec {
     /// Tokens per scoring batch.
     #[serde(default)]
     pub max_batch_tokens: Option<usize>,
+    /// Who scores the checkpoints: `native` (the default) or `torch` (transformers).
+    #[serde(default)]
+    pub engine: Option<String>,
+    /// Where they are scored: `cpu` (the default), `cuda` or `rocm`.
+    #[serde(default)]
+    pub backend: Option<String>,
 }
 
 /// The `evals:` section, checked against the rest of the recipe (`doc`): there must be a
@@ -130,6 +136,11 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
         });
         if let Some(dir) = &s.tasks_dir {
             config["tasks_dir"] = json!(dir);
+        }
+        for (key, value) in [("engine", &s.engine), ("backend", &s.backend)] {
+            if let Some(v) = value {
+                config[key] = json!(v);
+            }
         }
         // A batch holds at least one input of the phase's full context.
         config["max_batch_tokens"] = json!(

@@ -14,7 +14,7 @@
 transformers 5.23 gives a token on the skip route a zero MoE output. A folder whose
 ``config.json`` says ``"zflow_skip_output": "input"`` (the older semantics: the normed input,
 scaled by the skip route's probability) is scored with the MoE block's forward patched to add
-that term, the one place this module changes transformers.
+that term (``score.skip_input_forward``), the one place zflow changes transformers.
 """
 
 import json
@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, ZayaConfig, ZayaForCausalLM
-from transformers.models.zaya import modeling_zaya
+from transformers import ZayaConfig, ZayaForCausalLM
+
+from zflow_torch.score import load
 
 VOCAB = 97
 
@@ -116,36 +117,10 @@ def _counter(into: torch.Tensor) -> Hook:
     return hook
 
 
-def _skip_input_forward(
-    self: nn.Module,
-    hidden_states: torch.Tensor,
-    prev_router_hidden_states: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``ZayaSparseMoeBlock.forward`` with the older skip semantics: transformers' expert output
-    plus, for tokens on the skip route, the normed input times the skip route's probability.
-    The skip choice and probability are recomputed exactly as ``ZayaRouter`` computes them."""
-    gate: Any = self.gate
-    out, state = _original_forward(self, hidden_states, prev_router_hidden_states)
-    routed = gate.down_proj(hidden_states)
-    if gate.use_eda and prev_router_hidden_states is not None:
-        routed = routed + prev_router_hidden_states * gate.router_states_scale
-    probs = torch.softmax(gate.router_mlp(routed), dim=-1)
-    choice = (probs.detach().float() + gate.balancing_biases).argmax(dim=-1)
-    skip = (choice == gate.num_experts)[..., None]
-    extra = torch.where(skip, hidden_states * probs[..., -1:], torch.zeros_like(hidden_states))
-    return out + extra, state
-
-
-_original_forward = modeling_zaya.ZayaSparseMoeBlock.forward
-
-
 def score(folder: Path, requests: Path) -> dict[str, Any]:
     torch.set_num_threads(1)
-    net = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    net.eval()
+    net = load(folder, "cpu")
     skip_output = getattr(net.config, "zflow_skip_output", "zero")
-    if skip_output == "input":
-        modeling_zaya.ZayaSparseMoeBlock.forward = _skip_input_forward
 
     counts = torch.zeros(len(net.model.layers), net.config.num_experts + 1)
     for i, layer in enumerate(net.model.layers):

@@ -1,0 +1,214 @@
+//! The transformers adapter: a ZAYA1 scored by the transformers release (5.23, the torch
+//! engine's environment) in a child process, `python -m zflow_torch.score FOLDER DEVICE`
+//! (`workers/torch/zflow_torch/score.py` documents its JSON-lines protocol). This is how an
+//! 8.3B model is scored on GPUs (CUDA, or ROCm through PyTorch's ROCm build), where the native
+//! adapter ([`crate::checkpoint`]) is burn on the CPU.
+//!
+//! The model may be a zflow checkpoint (exported first, into a temporary folder, in
+//! transformers' layout) or a Hugging Face folder in either layout (a legacy one is converted
+//! the same way). Tokenization, batching, caching and metrics stay the harness's: the child
+//! sees token ids, and each [`LanguageModel::loglikelihood`] call is one batched forward pass.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::{Value, json};
+use zflow_runtime::hf::{self, ExportOptions, Layout};
+
+use crate::model::{LanguageModel, Score, TokenRequest};
+use crate::tokenizer::Tokenizer;
+
+/// Bumped when the way scores are computed changes (part of the identity).
+const ADAPTER_VERSION: u32 = 1;
+
+/// A ZAYA1 scored through transformers, as a [`LanguageModel`].
+pub struct TransformersModel {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    tokenizer: Tokenizer,
+    identity: String,
+    max_length: usize,
+    /// Holds a converted folder for as long as the child reads it.
+    _converted: Option<tempfile::TempDir>,
+}
+
+/// The folder transformers loads for `dir`: `dir` itself when it is a Hugging Face folder in
+/// transformers' layout; otherwise `dir` (a zflow checkpoint, or a legacy folder) exported in
+/// that layout into a temporary folder (the returned guard).
+fn transformers_folder(dir: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+    let config = dir.join("config.json");
+    if !dir.join("trainer.json").exists() && config.exists() {
+        let v: Value = serde_json::from_slice(&std::fs::read(&config)?)
+            .with_context(|| format!("{}: not JSON", config.display()))?;
+        if Layout::of_config(&v) == Layout::Transformers {
+            return Ok((dir.to_path_buf(), None));
+        }
+    }
+    let tmp = tempfile::tempdir()?;
+    let checkpoint = if dir.join("trainer.json").exists() {
+        dir.to_path_buf()
+    } else {
+        let imported = tmp.path().join("imported");
+        hf::import_hf(dir, &imported)
+            .with_context(|| format!("reading the Hugging Face folder {}", dir.display()))?;
+        imported
+    };
+    let model = zflow_runtime::checkpoint::model_config(&checkpoint)?;
+    let out = tmp.path().join("hf");
+    hf::export_hf(&checkpoint, &model, &ExportOptions::default(), &out)
+        .with_context(|| format!("exporting {} for transformers", checkpoint.display()))?;
+    Ok((out, Some(tmp)))
+}
+
+impl TransformersModel {
+    /// Starts `scorer` (the torch engine's Python running `-m zflow_torch.score`, with its
+    /// environment: `zflow_stages::engine::torch_module`; the folder and the device are
+    /// appended) on `dir` (a zflow checkpoint or a Hugging Face ZAYA1 folder) on `device`
+    /// (`cpu`, `cuda:N`), with the zflow tokenizer at `tokenizer` whose `eos` token doubles
+    /// as the prefix of empty contexts. `max_length` is the context the model was trained at.
+    pub fn open(
+        mut scorer: Command,
+        dir: &Path,
+        tokenizer: &Path,
+        eos: &str,
+        max_length: usize,
+        device: &str,
+    ) -> Result<TransformersModel> {
+        let (folder, converted) = transformers_folder(dir)?;
+        let (tokenizer, tok_hash) = crate::checkpoint::zflow_tokenizer(tokenizer, eos)?;
+        let hash = |name: &str| -> Result<String> {
+            let path = folder.join(name);
+            let bytes =
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            Ok(blake3::hash(&bytes).to_hex()[..16].to_string())
+        };
+        let weights = hash("model.safetensors")?;
+        let config = hash("config.json")?;
+        let mut child = scorer
+            .arg(&folder)
+            .arg(device)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {:?}", scorer.get_program()))?;
+        let stdin = child.stdin.take().expect("piped");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let hello = read_reply(&mut stdout, &mut child)?;
+        ensure!(
+            hello["ready"] == json!(true),
+            "the scorer did not start: {hello}"
+        );
+        let identity = format!(
+            "zflow-transformers v{ADAPTER_VERSION} transformers {} torch {} weights {weights} config {config} tokenizer {tok_hash} on {}",
+            hello["transformers"].as_str().unwrap_or("?"),
+            hello["torch"].as_str().unwrap_or("?"),
+            hello["device"].as_str().unwrap_or("?"),
+        );
+        Ok(TransformersModel {
+            child,
+            stdin,
+            stdout,
+            tokenizer,
+            identity,
+            max_length,
+            _converted: converted,
+        })
+    }
+
+    fn ask(&mut self, msg: &Value) -> Result<Value> {
+        let mut line = serde_json::to_vec(msg)?;
+        line.push(b'\n');
+        self.stdin
+            .write_all(&line)
+            .and_then(|()| self.stdin.flush())
+            .context("writing to the transformers scorer")?;
+        read_reply(&mut self.stdout, &mut self.child)
+    }
+}
+
+/// The child's next JSON line; if it ended instead, its exit status.
+fn read_reply(stdout: &mut BufReader<ChildStdout>, child: &mut Child) -> Result<Value> {
+    let mut line = String::new();
+    if stdout.read_line(&mut line)? == 0 {
+        let status = child.wait()?;
+        bail!("the transformers scorer ended ({status}); its errors are above");
+    }
+    serde_json::from_str(&line).with_context(|| format!("the scorer answered `{}`", line.trim()))
+}
+
+impl Drop for TransformersModel {
+    fn drop(&mut self) {
+        // Its stdin closes with us, which ends its loop; don't leave it behind if it hangs.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl LanguageModel for TransformersModel {
+    fn identity(&self) -> String {
+        self.identity.clone()
+    }
+
+    fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    fn max_length(&self) -> usize {
+        self.max_length
+    }
+
+    fn loglikelihood(&mut self, groups: &[Vec<TokenRequest>]) -> Result<Vec<Vec<Score>>> {
+        let requests: Vec<Value> = groups
+            .iter()
+            .flatten()
+            .map(|r| json!({"context": r.context, "continuation": r.continuation}))
+            .collect();
+        if requests.is_empty() {
+            return Ok(groups.iter().map(|_| Vec::new()).collect());
+        }
+        let reply = self.ask(&json!({"op": "loglikelihood", "requests": requests}))?;
+        let flat: Vec<(f64, bool)> = serde_json::from_value(reply["scores"].clone())
+            .with_context(|| format!("the scorer's scores: {reply}"))?;
+        ensure!(
+            flat.len() == requests.len(),
+            "the scorer returned {} scores for {} requests",
+            flat.len(),
+            requests.len()
+        );
+        let mut scores = flat
+            .into_iter()
+            .map(|(logprob, is_greedy)| Score { logprob, is_greedy });
+        Ok(groups
+            .iter()
+            .map(|g| scores.by_ref().take(g.len()).collect())
+            .collect())
+    }
+
+    fn generate_greedy(
+        &mut self,
+        context: &[u32],
+        max_new_tokens: usize,
+        stop: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<Vec<u32>> {
+        let window = &context[context.len().saturating_sub(self.max_length)..];
+        let reply = self.ask(&json!({
+            "op": "generate", "context": window, "max_new_tokens": max_new_tokens,
+        }))?;
+        let tokens: Vec<u32> = serde_json::from_value(reply["tokens"].clone())
+            .with_context(|| format!("the scorer's tokens: {reply}"))?;
+        // Greedy decoding is deterministic, so stopping early is cutting the result where
+        // the native adapter would have stopped.
+        let mut generated = Vec::new();
+        for t in tokens {
+            generated.push(t);
+            if self.tokenizer.eos.contains(&t) || stop(&generated) {
+                break;
+            }
+        }
+        Ok(generated)
+    }
+}
