@@ -442,6 +442,11 @@ fn bad_train_settings_are_named() {
             "head_dim 32 x 0.3 = 9 channels",
         ),
         (
+            "num_blocks: 2",
+            "num_blocks: 2\n  sliding_blocks: [1, 2]",
+            "block 2 is out of range (blocks are 0..2)",
+        ),
+        (
             "balance: {lr: 0.02}",
             "balance: {lr: 0.02}\n  launch: {hang_timeout_s: 0}",
             "`hang_timeout_s` must be > 0",

@@ -14,6 +14,11 @@
 //! - the legacy layout: the same checkpoint exported with `--layout legacy` and read back by
 //!   zflow scores bit for bit the same (the independent check of that layout against the
 //!   reference's code is `runtime/tests/hf_reference.rs`).
+//! - the evaluation harness's transformers adapter (`engine: torch`) on the checkpoint.
+//!
+//! The model with the current skip semantics has a sliding-window layer (transformers'
+//! `hybrid_sliding`: a 6-token window, its own RoPE base), so zflow's sliding attention and
+//! per-layer-type RoPE are checked against transformers' too.
 
 mod common;
 
@@ -141,11 +146,17 @@ fn zflow(sb: &common::Sandbox, args: &[&str]) {
     sb.ok(args);
 }
 
-fn parity(skip_output: &str) {
+/// The checks of the module page, on a random model with skip semantics `skip_output`, whose
+/// second layer is a sliding-window one when `sliding`.
+fn parity(skip_output: &str, sliding: bool) {
     let sb = common::Sandbox::new();
     let dir = sb.path();
     let made = dir.join("made");
-    run_parity(&["make", made.to_str().unwrap(), skip_output]);
+    let mut make = vec!["make", made.to_str().unwrap(), skip_output];
+    if sliding {
+        make.push("sliding");
+    }
+    run_parity(&make);
     let requests = made.join("requests.json");
     let raw: Vec<Vec<serde_json::Value>> =
         serde_json::from_slice(&std::fs::read(&requests).unwrap()).unwrap();
@@ -229,15 +240,22 @@ fn parity(skip_output: &str) {
     assert_ne!(torch.identity(), "", "{skip_output}");
     drop(torch);
 
-    // The legacy layout reads back to the same scores, bit for bit.
-    zflow(
-        &sb,
-        &["ckpt", "export", "ck", "legacy", "--layout", "legacy"],
-    );
-    let (legacy, _) = zflow_scores(&dir.join("legacy"), &tok, &groups);
-    assert_eq!(legacy, ours, "{skip_output}: legacy layout");
+    // The legacy layout reads back to the same scores, bit for bit; it has no sliding-window
+    // layers, and the export says so.
+    let legacy_export = sb.zflow(&["ckpt", "export", "ck", "legacy", "--layout", "legacy"]);
+    if sliding {
+        assert!(
+            legacy_export.code != 0 && legacy_export.stderr.contains("model.sliding_blocks"),
+            "{}",
+            legacy_export.stderr
+        );
+    } else {
+        assert_eq!(legacy_export.code, 0, "{}", legacy_export.stderr);
+        let (legacy, _) = zflow_scores(&dir.join("legacy"), &tok, &groups);
+        assert_eq!(legacy, ours, "{skip_output}: legacy layout");
+    }
     eprintln!(
-        "skip_output {skip_output}: worst relative log-likelihood difference, transformers -> zflow {a:.1e}, zflow -> transformers {b:.1e}, batched transformers adapter {c:.1e}; legacy layout identical; routes {:?}",
+        "skip_output {skip_output}, sliding layer {sliding}: worst relative log-likelihood difference, transformers -> zflow {a:.1e}, zflow -> transformers {b:.1e}, batched transformers adapter {c:.1e}; routes {:?}",
         theirs.routes
     );
 }
@@ -257,8 +275,8 @@ fn reseal(ck: &Path) {
     not(zflow_torch),
     ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
 )]
-fn transformers_and_zflow_score_alike_with_a_zero_skip_output() {
-    parity("zero");
+fn transformers_and_zflow_score_alike_with_a_zero_skip_output_and_a_sliding_window_layer() {
+    parity("zero", true);
 }
 
 #[test]
@@ -266,6 +284,6 @@ fn transformers_and_zflow_score_alike_with_a_zero_skip_output() {
     not(zflow_torch),
     ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
 )]
-fn transformers_and_zflow_score_alike_with_the_older_skip_output() {
-    parity("input");
+fn transformers_and_zflow_score_alike_with_the_older_skip_output_in_both_layouts() {
+    parity("input", false);
 }

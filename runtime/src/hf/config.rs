@@ -25,6 +25,12 @@ fn skip_output_name(s: SkipOutput) -> &'static str {
 /// Refuses a model that `layout`'s implementation cannot express (or that zflow's model does
 /// not actually implement as configured), naming the `model:` field.
 pub(super) fn check_exportable(c: &ModelConfig, layout: Layout) -> Result<()> {
+    if layout == Layout::Legacy {
+        ensure!(
+            c.sliding_blocks.is_empty(),
+            "model.sliding_blocks lists blocks; zflow writes sliding-window layers in transformers' layout only (export without --layout legacy)"
+        );
+    }
     if layout == Layout::Transformers {
         // transformers 5.23's ZAYA has no switch for these.
         for (field, on) in [
@@ -180,7 +186,17 @@ fn transformers_config(c: &ModelConfig, max_positions: usize, specials: &Special
         ("hidden_act", json!("silu")),
         ("hidden_size", json!(c.hidden_size)),
         ("initializer_range", json!(0.02)),
-        ("layer_types", json!(vec!["hybrid"; c.num_blocks])),
+        (
+            "layer_types",
+            json!(
+                (0..c.num_blocks)
+                    .map(|i| match c.window(i) {
+                        Some(_) => "hybrid_sliding",
+                        None => "hybrid",
+                    })
+                    .collect::<Vec<_>>()
+            ),
+        ),
         ("lm_head_bias", json!(false)),
         ("max_position_embeddings", json!(max_positions)),
         ("model_type", json!("zaya")),
@@ -193,16 +209,22 @@ fn transformers_config(c: &ModelConfig, max_positions: usize, specials: &Special
         ("output_router_logits", json!(false)),
         ("pad_token_id", json!(id(&specials.pad))),
         ("rms_norm_eps", json!(c.rms_norm_eps)),
-        (
-            "rope_parameters",
-            json!({"hybrid": {
-                "partial_rotary_factor": c.rope_fraction,
-                "rope_theta": c.rope_base,
-                "rope_type": "default",
-            }}),
-        ),
+        ("rope_parameters", {
+            let rope = |theta: f64| json!({"partial_rotary_factor": c.rope_fraction, "rope_theta": theta, "rope_type": "default"});
+            let mut r = json!({"hybrid": rope(c.rope_base)});
+            if !c.sliding_blocks.is_empty() {
+                r["hybrid_sliding"] = rope(c.sliding_rope_base);
+            }
+            r
+        }),
         ("router_hidden_size", json!(c.router_dim)),
-        ("sliding_window", Value::Null),
+        (
+            "sliding_window",
+            match c.sliding_blocks.is_empty() {
+                true => Value::Null,
+                false => json!(c.sliding_window),
+            },
+        ),
         ("tie_word_embeddings", json!(true)),
         ("transformers_version", json!("5.23.0")),
         ("use_cache", json!(true)),
@@ -559,6 +581,8 @@ pub fn model_config_from_hf(v: &Value, file: &Path) -> Result<ModelConfig> {
         tie_embeddings: true,
         rms_norm_eps: f.f64("norm_epsilon", 1e-5)?,
         skip_output: f.skip_output(SkipOutput::Input)?,
+        // `swa_layers` with a window is refused above.
+        ..ModelConfig::default()
     };
     check_exportable(&c, Layout::Legacy)
         .with_context(|| format!("{}: a ZAYA1 model zflow cannot represent", file.display()))?;
@@ -570,6 +594,7 @@ pub fn model_config_from_hf(v: &Value, file: &Path) -> Result<ModelConfig> {
 fn transformers_model_config(f: &Fields<'_>) -> Result<ModelConfig> {
     let or = |key: &str, default: usize| -> Result<usize> { Ok(f.usize(key)?.unwrap_or(default)) };
     let num_blocks = or("num_hidden_layers", 40)?;
+    let mut sliding_blocks = Vec::new();
     if let Some(types) = f.get("layer_types") {
         let types = types
             .as_array()
@@ -580,17 +605,29 @@ fn transformers_model_config(f: &Fields<'_>) -> Result<ModelConfig> {
                 format!("{} entries for {num_blocks} layers", types.len()),
             ));
         }
-        if let Some((i, t)) = types
-            .iter()
-            .enumerate()
-            .find(|(_, t)| t.as_str() != Some("hybrid"))
-        {
-            return Err(f.error(
-                "layer_types",
-                format!("entry {i} is {t}; zflow's ZAYA1 has `hybrid` layers only (full attention over the whole context)"),
-            ));
+        for (i, t) in types.iter().enumerate() {
+            match t.as_str() {
+                Some("hybrid") => {}
+                Some("hybrid_sliding") => sliding_blocks.push(i),
+                _ => {
+                    return Err(f.error(
+                        "layer_types",
+                        format!("entry {i} is {t}; expected `hybrid` or `hybrid_sliding`"),
+                    ));
+                }
+            }
         }
     }
+    let sliding_window = match (f.usize("sliding_window")?, sliding_blocks.is_empty()) {
+        (Some(w), _) => w,
+        (None, true) => ModelConfig::default().sliding_window,
+        (None, false) => {
+            return Err(f.error(
+                "sliding_window",
+                "missing, but `layer_types` has `hybrid_sliding` layers",
+            ));
+        }
+    };
     let top_k = or("num_experts_per_tok", 1)?;
     if top_k != 1 {
         return Err(f.error(
@@ -624,29 +661,38 @@ fn transformers_model_config(f: &Fields<'_>) -> Result<ModelConfig> {
             format!("`{a}` is not supported: zflow's experts are SwiGLU (silu)"),
         ));
     }
-    // `rope_parameters.hybrid`: theta and the partial factor of the full-attention layers.
-    let hybrid = f
-        .get("rope_parameters")
-        .and_then(|r| r.get("hybrid"))
-        .and_then(Value::as_object);
-    let rope = |key: &str, default: f64| -> Result<f64> {
-        match hybrid.and_then(|h| h.get(key)) {
+    // `rope_parameters.<layer type>`: theta and the partial factor of each layer type.
+    let rope = |layer_type: &str, key: &str, default: f64| -> Result<f64> {
+        let params = f
+            .get("rope_parameters")
+            .and_then(|r| r.get(layer_type))
+            .and_then(Value::as_object);
+        if let Some(t) = params
+            .and_then(|h| h.get("rope_type"))
+            .filter(|t| t.as_str() != Some("default"))
+        {
+            return Err(f.error(
+                &format!("rope_parameters.{layer_type}.rope_type"),
+                format!("{t} is not supported: zflow's RoPE is the default (unscaled) one"),
+            ));
+        }
+        match params.and_then(|h| h.get(key)) {
             None => Ok(default),
             Some(v) => v.as_f64().ok_or_else(|| {
                 f.error(
-                    &format!("rope_parameters.hybrid.{key}"),
+                    &format!("rope_parameters.{layer_type}.{key}"),
                     format!("expected a number, found {v}"),
                 )
             }),
         }
     };
-    if let Some(t) = hybrid
-        .and_then(|h| h.get("rope_type"))
-        .filter(|t| t.as_str() != Some("default"))
+    let rope_fraction = rope("hybrid", "partial_rotary_factor", 0.5)?;
+    if !sliding_blocks.is_empty()
+        && rope("hybrid_sliding", "partial_rotary_factor", 0.5)? != rope_fraction
     {
         return Err(f.error(
-            "rope_parameters.hybrid.rope_type",
-            format!("{t} is not supported: zflow's RoPE is the default (unscaled) one"),
+            "rope_parameters.hybrid_sliding.partial_rotary_factor",
+            "differs from the `hybrid` layers'; zflow's ZAYA1 rotates one fraction of every head",
         ));
     }
     let c = ModelConfig {
@@ -657,8 +703,8 @@ fn transformers_model_config(f: &Fields<'_>) -> Result<ModelConfig> {
         num_kv_heads: or("num_key_value_heads", 2)?,
         head_dim: or("head_dim", 128)?,
         conv_kernel: conv,
-        rope_fraction: rope("partial_rotary_factor", 0.5)?,
-        rope_base: rope("rope_theta", 5_000_000.0)?,
+        rope_fraction,
+        rope_base: rope("hybrid", "rope_theta", 5_000_000.0)?,
         num_experts: or("num_experts", 16)?,
         top_k,
         expert_ffn: or("moe_intermediate_size", 2048)?,
@@ -672,6 +718,9 @@ fn transformers_model_config(f: &Fields<'_>) -> Result<ModelConfig> {
         residual_scaling: true,
         tie_embeddings: true,
         rms_norm_eps: f.f64("rms_norm_eps", 1e-5)?,
+        sliding_blocks,
+        sliding_window,
+        sliding_rope_base: rope("hybrid_sliding", "rope_theta", 10_000.0)?,
     };
     check_exportable(&c, Layout::Transformers)
         .with_context(|| format!("{}: a ZAYA1 model zflow cannot represent", f.file.display()))?;

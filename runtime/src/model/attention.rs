@@ -75,7 +75,14 @@ impl<B: Backend> Attention<B> {
     }
 
     /// `x`: normed hidden states `[batch, seq, hidden]` -> attention output `[batch, seq, hidden]`.
-    pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope<B>, o: &Options) -> Tensor<B, 3> {
+    /// A query sees the `window` tokens up to and including itself (0: all before it).
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        rope: &Rope<B>,
+        window: usize,
+        o: &Options,
+    ) -> Tensor<B, 3> {
         let [b, s, _] = x.dims();
         let (nq, nkv, hd) = (o.num_query_heads, o.num_kv_heads, o.head_dim);
         let (query, key, value) = self.qkv.forward(x, o);
@@ -89,7 +96,22 @@ impl<B: Backend> Attention<B> {
         let value = repeat_kv(value, group);
         let scores = query.matmul(key.transpose()).div_scalar((hd as f64).sqrt());
         // burn's `tril_mask` is true *outside* the lower triangle: exactly the future positions.
-        let mask = Tensor::<B, 2, burn::tensor::Bool>::tril_mask([s, s], 0, &scores.device());
+        // A sliding window also hides keys `window` or more positions back (transformers'
+        // `hybrid_sliding`: key j is seen from query i when i - window < j <= i).
+        let mask = if window > 0 && window < s {
+            let hidden: Vec<bool> = (0..s * s)
+                .map(|at| {
+                    let (i, j) = (at / s, at % s);
+                    j > i || i - j >= window
+                })
+                .collect();
+            Tensor::<B, 2, burn::tensor::Bool>::from_data(
+                TensorData::new(hidden, [s, s]),
+                &scores.device(),
+            )
+        } else {
+            Tensor::<B, 2, burn::tensor::Bool>::tril_mask([s, s], 0, &scores.device())
+        };
         let scores = scores.mask_fill(
             mask.unsqueeze::<4>().expand([b, nq, s, s]),
             f32::NEG_INFINITY,

@@ -95,6 +95,16 @@ pub struct ModelConfig {
     pub tie_embeddings: bool,
     /// RMSNorm epsilon. 1e-5 (the report, "Pre-norm RMSNorm (eps 1e-5)").
     pub rms_norm_eps: f64,
+    /// Blocks whose attention slides (transformers' `hybrid_sliding` layer type): a query
+    /// there sees itself and the `sliding_window - 1` tokens before it. Empty (the default,
+    /// ZAYA1-base): every block attends over the whole context.
+    pub sliding_blocks: Vec<usize>,
+    /// Tokens a sliding block's query sees, itself included (transformers' `sliding_window`).
+    /// Read only when `sliding_blocks` is not empty.
+    pub sliding_window: usize,
+    /// RoPE base of the sliding blocks (transformers' `rope_parameters.hybrid_sliding`: 10,000
+    /// by default). A phase's `rope_base` changes the other blocks' base only.
+    pub sliding_rope_base: f64,
 }
 
 impl Default for ModelConfig {
@@ -121,6 +131,9 @@ impl Default for ModelConfig {
             residual_scaling: true,
             tie_embeddings: true,
             rms_norm_eps: 1e-5,
+            sliding_blocks: Vec::new(),
+            sliding_window: 4096,
+            sliding_rope_base: 10_000.0,
         }
     }
 }
@@ -164,5 +177,13 @@ impl ModelConfig {
     /// it loads.
     pub fn rope_dims(&self) -> usize {
         (self.head_dim as f64 * self.rope_fraction) as usize
+    }
+
+    /// The window of block `block`'s attention: `Some(sliding_window)` for a sliding block,
+    /// `None` for one that attends over the whole context.
+    pub fn window(&self, block: usize) -> Option<usize> {
+        self.sliding_blocks
+            .contains(&block)
+            .then_some(self.sliding_window)
     }
 }

@@ -74,6 +74,8 @@ pub struct Options {
     pub skip_zero: bool,
     /// RMSNorm epsilon.
     pub eps: f64,
+    /// RoPE base of the sliding-window blocks (the others use `rope_base`).
+    pub sliding_rope_base: f64,
 }
 
 /// One block: the attention sub-layer (reference layer `2i`) and the MoE sub-layer (`2i + 1`).
@@ -91,6 +93,9 @@ pub struct Block<B: Backend> {
     pub moe_norm: RmsNorm<B>,
     /// Router and experts.
     pub moe: Moe<B>,
+    /// The attention's window in tokens, the query included (`ModelConfig::sliding_blocks`);
+    /// 0: the whole context.
+    pub window: usize,
 }
 
 /// What a forward pass reports besides its output: the routing of every MoE layer.
@@ -147,6 +152,7 @@ impl<B: Backend> Zaya<B> {
                         std,
                         out_std,
                     ),
+                    window: config.window(i).unwrap_or(0),
                 }
             })
             .collect();
@@ -166,6 +172,7 @@ impl<B: Backend> Zaya<B> {
                 num_experts: config.num_experts,
                 mod_skip: config.mod_skip,
                 skip_zero: config.skip_output == config::SkipOutput::Zero,
+                sliding_rope_base: config.sliding_rope_base,
                 eps: config.rms_norm_eps,
             },
         }
@@ -186,6 +193,15 @@ impl<B: Backend> Zaya<B> {
             self.options.rope_base,
             &tokens.device(),
         );
+        // The sliding-window blocks' own RoPE tables, when there are any.
+        let sliding_rope = self.blocks.iter().any(|b| b.window > 0).then(|| {
+            Rope::new(
+                seq,
+                self.options.rope_dim,
+                self.options.sliding_rope_base,
+                &tokens.device(),
+            )
+        });
         let mut hidden = self
             .embed_tokens
             .val()
@@ -199,9 +215,14 @@ impl<B: Backend> Zaya<B> {
         let eps = self.options.eps;
         for (i, block) in self.blocks.iter().enumerate() {
             let x = merge(&block.attn_res_scale, residual.take(), hidden);
+            let block_rope = match (&sliding_rope, block.window) {
+                (Some(sliding), w) if w > 0 => sliding,
+                _ => &rope,
+            };
             hidden = block.self_attn.forward(
                 block.attn_norm.forward(x.clone(), eps),
-                &rope,
+                block_rope,
+                block.window,
                 &self.options,
             );
             residual = Some(x);

@@ -67,7 +67,8 @@ pub struct ParamCounts {
 ///   linear layer (biases are ignored);
 /// - `attention`: scores `q.k` and the weighted sum of values, each 2 FLOPs per query channel
 ///   per key; causal masking means a token sees `seq_len / 2` keys on average, so per layer
-///   `2 * 2 * (seq_len / 2) * q_heads * head_dim = 2 * seq_len * q_latent`;
+///   `2 * 2 * (seq_len / 2) * q_heads * head_dim = 2 * seq_len * q_latent` (a sliding-window
+///   layer: its average, `window - window^2 / (2 seq_len)` keys, once `seq_len > window`);
 /// - `lm_head`: the output projection `hidden -> vocab` (the tied embedding used as a
 ///   matrix); the input embedding lookup is free;
 /// - norms, activations, softmax, RoPE, residual scaling: elementwise, ignored;
@@ -262,8 +263,18 @@ impl ModelConfig {
             * n
             * (self.attention_matrices() + self.router_matrices() + experts_per_token * expert);
         let conv = 2 * n * self.conv_filters();
-        // 2 FLOPs x 2 products (q.k and p.v) x seq_len/2 keys x q_latent channels.
-        let attention = n * 2 * w(seq_len) * w(self.q_latent());
+        // 2 FLOPs x 2 products (q.k and p.v) x seq_len/2 keys x q_latent channels; a
+        // sliding-window block's query sees min(its position, window) keys, on average
+        // `window - window^2 / (2 seq_len)` when the sequence is longer than the window.
+        let sliding = w(self.sliding_blocks.len());
+        let twice_sliding_keys = match w(self.sliding_window) {
+            win if sliding > 0 && win < w(seq_len) => {
+                (2 * win * w(seq_len) - win * win) / w(seq_len)
+            }
+            _ => w(seq_len),
+        };
+        let attention =
+            2 * w(self.q_latent()) * ((n - sliding) * w(seq_len) + sliding * twice_sliding_keys);
         let lm_head = 2 * w(self.vocab_size) * w(self.hidden_size);
         let forward = linear + conv + attention + lm_head;
         FlopsPerToken {

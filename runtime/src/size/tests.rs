@@ -131,6 +131,24 @@ fn tiny_flops_by_hand() {
 }
 
 #[test]
+fn a_sliding_window_block_counts_the_keys_it_sees() {
+    // Window 4 over 8 tokens, in the continuous convention of a full block's 8 / 2 keys:
+    // 4 - 4^2 / (2 x 8) = 3 keys on average.
+    let sliding = ModelConfig {
+        sliding_blocks: vec![0],
+        sliding_window: 4,
+        ..tiny()
+    };
+    assert_eq!(sliding.flops(8).attention, 2 * 2 * 3 * 4);
+    // A window as long as the sequence is full attention.
+    let wide = ModelConfig {
+        sliding_window: 8,
+        ..sliding
+    };
+    assert_eq!(wide.flops(8).attention, tiny().flops(8).attention);
+}
+
+#[test]
 fn zaya1_base_flops() {
     let cfg = ModelConfig::zaya1_base();
     let f = cfg.flops(4096);

@@ -52,7 +52,34 @@ fn check_ranges(c: &ModelConfig) -> Result<(), ConfigError> {
             ),
         ));
     }
-    let positive = [("rope_base", c.rope_base), ("rms_norm_eps", c.rms_norm_eps)];
+    let mut seen = std::collections::BTreeSet::new();
+    for &b in &c.sliding_blocks {
+        if b >= c.num_blocks || !seen.insert(b) {
+            return Err(ConfigError::new(
+                "model.sliding_blocks",
+                format!(
+                    "block {b} is {} (blocks are 0..{})",
+                    if b >= c.num_blocks {
+                        "out of range"
+                    } else {
+                        "listed twice"
+                    },
+                    c.num_blocks
+                ),
+            ));
+        }
+    }
+    if !c.sliding_blocks.is_empty() && c.sliding_window == 0 {
+        return Err(ConfigError::new(
+            "model.sliding_window",
+            "`sliding_window` must be > 0 when `sliding_blocks` lists blocks",
+        ));
+    }
+    let positive = [
+        ("rope_base", c.rope_base),
+        ("rms_norm_eps", c.rms_norm_eps),
+        ("sliding_rope_base", c.sliding_rope_base),
+    ];
     for (field, value) in positive {
         if !(value.is_finite() && value > 0.0) {
             return Err(ConfigError::new(

@@ -74,12 +74,24 @@ def hf_config(model: dict[str, Any], rope_base: float) -> ZayaConfig:
         head_dim=model["head_dim"],
         cca_time0=model["conv_kernel"],
         cca_time1=model["conv_kernel"],
+        # Blocks listed in `sliding_blocks` are transformers' `hybrid_sliding` layers, with
+        # their own RoPE base; the phase's base is the full-attention layers'.
+        layer_types=[
+            "hybrid_sliding" if i in model["sliding_blocks"] else "hybrid"
+            for i in range(model["num_blocks"])
+        ],
+        sliding_window=model["sliding_window"] if model["sliding_blocks"] else None,
         rope_parameters={
             "hybrid": {
                 "rope_type": "default",
                 "rope_theta": rope_base,
                 "partial_rotary_factor": model["rope_fraction"],
-            }
+            },
+            "hybrid_sliding": {
+                "rope_type": "default",
+                "rope_theta": model["sliding_rope_base"],
+                "partial_rotary_factor": model["rope_fraction"],
+            },
         },
         num_experts=model["num_experts"],
         num_experts_per_tok=model["top_k"],

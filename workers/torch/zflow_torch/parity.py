@@ -1,7 +1,9 @@
 """The transformers side of zflow's parity tests with transformers 5.23
 (``tests/transformers_parity.rs``):
 
-- ``python -m zflow_torch.parity make DIR SKIP_OUTPUT`` writes a random tiny ``ZayaForCausalLM``
+- ``python -m zflow_torch.parity make DIR SKIP_OUTPUT [sliding]`` writes a random tiny
+  ``ZayaForCausalLM`` (with ``sliding``, its second layer a ``hybrid_sliding`` one: a window of
+  6 tokens and RoPE base 1e4)
   with ``save_pretrained`` (every parameter perturbed, so no scale is 1 and no bias 0;
   non-zero balancing biases, the skip one -1.0 as transformers loads it; RoPE base 1e6) and
   ``DIR/requests.json``: groups of (context, continuation) token ids, contexts longer than the
@@ -32,7 +34,7 @@ from zflow_torch.score import load
 VOCAB = 97
 
 
-def _config(skip_output: str) -> ZayaConfig:
+def _config(skip_output: str, sliding: bool) -> ZayaConfig:
     return ZayaConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -43,8 +45,15 @@ def _config(skip_output: str) -> ZayaConfig:
         moe_intermediate_size=16,
         num_experts=4,
         router_hidden_size=16,
+        layer_types=["hybrid", "hybrid_sliding" if sliding else "hybrid"],
+        sliding_window=6 if sliding else None,
         rope_parameters={
-            "hybrid": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}
+            "hybrid": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+            "hybrid_sliding": {
+                "rope_type": "default",
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.5,
+            },
         },
         tie_word_embeddings=True,
         pad_token_id=None,
@@ -54,9 +63,9 @@ def _config(skip_output: str) -> ZayaConfig:
     )
 
 
-def make(out: Path, skip_output: str) -> None:
+def make(out: Path, skip_output: str, sliding: bool) -> None:
     torch.manual_seed(0)
-    net = ZayaForCausalLM(_config(skip_output))
+    net = ZayaForCausalLM(_config(skip_output, sliding))
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in net.parameters():
@@ -153,12 +162,13 @@ def score(folder: Path, requests: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     if argv[0] == "make":
-        make(Path(argv[1]), argv[2])
+        make(Path(argv[1]), argv[2], sliding=argv[3:] == ["sliding"])
     elif argv[0] == "score":
         print(json.dumps(score(Path(argv[1]), Path(argv[2]))))
     else:
         raise SystemExit(
-            f"usage: python -m zflow_torch.parity make DIR SKIP | score DIR REQUESTS (got {argv})"
+            f"usage: python -m zflow_torch.parity make DIR SKIP [sliding] | score DIR REQUESTS "
+            f"(got {argv})"
         )
 
 
