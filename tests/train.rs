@@ -185,6 +185,39 @@ fn two_phases(engine: &str) {
         "phase 2 did not start from phase 1's weights: p1 {p1:?}, p2 {train:?}"
     );
 
+    // The trained model, exported with its tokenizer, loads in the transformers release
+    // (`AutoModelForCausalLM.from_pretrained`, 5.23) and `generate` runs on it.
+    if engine == "torch" {
+        let hf = a.path().join("exported");
+        a.ok(&[
+            "ckpt",
+            "export",
+            a.output("train.p2").join("final").to_str().unwrap(),
+            hf.to_str().unwrap(),
+            "--tokenizer",
+            a.output("tokenizer").to_str().unwrap(),
+        ]);
+        let e = zflow_stages::engine::torch_module(
+            "zflow_torch.parity",
+            vec!["generate".into(), hf.into(), "The store keeps".into()],
+        )
+        .unwrap();
+        let out = std::process::Command::new(&e.program)
+            .args(&e.args)
+            .envs(e.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["model"], "ZayaForCausalLM", "{v}");
+        assert!(!v["tokens"].as_array().unwrap().is_empty(), "{v}");
+        eprintln!("transformers generates from the export: {}", v["text"]);
+    }
+
     // `zflow ckpt inspect` shows the state, and says so when a file no longer verifies.
     let final_p1 = a.output("train.p1").join("final");
     let shown = a

@@ -8,6 +8,9 @@
   non-zero balancing biases, the skip one -1.0 as transformers loads it; RoPE base 1e6) and
   ``DIR/requests.json``: groups of (context, continuation) token ids, contexts longer than the
   convolution kernels.
+- ``python -m zflow_torch.parity generate DIR PROMPT`` loads an exported folder and its
+  tokenizer with ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` and prints the 8
+  tokens ``generate`` adds to ``PROMPT`` (``tests/train.rs``, on a trained model's export).
 - ``python -m zflow_torch.parity score DIR REQUESTS`` loads ``DIR`` with
   ``AutoModelForCausalLM.from_pretrained`` and prints one JSON line: each request's summed
   log-probability and whether it is greedy, the tokens each router sent to each route, and
@@ -27,7 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import ZayaConfig, ZayaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, ZayaConfig, ZayaForCausalLM
 
 from zflow_torch.score import load
 
@@ -160,15 +163,28 @@ def score(folder: Path, requests: Path) -> dict[str, Any]:
     }
 
 
+def generate(folder: Path, prompt: str) -> dict[str, Any]:
+    """An exported folder with its tokenizer, as a user loads it: ``AutoTokenizer`` and
+    ``AutoModelForCausalLM.from_pretrained``, then 8 greedy tokens of ``generate``."""
+    tok = AutoTokenizer.from_pretrained(folder)
+    net = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    out = net.generate(ids, max_new_tokens=8, do_sample=False)
+    new = out[0, ids.shape[1] :].tolist()
+    return {"model": type(net).__name__, "tokens": new, "text": tok.decode(out[0])}
+
+
 def main(argv: list[str]) -> None:
-    if argv[0] == "make":
+    if argv[0] == "generate":
+        print(json.dumps(generate(Path(argv[1]), argv[2])))
+    elif argv[0] == "make":
         make(Path(argv[1]), argv[2], sliding=argv[3:] == ["sliding"])
     elif argv[0] == "score":
         print(json.dumps(score(Path(argv[1]), Path(argv[2]))))
     else:
         raise SystemExit(
             f"usage: python -m zflow_torch.parity make DIR SKIP [sliding] | score DIR REQUESTS "
-            f"(got {argv})"
+            f"| generate DIR PROMPT (got {argv})"
         )
 
 
