@@ -661,11 +661,15 @@ fn transformers_model_config(f: &Fields<'_>) -> Result<ModelConfig> {
             format!("`{a}` is not supported: zflow's experts are SwiGLU (silu)"),
         ));
     }
-    // `rope_parameters.<layer type>`: theta and the partial factor of each layer type.
+    // `rope_parameters.<layer type>`: theta and the partial factor of each layer type. A flat
+    // `rope_parameters` (one set, no layer types) is the `hybrid` layers'.
     let rope = |layer_type: &str, key: &str, default: f64| -> Result<f64> {
-        let params = f
-            .get("rope_parameters")
-            .and_then(|r| r.get(layer_type))
+        let all = f.get("rope_parameters");
+        let flat = all
+            .filter(|r| layer_type == "hybrid" && r.get("hybrid").is_none())
+            .filter(|r| r.get("rope_theta").is_some());
+        let params = flat
+            .or_else(|| all.and_then(|r| r.get(layer_type)))
             .and_then(Value::as_object);
         if let Some(t) = params
             .and_then(|h| h.get("rope_type"))

@@ -718,6 +718,13 @@ fn reads_the_released_per_layer_config_form() {
     );
     // And the scalar form this module writes reads back as the same model.
     let specials = Specials::default();
+    // transformers' form with one flat set of RoPE parameters (no layer types).
+    let flat = json!({
+        "model_type": "zaya", "moe_intermediate_size": 2048,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5}
+    });
+    let read = model_config_from_hf(&flat, Path::new("config.json")).unwrap();
+    assert_eq!((read.rope_base, read.expert_ffn), (5e6, 2048));
     let c = ModelConfig::zaya1_base();
     for layout in [Layout::Legacy, Layout::Transformers] {
         for skip_output in [SkipOutput::Zero, SkipOutput::Input] {
