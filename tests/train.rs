@@ -197,22 +197,11 @@ fn two_phases(engine: &str) {
             "--tokenizer",
             a.output("tokenizer").to_str().unwrap(),
         ]);
-        let e = zflow_stages::engine::torch_module(
+        let out = common::torch_module_stdout(
             "zflow_torch.parity",
             vec!["generate".into(), hf.into(), "The store keeps".into()],
-        )
-        .unwrap();
-        let out = std::process::Command::new(&e.program)
-            .args(&e.args)
-            .envs(e.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
         );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["model"], "ZayaForCausalLM", "{v}");
         assert!(!v["tokens"].as_array().unwrap().is_empty(), "{v}");
         eprintln!("transformers generates from the export: {}", v["text"]);

@@ -30,22 +30,7 @@ use zflow_evals::model::{LanguageModel, Score, TokenRequest};
 const TOLERANCE: f64 = 1e-4;
 
 fn run_parity(args: &[&str]) -> String {
-    let c = zflow_stages::engine::torch_module(
-        "zflow_torch.parity",
-        args.iter().map(Into::into).collect(),
-    )
-    .unwrap();
-    let out = std::process::Command::new(&c.program)
-        .args(&c.args)
-        .envs(c.env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "parity.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    common::torch_module_stdout("zflow_torch.parity", args.iter().map(Into::into).collect())
 }
 
 /// What transformers made of a folder: the scores, in request order, and tokens per route.

@@ -138,6 +138,23 @@ pub fn worker(engine: &str, job: &Path) -> Command {
     c
 }
 
+/// Runs `python -m MODULE ARGS` in the torch engine's environment (`stages/src/engine.rs`),
+/// asserts that it succeeded, and returns its stdout.
+pub fn torch_module_stdout(module: &str, args: Vec<std::ffi::OsString>) -> String {
+    let e = zflow_stages::engine::torch_module(module, args.clone()).unwrap();
+    let out = Command::new(&e.program)
+        .args(&e.args)
+        .envs(e.env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{module} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// One short phase of a tiny ZAYA1 on this repository's text: ~58 steps of 8 x 64 tokens,
 /// a checkpoint every 5 steps, on the default engine (torch; [`tiny_train_recipe_on`] names
 /// one).
