@@ -11,15 +11,29 @@ use anyhow::{Context, Result, ensure};
 
 use crate::RecipeArgs;
 
+/// What the step-time part of the benchmark runs.
+pub struct Shape {
+    /// Training steps per mode and round.
+    pub steps: u64,
+    /// Rounds, each running every mode once.
+    pub rounds: usize,
+    /// A checkpoint every this many steps.
+    pub every: u64,
+    /// Sequences per step.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+}
+
 /// Runs the benchmark in `dir` (default: a temp folder next to the store); prints a table.
-pub fn run(
-    args: &RecipeArgs,
-    dir: Option<&Path>,
-    steps: u64,
-    every: u64,
-    batch: usize,
-    seq_len: usize,
-) -> Result<ExitCode> {
+pub fn run(args: &RecipeArgs, dir: Option<&Path>, shape: Shape) -> Result<ExitCode> {
+    let Shape {
+        steps,
+        rounds,
+        every,
+        batch,
+        seq_len,
+    } = shape;
     let engine = crate::commands::open(args)?;
     let model = crate::commands::recipe_doc(&engine)?.model_or_default();
     let parent = dir
@@ -65,7 +79,7 @@ pub fn run(
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let torch = crate::bench::train::torch_engine_bench(
         "checkpoint",
-        serde_json::json!({"model": model, "batch": batch, "seq_len": seq_len, "steps": steps, "every": every, "threads": threads, "dir": tmp.path().join("torch")}),
+        serde_json::json!({"model": model, "batch": batch, "seq_len": seq_len, "steps": steps, "rounds": rounds, "every": every, "threads": threads, "dir": tmp.path().join("torch")}),
     );
     match &torch {
         Ok(t) => {
@@ -95,47 +109,70 @@ pub fn run(
         Err(e) => println!("torch engine: not run ({e:#})"),
     }
 
-    let [plain, background, inline] = zflow_runtime::bench::checkpoint_overhead(
+    let native = zflow_runtime::bench::checkpoint_overhead(
         &model,
         batch,
         seq_len,
         steps,
         every,
+        rounds,
         tmp.path(),
     )?;
     println!();
     println!(
-        "step time over {steps} steps of {batch} x {seq_len} tokens, a checkpoint every {every} steps:"
-    );
-    println!("{:<48} {:>10.3} s", "no checkpoints", plain);
-    println!(
-        "{:<48} {:>10.3} s  ({:+.1}%)",
-        "asynchronous (background writer, as training)",
-        background,
-        100.0 * (background / plain - 1.0)
+        "step time over {steps} steps of {batch} x {seq_len} tokens, a checkpoint every {every} steps"
     );
     println!(
-        "{:<48} {:>10.3} s  ({:+.1}%)",
+        "(median of {rounds} rounds, each mode once per round from the same state; the rounds' range)"
+    );
+    let labels = [
+        "no checkpoints",
+        "background writer (as training)",
         "synchronous (inline)",
-        inline,
-        100.0 * (inline / plain - 1.0)
-    );
+    ];
+    print_modes("", &native, &labels);
     if let Ok(t) = &torch {
-        let f = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
-        let plain = f("plain_s");
-        println!("{:<48} {:>10.3} s", "torch engine: no checkpoints", plain);
-        for (label, key) in [
-            ("torch engine: asynchronous (as training)", "background_s"),
-            ("torch engine: synchronous (inline)", "inline_s"),
-        ] {
-            println!(
-                "{label:<48} {:>10.3} s  ({:+.1}%)",
-                f(key),
-                100.0 * (f(key) / plain - 1.0)
-            );
-        }
+        let rounds = ["plain", "background", "inline"].map(|m| {
+            t[format!("{m}_rounds_s")]
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
+                .unwrap_or_default()
+        });
+        print_modes("torch engine, ", &rounds, &labels);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line per mode: the median of its rounds' mean step times, their range, and the median's
+/// change against the first mode's (no checkpoints).
+fn print_modes(prefix: &str, rounds: &[Vec<f64>; 3], labels: &[&str; 3]) {
+    let medians = rounds.each_ref().map(|r| median(r));
+    for (i, label) in labels.iter().enumerate() {
+        let (lo, hi) = rounds[i]
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let change = if i == 0 {
+            String::new()
+        } else {
+            format!("  ({:+.1}%)", 100.0 * (medians[i] / medians[0] - 1.0))
+        };
+        println!(
+            "{:<56} {:>8.3} s  [{lo:.3}-{hi:.3}]{change}",
+            format!("{prefix}{label}"),
+            medians[i]
+        );
+    }
+}
+
+/// The median of `values` (NaN when there are none).
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// Best time of `repeats` runs of `dd` writing `bytes` to `path` with an fsync at the end.

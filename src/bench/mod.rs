@@ -96,9 +96,12 @@ pub enum Bench {
         /// Scratch folder on the disk to measure (default: the store's).
         #[arg(long)]
         dir: Option<PathBuf>,
-        /// Training steps per mode.
-        #[arg(long, default_value_t = 20)]
+        /// Training steps per mode and round.
+        #[arg(long, default_value_t = 10)]
         steps: u64,
+        /// Rounds, each running every mode once (in a rotated order); the median is reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// A checkpoint every this many steps.
         #[arg(long, default_value_t = 5)]
         every: u64,
@@ -157,10 +160,21 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
             recipe,
             dir,
             steps,
+            rounds,
             every,
             batch,
             seq_len,
-        } => checkpoint::run(&recipe, dir.as_deref(), steps, every, batch, seq_len),
+        } => checkpoint::run(
+            &recipe,
+            dir.as_deref(),
+            checkpoint::Shape {
+                steps,
+                rounds,
+                every,
+                batch,
+                seq_len,
+            },
+        ),
     }
 }
 

@@ -128,29 +128,35 @@ pub fn checkpoint_io(
     })
 }
 
-/// Mean step time over `steps` steps of `batch` x `seq_len` random tokens: without
-/// checkpoints, with one every `every` steps written in the background, and written inline.
+/// Mean step time over `steps` steps of `batch` x `seq_len` random tokens, in each of
+/// `rounds` rounds: without checkpoints, with one every `every` steps written in the background,
+/// and written inline (in that order of the result; each a list of one mean per round). Every
+/// mode starts from the same state on the same batches; a round runs the modes in an order
+/// rotated by one from the previous round's, so that a drift of the machine's speed falls on
+/// every mode alike.
 pub fn checkpoint_overhead(
     model: &ModelConfig,
     batch: usize,
     seq_len: usize,
     steps: u64,
     every: u64,
+    rounds: usize,
     dir: &std::path::Path,
-) -> anyhow::Result<[f64; 3]> {
+) -> anyhow::Result<[Vec<f64>; 3]> {
     type B = Autodiff<Flex>;
     let device = FlexDevice;
     let mut rng = crate::rng::SplitMix64(1);
     let rows: Vec<u32> = (0..batch * (seq_len + 1))
         .map(|_| rng.below(model.vocab_size as u64) as u32)
         .collect();
-    let mut out = [0.0; 3];
-    for (mode, slot) in out.iter_mut().enumerate() {
+    let mut out: [Vec<f64>; 3] = Default::default();
+    for (round, k) in (0..rounds).flat_map(|r| (0..3).map(move |k| (r, k))) {
+        let mode = (round + k) % 3;
         let (mut zaya, mut optim, mut state, layout) = one_step_state(model)?;
         let biases: Vec<Vec<f32>> = (0..model.num_blocks)
             .map(|_| vec![0.0; zaya.routes()])
             .collect();
-        let root = dir.join(format!("mode-{mode}"));
+        let root = dir.join(format!("mode-{mode}-round-{round}"));
         let emit: crate::contract::protocol::Emit = std::sync::Arc::new(|_| {});
         let mut saver = crate::checkpoint::saver::Saver::new(
             root,
@@ -185,7 +191,7 @@ pub fn checkpoint_overhead(
             }
         }
         saver.wait()?;
-        *slot = t.elapsed().as_secs_f64() / steps as f64;
+        out[mode].push(t.elapsed().as_secs_f64() / steps as f64);
     }
     Ok(out)
 }

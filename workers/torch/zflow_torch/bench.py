@@ -8,8 +8,9 @@
   worker's checkpoint of that model after one step (``Trainer.snapshot`` into host memory,
   then ``checkpoint.commit``: files, fsync, BLAKE3, manifest, rename; best of 3), and the step
   time without checkpoints, with one every ``every`` steps written in the background (as
-  training does) and written inline. Prints ``bytes``, ``snapshot_s``, ``write_s``, ``plain_s``,
-  ``background_s``, ``inline_s``.
+  training does) and written inline, each the median over ``rounds`` alternating rounds that
+  start from the same state. Prints ``bytes``, ``snapshot_s``, ``write_s``, ``plain_s``,
+  ``background_s``, ``inline_s`` (and each mode's ``*_rounds_s``).
 
 - ``python -m zflow_torch.bench gpu CONFIG_JSON`` (``scripts/gpu_check.sh``): the worker's step
   on GPU 0 (bf16 autocast, f32 master weights, SDPA), for a ZAYA1-shaped model; prints
@@ -17,12 +18,14 @@
   config) and ``peak_memory_gb``.
 
 ``zflow bench`` writes the config: the model, the training settings, batch, sequence length,
-steps, threads (and for ``checkpoint`` the scratch folder and ``every``).
+steps, threads (and for ``checkpoint`` the scratch folder, ``every`` and ``rounds``).
 """
 
+import copy
 import functools
 import io
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -104,9 +107,18 @@ def checkpoints(cfg: dict[str, Any]) -> dict[str, Any]:
         write_s = min(write_s, time.perf_counter() - started)
         checkpoint.retain(io_dir, 1)
 
+    # Every mode starts from the same state and trains on the same batches, so the modes
+    # differ only by their checkpoints; the modes alternate over rounds, each round in a rotated
+    # order, because a step's time drifts by 10-20% on a shared machine over a minute.
+    start = copy.deepcopy((t.net.state_dict(), [o.state_dict() for _, o in t.optimizers()]))
     steps: int = cfg["steps"]
 
     def run(mode: str) -> float:
+        net, optimizers = copy.deepcopy(start)
+        t.net.load_state_dict(net)
+        for (_, o), s in zip(t.optimizers(), optimizers, strict=True):
+            o.load_state_dict(s)
+        step = _stepper(t, cfg)
         out = root / mode
         saver = checkpoint.Saver(asynchronous=mode == "background")
         started = time.perf_counter()
@@ -118,14 +130,17 @@ def checkpoints(cfg: dict[str, Any]) -> dict[str, Any]:
         saver.wait()
         return (time.perf_counter() - started) / steps
 
-    plain, background, inline = run("plain"), run("background"), run("inline")
+    modes = ["plain", "background", "inline"]
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(cfg["rounds"]):
+        for mode in modes[r % 3 :] + modes[: r % 3]:
+            times[mode].append(run(mode))
     return {
         "bytes": sum(len(b) for _, b in files),
         "snapshot_s": snapshot_s,
         "write_s": write_s,
-        "plain_s": plain,
-        "background_s": background,
-        "inline_s": inline,
+        **{f"{m}_s": statistics.median(ts) for m, ts in times.items()},
+        **{f"{m}_rounds_s": ts for m, ts in times.items()},
     }
 
 
