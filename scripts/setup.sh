@@ -3,7 +3,7 @@
 # Rust: pip (for pip:// and sdist:// sources) and venv, npm (for npm:// sources: the nano recipe's
 # corpora and Gemma's tokenizer), apt lists (for deb:// sources), a C compiler for -sys crates;
 # then the torch engine's Python environment, target/torch-venv, from
-# workers/torch/requirements.lock (torch 2.15.0 and transformers 5.23.0 from PyPI: the torch wheel
+# workers/torch/requirements.lock (every package pinned by version and sha256; torch 2.15.0 and transformers 5.23.0 from PyPI: the torch wheel
 # brings its CUDA libraries, ~3 GB, once). Safe to run again; does nothing when all is there.
 set -euo pipefail
 
@@ -37,7 +37,8 @@ if ! cmp -s "$lock" "$venv/zflow-requirements.lock" 2>/dev/null \
   || ! "$venv/bin/python" -c "import torch, transformers" >/dev/null 2>&1; then
   echo "setup: installing the torch engine's Python environment into $venv (torch's PyPI wheel with its CUDA libraries: ~3 GB, once)"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$lock"
+  # Every file pip fetches must match a sha256 of the lock.
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --require-hashes --no-deps -r "$lock"
   cp "$lock" "$venv/zflow-requirements.lock"
 fi
 echo "setup: ok"
