@@ -64,7 +64,7 @@ impl Dice {
 #[test]
 fn fault_matrix_ends_bit_identical_to_the_uninterrupted_run() {
     let mut dice = Dice(2026);
-    let mut injected = fault_matrix(&mut dice, "native");
+    let mut injected = fault_matrix(&mut dice, "native", &[2, 1]);
 
     // SIGKILL of `zflow run` itself, twice, mid-phase; then a rerun that also loses a rank.
     let reference = Sandbox::new();
@@ -115,16 +115,20 @@ fn fault_matrix_ends_bit_identical_to_the_uninterrupted_run() {
     ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
 )]
 fn fault_matrix_on_the_torch_engine_ends_bit_identical_to_the_uninterrupted_run() {
-    let injected = fault_matrix(&mut Dice(2026), "torch");
+    // On 2 ranks only: each of the matrix's runs starts ~10 Python processes, ~4 s each of
+    // importing torch and transformers, and the 1-rank case adds no code path to the engine
+    // that the native matrix (on 1 rank too) and the 2-rank runs leave untried.
+    let injected = fault_matrix(&mut Dice(2026), "torch", &[2]);
     eprintln!("torch engine: {injected} faults injected, every run bit-identical to its reference");
-    assert!(injected >= 16, "{injected}");
+    assert!(injected >= 10, "{injected}");
 }
 
-/// On 2 ranks and on 1: an uninterrupted run, then two runs of drawn faults (one per attempt)
-/// that must end with its final weights, bit for bit. Returns the number of faults injected.
-fn fault_matrix(dice: &mut Dice, engine: &str) -> usize {
+/// On each of `world_sizes`: an uninterrupted run, then two runs of drawn faults (one per
+/// attempt) that must end with its final weights, bit for bit. Returns the number of faults
+/// injected.
+fn fault_matrix(dice: &mut Dice, engine: &str, world_sizes: &[usize]) -> usize {
     let mut injected = 0;
-    for ranks in [2usize, 1] {
+    for &ranks in world_sizes {
         let reference = Sandbox::new();
         reference.write("r.yaml", &recipe_on(engine, ranks, 6));
         reference.ok(&["run", "r.yaml"]);
