@@ -28,4 +28,4 @@ pub mod store;
 pub use plan::{Engine, Reason, StageState};
 pub use recipe::{LoadOptions, Recipe, RecipeError};
 pub use registry::{NodeSpec, Registry, Sections};
-pub use stage::{CancelToken, ConfigError, Resources, Stage, StageContext};
+pub use stage::{CancelToken, ConfigError, FileFilter, Resources, Stage, StageContext};

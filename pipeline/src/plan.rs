@@ -7,13 +7,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 
 use crate::graph::StageGraph;
 use crate::identity::{Change, IdentityDoc, diff};
 use crate::recipe::{Recipe, StageNode};
-use crate::store::{Manifest, Store};
+use crate::store::{Manifest, Store, content_hash_of};
 
 /// A recipe opened against its store.
 pub struct Engine {
@@ -61,7 +62,7 @@ pub enum StageState {
     /// Complete in the store.
     Cached {
         /// Its manifest.
-        manifest: Box<Manifest>,
+        manifest: Arc<Manifest>,
     },
     /// All inputs are complete; the stage itself is not.
     WillRun {
@@ -100,18 +101,24 @@ impl Engine {
         })
     }
 
-    /// The identity doc of node `i` given the content hashes of its inputs.
+    /// The identity doc of node `i` given the manifests of its complete inputs: each input
+    /// counts by its content hash, or by that of the files the stage reads of it
+    /// ([`crate::Stage::reads_only`]).
     pub fn identity_doc(
         &self,
         node: &StageNode,
-        input_hashes: &BTreeMap<String, String>,
+        complete: &BTreeMap<String, Arc<Manifest>>,
     ) -> Result<IdentityDoc> {
         let mut inputs = BTreeMap::new();
         for need in &node.needs {
-            let Some(h) = input_hashes.get(need) else {
+            let Some(m) = complete.get(need) else {
                 bail!("input `{need}` of `{}` is not complete", node.name)
             };
-            inputs.insert(need.clone(), h.clone());
+            let hash = match node.stage.reads_only(need) {
+                None => m.content_hash.clone(),
+                Some(reads) => content_hash_of(m.files.iter().filter(|f| reads(&f.path))),
+            };
+            inputs.insert(need.clone(), hash);
         }
         let external = node
             .stage
@@ -144,20 +151,20 @@ impl Engine {
     pub fn plan(&self, force: &BTreeSet<usize>) -> Result<Vec<StageState>> {
         let nodes = self.graph.nodes();
         let mut states: Vec<Option<StageState>> = vec![None; nodes.len()];
-        let mut hashes: BTreeMap<String, String> = BTreeMap::new();
+        let mut complete: BTreeMap<String, Arc<Manifest>> = BTreeMap::new();
         for &i in self.graph.topo_order() {
             let node = &nodes[i];
             let waiting: Vec<String> = node
                 .needs
                 .iter()
-                .filter(|n| !hashes.contains_key(*n))
+                .filter(|n| !complete.contains_key(*n))
                 .cloned()
                 .collect();
             if !waiting.is_empty() {
                 states[i] = Some(StageState::Waits { on: waiting });
                 continue;
             }
-            let doc = match self.identity_doc(node, &hashes) {
+            let doc = match self.identity_doc(node, &complete) {
                 Ok(doc) => doc,
                 Err(e) => {
                     states[i] = Some(StageState::Broken {
@@ -174,10 +181,9 @@ impl Engine {
             };
             states[i] = Some(match cached {
                 Some(manifest) => {
-                    hashes.insert(node.name.clone(), manifest.content_hash.clone());
-                    StageState::Cached {
-                        manifest: Box::new(manifest),
-                    }
+                    let manifest = Arc::new(manifest);
+                    complete.insert(node.name.clone(), manifest.clone());
+                    StageState::Cached { manifest }
                 }
                 None => {
                     let reason = if force.contains(&i) {
@@ -272,7 +278,7 @@ pub fn render(engine: &Engine, states: &[StageState]) -> String {
             }
             StageState::Waits { on } => {
                 wait += 1;
-                ("run", format!("after {}", on.join(", ")))
+                ("run", format!("after {}", names_list(on)))
             }
             StageState::Broken { error } => {
                 broken += 1;
@@ -301,4 +307,18 @@ fn short_path(p: &Path, root: &Path) -> String {
     p.strip_prefix(root)
         .map(|r| r.display().to_string())
         .unwrap_or_else(|_| p.display().to_string())
+}
+
+/// Stage names for a line of text: all of them, or for a long list (a stage after thousands of
+/// shards) the first few and how many more.
+pub fn names_list(names: &[String]) -> String {
+    const SHOWN: usize = 4;
+    if names.len() <= SHOWN + 1 {
+        return names.join(", ");
+    }
+    format!(
+        "{} and {} more",
+        names[..SHOWN].join(", "),
+        names.len() - SHOWN
+    )
 }

@@ -75,7 +75,7 @@ enum NodeState {
     },
     Running,
     Done {
-        content_hash: String,
+        manifest: Arc<Manifest>,
         dir: PathBuf,
     },
     Failed,
@@ -143,7 +143,7 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
         if let crate::plan::StageState::Cached { manifest } = state {
             let dir = engine.output_dir(&nodes[i].name, &manifest.identity);
             states[i] = NodeState::Done {
-                content_hash: manifest.content_hash.clone(),
+                manifest: manifest.clone(),
                 dir,
             };
         }
@@ -228,15 +228,15 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
             {
                 continue;
             }
-            let mut hashes = BTreeMap::new();
+            let mut complete = BTreeMap::new();
             let mut input_dirs = BTreeMap::new();
             for &j in &inputs {
-                if let NodeState::Done { content_hash, dir } = &states[j] {
-                    hashes.insert(nodes[j].name.clone(), content_hash.clone());
+                if let NodeState::Done { manifest, dir } = &states[j] {
+                    complete.insert(nodes[j].name.clone(), manifest.clone());
                     input_dirs.insert(nodes[j].name.clone(), dir.clone());
                 }
             }
-            let doc = match engine.identity_doc(node, &hashes) {
+            let doc = match engine.identity_doc(node, &complete) {
                 Ok(doc) => doc,
                 Err(e) => {
                     fail(
@@ -256,7 +256,7 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                 && let Some(m) = engine.store.manifest(&node.name, &identity)
             {
                 states[i] = NodeState::Done {
-                    content_hash: m.content_hash,
+                    manifest: Arc::new(m),
                     dir: engine.output_dir(&node.name, &identity),
                 };
                 summary.cached.push(node.name.clone());
@@ -330,7 +330,7 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                 && let Some(m) = engine.store.manifest(&node.name, &identity)
             {
                 states[i] = NodeState::Done {
-                    content_hash: m.content_hash,
+                    manifest: Arc::new(m),
                     dir: engine.output_dir(&node.name, &identity),
                 };
                 summary.cached.push(node.name.clone());
@@ -416,8 +416,8 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
         match result {
             Ok(m) => {
                 states[index] = NodeState::Done {
-                    content_hash: m.content_hash.clone(),
                     dir: engine.output_dir(&name, &m.identity),
+                    manifest: Arc::new(m),
                 };
                 summary.ran.push(name);
             }

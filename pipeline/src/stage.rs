@@ -96,9 +96,21 @@ pub trait Stage: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// The files of input `input` this stage reads, when it reads only some of them: its
+    /// identity then hashes only those entries of the input's manifest, so that a change to
+    /// the input's other files leaves the stage cached (a shard of a source reads its own files
+    /// of the fetched folder). The filter sees manifest paths (relative, `/`-separated); the
+    /// stage must read no file it rejects. `None`, the default: the whole input counts.
+    fn reads_only(&self, _config: &Self::Config, _input: &str) -> Option<FileFilter> {
+        None
+    }
+
     /// Produces the stage's output in `ctx.out_dir()`.
     fn run(&self, config: &Self::Config, ctx: &StageContext) -> Result<()>;
 }
+
+/// Which files of an input a stage reads ([`Stage::reads_only`]): true for a path it reads.
+pub type FileFilter = Box<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// A config error at a path below the stage entry (`""` for the entry itself, `"url"`,
 /// `"mixture.web"`), turned into `file:line:col` by the recipe loader.
@@ -151,6 +163,8 @@ pub trait PreparedStage: Send + Sync {
     fn resumable(&self) -> bool;
     /// See [`Stage::external_fingerprint`].
     fn external_fingerprint(&self, cwd: &Path) -> Result<Option<String>>;
+    /// See [`Stage::reads_only`].
+    fn reads_only(&self, input: &str) -> Option<FileFilter>;
     /// See [`Stage::run`].
     fn run(&self, ctx: &StageContext) -> Result<()>;
 }
@@ -210,6 +224,9 @@ impl<S: Stage> PreparedStage for Prepared<S> {
     }
     fn external_fingerprint(&self, cwd: &Path) -> Result<Option<String>> {
         self.stage.external_fingerprint(&self.config, cwd)
+    }
+    fn reads_only(&self, input: &str) -> Option<FileFilter> {
+        self.stage.reads_only(&self.config, input)
     }
     fn run(&self, ctx: &StageContext) -> Result<()> {
         self.stage.run(&self.config, ctx)

@@ -284,6 +284,12 @@ pub fn hash_tree(dir: &Path) -> Result<Vec<FileEntry>> {
 
 /// The hash downstream identities see: over paths, sizes and file hashes, in path order.
 pub fn content_hash(files: &[FileEntry]) -> String {
+    content_hash_of(files.iter())
+}
+
+/// [`content_hash`] of some of an output's files (in path order): what the identity of a stage
+/// that reads only those sees ([`crate::Stage::reads_only`]).
+pub fn content_hash_of<'a>(files: impl Iterator<Item = &'a FileEntry>) -> String {
     let mut h = blake3::Hasher::new();
     for f in files {
         h.update(f.path.as_bytes());

@@ -368,7 +368,10 @@ pub fn status(args: &RecipeArgs) -> Result<ExitCode> {
                     _ => ("pending", reason.to_string()),
                 }
             }
-            StageState::Waits { on } => ("pending", format!("after {}", on.join(", "))),
+            StageState::Waits { on } => (
+                "pending",
+                format!("after {}", zflow_pipeline::plan::names_list(on)),
+            ),
             StageState::Broken { error } => ("error", error.clone()),
         };
         *counts.entry(word).or_default() += 1;
