@@ -1,7 +1,8 @@
 //! The PyTorch worker's data plane (`workers/torch/zflow_torch`, standard library only) reads
 //! every rank's batch token for token as the Rust reader does: the same mixture index over the
 //! same Megatron datasets, for world sizes 1, 2 and 4, over many steps that cross epochs and a
-//! curriculum switch, with sources of three dtypes and empty documents.
+//! curriculum switch, with sources of three dtypes and empty documents, one of them sharded
+//! (three datasets read as one, one of them empty).
 
 mod common;
 
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use zflow_runtime::data::TokenSource;
+use zflow_runtime::data::concat::Concat;
 use zflow_runtime::data::megatron::{DType, IndexedDataset, IndexedDatasetWriter};
 use zflow_runtime::data::mixture::{MixSpec, MixStage, MixtureReader, plan};
 use zflow_runtime::rng::SplitMix64;
@@ -48,7 +50,7 @@ fn rust_batches(reader: &MixtureReader, world: usize, micro: usize, steps: usize
 
 fn python_batches(
     index: &Path,
-    prefixes: &[PathBuf],
+    prefixes: &[Vec<PathBuf>],
     world: usize,
     micro: usize,
     steps: usize,
@@ -56,7 +58,11 @@ fn python_batches(
     let out = index.with_extension(format!("w{world}.bin"));
     let mut args: Vec<OsString> = vec![index.into(), out.clone().into()];
     args.extend([world, micro, steps].map(|n| n.to_string().into()));
-    args.extend(prefixes.iter().map(|p| p.into()));
+    // A source's datasets, comma-separated.
+    args.extend(prefixes.iter().map(|parts| {
+        let parts: Vec<String> = parts.iter().map(|p| p.display().to_string()).collect();
+        OsString::from(parts.join(","))
+    }));
     common::zflow_torch("mixture", args);
     std::fs::read(&out)
         .unwrap()
@@ -73,18 +79,36 @@ fn the_python_reader_gives_every_rank_the_rust_readers_tokens() {
         (DType::I32, 25, 300_000),
         (DType::U8, 60, 200),
     ];
-    let prefixes: Vec<PathBuf> = kinds
+    // Source b is sharded: its documents in three datasets, the second one empty.
+    let prefixes: Vec<Vec<PathBuf>> = kinds
         .iter()
         .enumerate()
         .map(|(i, &(dtype, docs, vocab))| {
-            let prefix = dir.path().join(format!("source{i}"));
-            write_source(&prefix, dtype, docs, vocab, 7 + i as u64);
-            prefix
+            let shards = if i == 1 {
+                vec![docs / 3, 0, docs - docs / 3]
+            } else {
+                vec![docs]
+            };
+            shards
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| {
+                    let prefix = dir.path().join(format!("source{i}-shard{k}"));
+                    write_source(&prefix, dtype, n, vocab, 7 + 10 * i as u64 + k as u64);
+                    prefix
+                })
+                .collect()
         })
         .collect();
     let sources: Vec<Arc<dyn TokenSource>> = prefixes
         .iter()
-        .map(|p| Arc::new(IndexedDataset::open(p).unwrap()) as Arc<dyn TokenSource>)
+        .map(|parts| {
+            let parts = parts
+                .iter()
+                .map(|p| IndexedDataset::open(p).unwrap())
+                .collect();
+            Arc::new(Concat::new(parts)) as Arc<dyn TokenSource>
+        })
         .collect();
     // Small sources and a budget several times their size: every source wraps into later
     // epochs (each with its own document order), and the curriculum switches halfway.

@@ -8,10 +8,13 @@ use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 
 use crate::contract::settings::TrainSettings;
+use crate::data::concat::Concat;
+use crate::data::megatron::IndexedDataset;
 use crate::model::config::ModelConfig;
 
-/// The version of the train job document this code writes and reads.
-pub const JOB_VERSION: u32 = 1;
+/// The version of the train job document this code writes and reads. 2: a source's tokens and
+/// held-out tokens are lists of datasets (a sharded source's shards).
+pub const JOB_VERSION: u32 = 2;
 
 fn version_one() -> u32 {
     1
@@ -22,10 +25,33 @@ fn version_one() -> u32 {
 pub struct SourcePaths {
     /// Source name.
     pub name: String,
-    /// Megatron dataset prefix of its training tokens.
-    pub tokens: PathBuf,
-    /// Prefix of its held-out tokens, if any.
-    pub heldout: Option<PathBuf>,
+    /// Megatron dataset prefixes of its training tokens, read as one dataset in this order
+    /// (one prefix, or a sharded source's shards).
+    pub tokens: Vec<PathBuf>,
+    /// Prefixes of its held-out tokens, read the same way (none: no held-out loss).
+    pub heldout: Vec<PathBuf>,
+}
+
+impl SourcePaths {
+    /// Its training tokens, as one dataset.
+    pub fn open_tokens(&self) -> Result<Concat<IndexedDataset>> {
+        open_all(&self.tokens)
+            .with_context(|| format!("opening the tokens of source `{}`", self.name))
+    }
+
+    /// Its held-out tokens, as one dataset (no documents when it has none).
+    pub fn open_heldout(&self) -> Result<Concat<IndexedDataset>> {
+        open_all(&self.heldout)
+            .with_context(|| format!("opening the held-out tokens of source `{}`", self.name))
+    }
+}
+
+fn open_all(prefixes: &[PathBuf]) -> Result<Concat<IndexedDataset>> {
+    let parts = prefixes
+        .iter()
+        .map(|p| IndexedDataset::open(p))
+        .collect::<Result<_>>()?;
+    Ok(Concat::new(parts))
 }
 
 /// Everything a worker needs to train one phase; written by the train stage as JSON.

@@ -1,14 +1,17 @@
 //! Training data: token datasets on disk and the order a trainer reads them in.
 //!
 //! - [`megatron`]: Megatron-LM compatible indexed datasets (`.bin` + `.idx`, `MMIDIDX` v1).
+//! - [`concat`]: several datasets read as one (a sharded source's shards).
 //! - [`mixture`]: the deterministic block-staged mixture of several token sources into
 //!   fixed-length training samples, and the data cursor + reader a trainer uses.
 
+pub mod concat;
 pub mod megatron;
 pub mod mixture;
 
 /// A tokenized corpus: documents of token ids, read by index. Implemented by
-/// [`megatron::IndexedDataset`]; the mixture reads every source through this trait.
+/// [`megatron::IndexedDataset`] and [`concat::Concat`]; the mixture reads every source through
+/// this trait.
 pub trait TokenSource: Send + Sync {
     /// Number of documents.
     fn num_docs(&self) -> usize;

@@ -1,25 +1,26 @@
 //! Held-out loss: rank 0 scores the first tokens of each source's held-out stream.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use burn::tensor::backend::Backend;
 
 use crate::contract::job::TrainJob;
 use crate::data::TokenSource;
+use crate::data::concat::Concat;
 use crate::data::megatron::IndexedDataset;
 use crate::model::Zaya;
 
 use super::{batch_tensors, scalar};
 
+/// A source's held-out tokens (its shards' in order, for a sharded source).
+pub type Heldout = Concat<IndexedDataset>;
+
 /// Held-out token streams, one per source that has them.
-pub(super) fn open_heldout(job: &TrainJob) -> Result<Vec<(String, IndexedDataset)>> {
+pub(super) fn open_heldout(job: &TrainJob) -> Result<Vec<(String, Heldout)>> {
     let mut out = Vec::new();
     for s in &job.sources {
-        if let Some(prefix) = &s.heldout {
-            let ds = IndexedDataset::open(prefix)
-                .with_context(|| format!("opening the held-out tokens of `{}`", s.name))?;
-            if ds.num_docs() > 0 {
-                out.push((s.name.clone(), ds));
-            }
+        let ds = s.open_heldout()?;
+        if ds.num_docs() > 0 {
+            out.push((s.name.clone(), ds));
         }
     }
     Ok(out)
@@ -29,7 +30,7 @@ pub(super) fn open_heldout(job: &TrainJob) -> Result<Vec<(String, IndexedDataset
 /// windows of `seq_len` predictions.
 pub fn evaluate<B: Backend>(
     model: &Zaya<B>,
-    heldout: &[(String, IndexedDataset)],
+    heldout: &[(String, Heldout)],
     seq_len: usize,
     tokens: usize,
     batch: usize,
@@ -57,7 +58,7 @@ pub fn evaluate<B: Backend>(
 }
 
 /// The first `n` tokens of a dataset's documents, concatenated.
-fn read_stream(ds: &IndexedDataset, n: usize) -> Result<Vec<u32>> {
+fn read_stream(ds: &Heldout, n: usize) -> Result<Vec<u32>> {
     let mut out = Vec::with_capacity(n);
     for doc in 0..ds.num_docs() {
         let len = ds.doc_len(doc).min(n - out.len());

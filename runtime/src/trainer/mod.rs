@@ -31,7 +31,6 @@ use crate::contract::job::TrainJob;
 use crate::contract::protocol::{Emit, StepMetrics, WorkerMessage};
 use crate::contract::settings::TrainSettings;
 use crate::data::TokenSource;
-use crate::data::megatron::IndexedDataset;
 use crate::data::mixture::MixtureReader;
 use crate::dist::collective::Group;
 use crate::dist::data_parallel::{self, Plan, StepSums};
@@ -81,9 +80,7 @@ pub fn train<B: AutodiffBackend>(
 
     let mut sources: Vec<Arc<dyn TokenSource>> = Vec::new();
     for s in &job.sources {
-        sources.push(Arc::new(IndexedDataset::open(&s.tokens).with_context(
-            || format!("opening the tokens of source `{}`", s.name),
-        )?));
+        sources.push(Arc::new(s.open_tokens()?));
     }
     let reader = MixtureReader::open(&job.mixture, sources)?;
     let seq_len = reader.seq_len();

@@ -7,7 +7,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from zflow_torch.contract import EXIT_FATAL, Emitter, JobError, read_job
+from zflow_torch.contract import EXIT_FATAL, JOB_VERSION, Emitter, JobError, read_job
 
 
 class Contract(unittest.TestCase):
@@ -27,10 +27,14 @@ class Contract(unittest.TestCase):
     def test_a_job_of_another_version_is_refused(self) -> None:
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "job.json"
-            path.write_text(json.dumps({"version": 2, "phase": "p"}))
-            with self.assertRaisesRegex(JobError, "version 2"):
+            path.write_text(json.dumps({"version": JOB_VERSION + 1, "phase": "p"}))
+            with self.assertRaisesRegex(JobError, f"version {JOB_VERSION + 1}"):
                 read_job(str(path))
+            # A job without a version is version 1 (a source's tokens as one path).
             path.write_text(json.dumps({"phase": "p"}))
+            with self.assertRaisesRegex(JobError, "version 1"):
+                read_job(str(path))
+            path.write_text(json.dumps({"version": JOB_VERSION, "phase": "p"}))
             self.assertEqual(read_job(str(path))["phase"], "p")
 
 

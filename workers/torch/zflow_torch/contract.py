@@ -39,7 +39,7 @@ EXIT_CODES = {
 }
 
 # The train job version this worker reads (contract/job.rs).
-JOB_VERSION = 1
+JOB_VERSION = 2
 
 
 class JobError(ValueError):

@@ -1,18 +1,21 @@
 """Megatron-LM indexed datasets (``<prefix>.bin`` + ``<prefix>.idx``, ``MMIDIDX`` version 1),
 read as zflow's Rust reader reads them (``runtime/src/data/megatron``): each *sequence* is one
-document of the token source, tokens are returned as unsigned 32-bit ids.
+document of the token source, tokens are returned as unsigned 32-bit ids. ``ConcatDataset``
+reads several as one (a sharded source's shards, ``runtime/src/data/concat.rs``).
 
 The ``.idx`` layout, little-endian: magic ``b"MMIDIDX\\x00\\x00"``, version u64 (= 1), dtype
 code u8, sequence count S u64, document-index count D u64, then S i32 lengths, S i64 byte
 pointers into the ``.bin``, and D i64 document indices.
 """
 
+import bisect
 import mmap
 import struct
 import sys
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 MAGIC = b"MMIDIDX\x00\x00"
 HEADER = struct.Struct("<9sQBQQ")
@@ -105,6 +108,10 @@ class IndexedDataset:
         """Length in tokens of document ``doc``."""
         return self.lengths[doc]
 
+    def num_tokens(self) -> int:
+        """Tokens in all documents."""
+        return sum(self.lengths)
+
     def read(self, doc: int, offset: int, count: int) -> list[int]:
         """Tokens ``offset .. offset + count`` of document ``doc``; fails on ids below 0."""
         if offset + count > self.lengths[doc]:
@@ -119,3 +126,52 @@ class IndexedDataset:
         if self.format == "q" and max(out) > 0xFFFFFFFF:
             raise DatasetError(f"{self.bin_path}: document {doc} holds an id beyond 32 bits")
         return out
+
+
+class TokenSource(Protocol):
+    """Documents of token ids, read by index (what the mixture reads)."""
+
+    def num_docs(self) -> int: ...
+
+    def doc_len(self, doc: int) -> int: ...
+
+    def num_tokens(self) -> int: ...
+
+    def read(self, doc: int, offset: int, count: int) -> list[int]: ...
+
+
+class ConcatDataset:
+    """The documents of ``parts`` in order, as one source: document ``d`` is document
+    ``d - start`` of the part whose range holds it."""
+
+    def __init__(self, parts: Sequence[TokenSource]) -> None:
+        self.parts = list(parts)
+        self.starts = [0]
+        for p in self.parts:
+            self.starts.append(self.starts[-1] + p.num_docs())
+
+    def _locate(self, doc: int) -> tuple[TokenSource, int]:
+        if not 0 <= doc < self.starts[-1]:
+            raise IndexError(f"document {doc} of {self.starts[-1]}")
+        # The last part starting at or before ``doc`` (empty parts share a start).
+        part = bisect.bisect_right(self.starts, doc) - 1
+        return self.parts[part], doc - self.starts[part]
+
+    def num_docs(self) -> int:
+        return self.starts[-1]
+
+    def doc_len(self, doc: int) -> int:
+        part, d = self._locate(doc)
+        return part.doc_len(d)
+
+    def num_tokens(self) -> int:
+        return sum(p.num_tokens() for p in self.parts)
+
+    def read(self, doc: int, offset: int, count: int) -> list[int]:
+        part, d = self._locate(doc)
+        return part.read(d, offset, count)
+
+
+def open_concat(prefixes: Sequence[str | Path]) -> ConcatDataset:
+    """The datasets at ``prefixes``, read as one."""
+    return ConcatDataset([IndexedDataset(Path(p)) for p in prefixes])

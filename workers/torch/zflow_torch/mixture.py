@@ -20,7 +20,7 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
-from .megatron import IndexedDataset
+from .megatron import TokenSource, open_concat
 from .rng import epoch_order
 
 MAGIC = b"ZFMIXIDX"
@@ -58,7 +58,7 @@ class Batch:
 class _Epoch:
     """One epoch of a source: its document order and each document's start in the stream."""
 
-    def __init__(self, order: list[int], dataset: IndexedDataset) -> None:
+    def __init__(self, order: list[int], dataset: TokenSource) -> None:
         self.order = order
         self.starts = [0]
         for doc in order:
@@ -69,7 +69,7 @@ class MixtureReader:
     """Reads a phase's samples: the index (memory-mapped) plus the sources' datasets, given in
     the mixture's source order."""
 
-    def __init__(self, index_path: Path, sources: list[IndexedDataset]) -> None:
+    def __init__(self, index_path: Path, sources: list[TokenSource]) -> None:
         if sys.byteorder != "little":
             raise MixtureError("zflow's mixture index is little-endian; this machine is not")
         with open(index_path, "rb") as f:
@@ -96,7 +96,7 @@ class MixtureReader:
             )
         self.per_epoch: list[int] = []
         for s, (dataset, rep) in enumerate(zip(sources, report["sources"], strict=True)):
-            tokens = sum(dataset.lengths)
+            tokens = dataset.num_tokens()
             if dataset.num_docs() != rep["documents"] or tokens != rep["data_tokens"]:
                 raise MixtureError(
                     f"mixture {index_path}: source {s} ('{rep['name']}') was {rep['documents']} "
@@ -184,9 +184,10 @@ def _dump(argv: list[str]) -> None:
     """``python -m zflow_torch.mixture INDEX OUT WORLD MICRO_BATCH STEPS SOURCE...``: every
     rank's batch for STEPS global batches from the start, as little-endian u32 tokens, then
     the rows' source ids, rank after rank and step after step (what tests/torch_data.rs
-    compares with the Rust reader)."""
-    index, out, world, micro, steps, *prefixes = argv
-    reader = MixtureReader(Path(index), [IndexedDataset(Path(p)) for p in prefixes])
+    compares with the Rust reader). A SOURCE is its datasets' prefixes, comma-separated."""
+    index, out, world, micro, steps, *sources = argv
+    datasets: list[TokenSource] = [open_concat(s.split(",")) for s in sources]
+    reader = MixtureReader(Path(index), datasets)
     cursor = reader.start("dump")
     data = array("I")
     for _ in range(int(steps)):

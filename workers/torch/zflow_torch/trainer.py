@@ -47,7 +47,7 @@ from zflow_torch.contract import (
     JobError,
     read_job,
 )
-from zflow_torch.megatron import IndexedDataset
+from zflow_torch.megatron import ConcatDataset, TokenSource, open_concat
 from zflow_torch.mixture import DataCursor, MixtureReader
 from zflow_torch.rng import SplitMix64
 
@@ -282,9 +282,8 @@ class Trainer:
     # -- set-up ---------------------------------------------------------------------------------
 
     def open_data(self) -> None:
-        sources = []
-        for s in self.job["sources"]:
-            sources.append(IndexedDataset(Path(s["tokens"])))
+        # A source's tokens: its datasets (a sharded source's shards) read as one.
+        sources: list[TokenSource] = [open_concat(s["tokens"]) for s in self.job["sources"]]
         self.reader = MixtureReader(Path(self.job["mixture"]), sources)
         self.seq_len = self.reader.seq_len
         self.total_steps = self.reader.num_samples // self.t["global_batch"]
@@ -293,13 +292,12 @@ class Trainer:
                 f"phase `{self.job['phase']}`: the mixture has {self.reader.num_samples} samples, "
                 f"fewer than one global batch of {self.t['global_batch']}"
             )
-        self.heldout: list[tuple[str, IndexedDataset]] = []
+        self.heldout: list[tuple[str, ConcatDataset]] = []
         if self.rank == 0:
             for s in self.job["sources"]:
-                if s.get("heldout"):
-                    ds = IndexedDataset(Path(s["heldout"]))
-                    if ds.num_docs() > 0:
-                        self.heldout.append((s["name"], ds))
+                ds = open_concat(s["heldout"])
+                if ds.num_docs() > 0:
+                    self.heldout.append((s["name"], ds))
 
     def build_model(self) -> None:
         m = self.model_config
