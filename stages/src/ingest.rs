@@ -26,6 +26,8 @@ use serde::{Deserialize, Serialize};
 use unicode_normalization::UnicodeNormalization;
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 
+use crate::shard::Shard;
+
 /// The `ingest` stage kind.
 pub struct Ingest;
 
@@ -83,6 +85,10 @@ pub struct IngestConfig {
     /// Drop documents longer than this many characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_chars: Option<usize>,
+    /// Read only this shard's files ([`crate::shard`]; set by `sources.<name>.shards`). With
+    /// `dedup`, also writes `hashes.bin` for the source's `dedup` stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
 }
 
 fn default_text() -> String {
@@ -140,6 +146,17 @@ impl Stage for Ingest {
                 })?;
             }
         }
+        if let Some(sh) = c.shard
+            && sh.index >= sh.count
+        {
+            return Err(ConfigError::new(
+                "shard.index",
+                format!(
+                    "shard {} of {}: the index must be below the count",
+                    sh.index, sh.count
+                ),
+            ));
+        }
         if let Some(max) = c.max_chars
             && max < c.min_chars
         {
@@ -151,6 +168,14 @@ impl Stage for Ingest {
         Ok(())
     }
 
+    fn reads_only(&self, c: &IngestConfig, _input: &str) -> Option<zflow_pipeline::FileFilter> {
+        // A shard reads its own files only, so only they count for its identity. (An unsharded
+        // ingest counts its whole input, as it always has: its identity stays what it was.)
+        c.shard?;
+        let selection = Selection::new(c).ok()?;
+        Some(Box::new(move |path: &str| selection.keeps(path)))
+    }
+
     fn run(&self, c: &IngestConfig, ctx: &StageContext) -> Result<()> {
         let input = ctx
             .inputs()
@@ -159,7 +184,8 @@ impl Stage for Ingest {
             .context("ingest has no input")?
             .clone();
         let files = select_files(&input, c)?;
-        if files.is_empty() {
+        // A shard may hold no file (more shards than files): it is an empty part of its source.
+        if files.is_empty() && c.shard.is_none() {
             bail!(
                 "source `{}`: no files to read in {} (files: {:?}, exclude: {:?})",
                 c.source,
@@ -168,15 +194,16 @@ impl Stage for Ingest {
                 c.exclude
             );
         }
-        let format = match c.format {
-            Some(f) => f,
-            None => guess_format(&files[0]).with_context(|| {
+        let format = match (c.format, files.first()) {
+            (Some(f), _) => f,
+            (None, Some(first)) => guess_format(first).with_context(|| {
                 format!(
                     "source `{}`: cannot tell the format of {}; set `format:`",
                     c.source,
-                    files[0].display()
+                    first.display()
                 )
             })?,
+            (None, None) => Format::Text,
         };
         ctx.progress()
             .set_message(format!("reading {} {format:?} files", files.len()));
@@ -201,6 +228,9 @@ impl Stage for Ingest {
             ctx.progress().inc(1);
         }
         writer.finish()?;
+        if let Some(hashes) = cleaner.hashes {
+            crate::dedup::write_hashes(ctx.out_dir(), hashes)?;
+        }
         let stats = cleaner.stats;
         write_stats(ctx.out_dir(), &c.source, &stats)?;
         ctx.progress().set_message(format!(
@@ -213,7 +243,7 @@ impl Stage for Ingest {
             stats.docs_out,
             stats.bytes_out
         );
-        if stats.docs_out == 0 {
+        if stats.docs_out == 0 && c.shard.is_none() {
             bail!(
                 "source `{}`: every document was dropped ({} read; dropped by rule: {:?}); check `filter`, `min_chars` and `text`",
                 c.source,
@@ -225,17 +255,43 @@ impl Stage for Ingest {
     }
 }
 
+/// Which files of the fetched folder an ingest stage reads: its `files` and `exclude` globs
+/// (each matched against the relative path and the file name), never a hidden file, and only
+/// its shard's.
+struct Selection {
+    include: Vec<glob::Pattern>,
+    exclude: Vec<glob::Pattern>,
+    shard: Option<Shard>,
+}
+
+impl Selection {
+    fn new(c: &IngestConfig) -> Result<Selection> {
+        let patterns = |globs: &[String]| -> Result<Vec<glob::Pattern>> {
+            Ok(globs
+                .iter()
+                .map(|g| glob::Pattern::new(g))
+                .collect::<Result<_, _>>()?)
+        };
+        Ok(Selection {
+            include: patterns(&c.files)?,
+            exclude: patterns(&c.exclude)?,
+            shard: c.shard,
+        })
+    }
+
+    /// Whether the file at `rel` (relative to the fetched folder, `/`-separated) is read.
+    fn keeps(&self, rel: &str) -> bool {
+        let name = rel.rsplit('/').next().unwrap_or(rel);
+        let hit = |pats: &[glob::Pattern]| pats.iter().any(|g| g.matches(rel) || g.matches(name));
+        !(name.starts_with('.')
+            || hit(&self.exclude)
+            || (!self.include.is_empty() && !hit(&self.include))
+            || self.shard.is_some_and(|s| !s.holds(rel)))
+    }
+}
+
 fn select_files(root: &Path, c: &IngestConfig) -> Result<Vec<PathBuf>> {
-    let include: Vec<glob::Pattern> = c
-        .files
-        .iter()
-        .map(|g| glob::Pattern::new(g))
-        .collect::<Result<_, _>>()?;
-    let exclude: Vec<glob::Pattern> = c
-        .exclude
-        .iter()
-        .map(|g| glob::Pattern::new(g))
-        .collect::<Result<_, _>>()?;
+    let selection = Selection::new(c)?;
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
@@ -245,22 +301,14 @@ fn select_files(root: &Path, c: &IngestConfig) -> Result<Vec<PathBuf>> {
                 stack.push(p);
                 continue;
             }
-            let rel = p
-                .strip_prefix(root)
-                .unwrap_or(&p)
-                .to_string_lossy()
-                .into_owned();
-            let name = p
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            let hit =
-                |pats: &[glob::Pattern]| pats.iter().any(|g| g.matches(&rel) || g.matches(&name));
-            if name.starts_with('.') || hit(&exclude) || (!include.is_empty() && !hit(&include)) {
-                continue;
+            let rel = p.strip_prefix(root).unwrap_or(&p);
+            let rel: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if selection.keeps(&rel.join("/")) {
+                out.push(p);
             }
-            out.push(p);
         }
     }
     out.sort();
@@ -505,6 +553,8 @@ struct Cleaner<'a> {
     c: &'a IngestConfig,
     seen: HashSet<[u8; 32]>,
     stats: IngestStats,
+    /// Of a deduplicated shard: every kept document's hash, for the source's dedup stage.
+    hashes: Option<Vec<crate::dedup::DocHash>>,
 }
 
 impl<'a> Cleaner<'a> {
@@ -520,6 +570,7 @@ impl<'a> Cleaner<'a> {
                 dropped,
                 ..Default::default()
             },
+            hashes: (c.shard.is_some() && c.dedup).then(Vec::new),
         }
     }
 
@@ -538,6 +589,9 @@ impl<'a> Cleaner<'a> {
         } else if c.dedup && !self.seen.insert(*blake3::hash(text.as_bytes()).as_bytes()) {
             "duplicate"
         } else {
+            if let Some(hashes) = &mut self.hashes {
+                hashes.push(crate::dedup::DocHash::of(&text, self.stats.docs_out));
+            }
             self.stats.docs_out += 1;
             self.stats.bytes_out += text.len() as u64;
             return Some(text);

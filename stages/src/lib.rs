@@ -6,6 +6,7 @@
 
 #![warn(missing_docs)]
 
+pub mod dedup;
 pub mod docs;
 pub mod engine;
 pub mod eval;
@@ -21,6 +22,7 @@ pub mod plot;
 pub mod preflight;
 pub mod recipe;
 pub mod report;
+pub mod shard;
 pub mod shell;
 pub mod token_ids;
 pub mod tokenize;
@@ -38,6 +40,7 @@ pub fn registry() -> Registry {
         .register(ingest::Ingest)
         .register(tokenizer::TokenizerStage)
         .register(tokenize::Tokenize)
+        .register(dedup::Dedup)
         .register(mix::Mix)
         .register(megatron_source::MegatronSource)
         .register(train::Train)

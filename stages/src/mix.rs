@@ -7,6 +7,7 @@
 //!
 //! The `phases:` section (`crate::phases`) makes one per phase.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::names;
@@ -16,6 +17,7 @@ use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 use zflow_runtime::data::TokenSource;
+use zflow_runtime::data::concat::Concat;
 use zflow_runtime::data::megatron::IndexedDataset;
 use zflow_runtime::data::mixture::{self, MixSpec};
 
@@ -30,6 +32,10 @@ pub struct MixConfig {
     pub phase: String,
     /// The mixture spec.
     pub spec: MixSpec,
+    /// The sharded sources among the spec's, with their shard counts: each is read as its
+    /// shards' tokens in shard order ([`names::token_stages`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shards: BTreeMap<String, usize>,
 }
 
 impl Stage for Mix {
@@ -39,11 +45,13 @@ impl Stage for Mix {
 
     fn validate(&self, c: &MixConfig, needs: &[String]) -> Result<(), ConfigError> {
         for s in &c.spec.sources {
-            if !needs.iter().any(|n| n == &names::tokenize(s)) {
-                return Err(ConfigError::new(
-                    "needs",
-                    format!("the mixture reads `{s}` but the stage does not need `tokenize.{s}`"),
-                ));
+            for stage in names::token_stages(s, c.shards.get(s).copied()) {
+                if !needs.contains(&stage) {
+                    return Err(ConfigError::new(
+                        "needs",
+                        format!("the mixture reads `{s}` but the stage does not need `{stage}`"),
+                    ));
+                }
             }
         }
         Ok(())
@@ -52,10 +60,15 @@ impl Stage for Mix {
     fn run(&self, c: &MixConfig, ctx: &StageContext) -> Result<()> {
         let mut sources: Vec<Arc<dyn TokenSource>> = Vec::new();
         for name in &c.spec.sources {
-            let dir = ctx.input(&names::tokenize(name))?;
-            let ds = IndexedDataset::open(&dir.join("tokens"))
-                .with_context(|| format!("opening the tokens of `{name}`"))?;
-            sources.push(Arc::new(ds));
+            let mut parts = Vec::new();
+            for stage in names::token_stages(name, c.shards.get(name).copied()) {
+                let dir = ctx.input(&stage)?;
+                parts.push(
+                    IndexedDataset::open(&dir.join("tokens"))
+                        .with_context(|| format!("opening the tokens of `{stage}`"))?,
+                );
+            }
+            sources.push(Arc::new(Concat::new(parts)));
         }
         let refs: Vec<&dyn TokenSource> = sources.iter().map(|s| s.as_ref()).collect();
         let plan = mixture::plan(&c.spec, &refs).with_context(|| format!("phase `{}`", c.phase))?;

@@ -16,6 +16,27 @@ pub fn tokenize(source: &str) -> String {
     format!("tokenize.{source}")
 }
 
+/// `dedup.<source>`: exact dedup across the shards of a sharded source.
+pub fn dedup(source: &str) -> String {
+    format!("dedup.{source}")
+}
+
+/// Shard `index` of `count` of the stage named `stage`: `<stage>.s<index>`, the index
+/// zero-padded to the width of `count - 1`, so that the shards' names sort in shard order.
+pub fn shard(stage: &str, index: usize, count: usize) -> String {
+    let width = (count.max(2) - 1).to_string().len();
+    format!("{stage}.s{index:0width$}")
+}
+
+/// The stages holding a source's tokens: `tokenize.<source>`, or with `shards` its shards'
+/// (`tokenize.<source>.s<i>`), in shard order.
+pub fn token_stages(source: &str, shards: Option<usize>) -> Vec<String> {
+    match shards {
+        None => vec![tokenize(source)],
+        Some(n) => (0..n).map(|i| shard(&tokenize(source), i, n)).collect(),
+    }
+}
+
 /// `mix.<phase>`: a phase's sample index.
 pub fn mix(phase: &str) -> String {
     format!("mix.{phase}")

@@ -34,6 +34,21 @@ pub struct TokenizeConfig {
     /// Hold out every N-th document (0 = none).
     #[serde(default = "default_holdout")]
     pub holdout_every: u64,
+    /// Documents of the ingested input to leave out (a shard's duplicates of an earlier shard's
+    /// documents; `sources.<name>.shards` sets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip: Option<SkipList>,
+}
+
+/// Documents to leave out: the drop list `file` (u64 document indices, [`crate::dedup`]) in
+/// the output of input stage `input`. The stage's identity hashes that file only of `input`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkipList {
+    /// The stage (an input) whose output holds the list.
+    pub input: String,
+    /// Its path within that output.
+    pub file: String,
 }
 
 fn default_batch() -> usize {
@@ -50,10 +65,19 @@ impl Stage for Tokenize {
     const VERSION: u32 = 2;
 
     fn validate(&self, c: &TokenizeConfig, needs: &[String]) -> Result<(), ConfigError> {
-        if needs.len() != 2 {
+        let want = 2 + usize::from(c.skip.is_some());
+        if needs.len() != want {
             return Err(ConfigError::new(
                 "needs",
-                "tokenize reads two inputs: an ingest stage and the tokenizer",
+                "tokenize reads an ingest stage and the tokenizer (and with `skip`, its input)",
+            ));
+        }
+        if let Some(skip) = &c.skip
+            && !needs.contains(&skip.input)
+        {
+            return Err(ConfigError::new(
+                "skip.input",
+                format!("`{}` is not one of the stage's inputs", skip.input),
             ));
         }
         if c.batch_docs == 0 {
@@ -69,7 +93,17 @@ impl Stage for Tokenize {
         }
     }
 
+    fn reads_only(&self, c: &TokenizeConfig, input: &str) -> Option<zflow_pipeline::FileFilter> {
+        let skip = c.skip.as_ref().filter(|s| s.input == input)?;
+        let file = skip.file.clone();
+        Some(Box::new(move |path: &str| path == file))
+    }
+
     fn run(&self, c: &TokenizeConfig, ctx: &StageContext) -> Result<()> {
+        let skip = match &c.skip {
+            Some(s) => crate::dedup::read_drops(&ctx.input(&s.input)?.join(&s.file))?,
+            None => Vec::new(),
+        };
         let (mut documents, mut tok_dir) = (None, None);
         for dir in ctx.inputs().values() {
             if dir.join("documents.parquet").exists() {
@@ -85,15 +119,11 @@ impl Stage for Tokenize {
         };
         ctx.progress().set_length(docs::count(&documents)?);
         let out = ctx.out_dir().join("tokens");
-        let stats = tokenize_documents(
-            &documents,
-            &tok_dir,
-            &out,
-            c,
-            ctx.threads(),
-            &|| ctx.check_cancelled(),
-            &|n| ctx.progress().inc(n),
-        )?;
+        let stats =
+            tokenize_documents(&documents, &tok_dir, &out, c, &skip, ctx.threads(), &|n| {
+                ctx.progress().inc(n);
+                ctx.check_cancelled()
+            })?;
         std::fs::write(
             ctx.out_dir().join("stats.json"),
             serde_json::to_vec_pretty(&stats)?,
@@ -137,17 +167,19 @@ pub struct TokenizeStats {
 
 /// Tokenizes `documents` (an ingest stage's Parquet file) with the tokenizer in `tok_dir` into
 /// the Megatron dataset `out_prefix` (`.bin` + `.idx`), every `holdout_every`-th document into
-/// `heldout` next to it, streaming a batch at a time on
-/// `threads` threads. `check` is called between batches (cancellation), `done` with the number
+/// `heldout` next to it, leaving out the documents at the (ascending) indices `skip`, streaming
+/// a batch at a time on `threads` threads. `batch_done` is called after each batch with its
+/// number of documents (progress); an error from it (cancellation) stops the work. Shared by the
+/// stage and `zflow bench tokenize`.
 /// of documents finished. Shared by the stage and `zflow bench tokenize`.
 pub fn tokenize_documents(
     documents: &std::path::Path,
     tok_dir: &std::path::Path,
     out_prefix: &std::path::Path,
     c: &TokenizeConfig,
+    skip: &[u64],
     threads: usize,
-    check: &dyn Fn() -> Result<()>,
-    done: &dyn Fn(u64),
+    batch_done: &dyn Fn(u64) -> Result<()>,
 ) -> Result<TokenizeStats> {
     let info = TokenizerInfo::read(tok_dir)?;
     let tokenizer = Tokenizer::from_file(tok_dir.join("tokenizer.json")).map_err(|e| {
@@ -167,6 +199,8 @@ pub fn tokenize_documents(
     };
     let (mut n_docs, mut n_tokens, mut n_bytes) = (0u64, 0u64, 0u64);
     let (mut h_docs, mut h_tokens, mut position) = (0u64, 0u64, 0u64);
+    // The index in `documents` of the next document read, and the skip entries not yet passed.
+    let (mut read, mut skip) = (0u64, skip.iter().peekable());
     let mut ids: Vec<u32> = Vec::new();
     // Read the next batch while this one is encoded: reading Parquet then cost ~15% of the
     // time on corpora of short documents.
@@ -181,10 +215,19 @@ pub fn tokenize_documents(
             }
         });
         for batch in rx {
-            check()?;
-            let texts = batch?;
-            n_bytes += texts.iter().map(|t| t.len() as u64).sum::<u64>();
+            let mut texts = batch?;
             let count = texts.len() as u64;
+            if skip.peek().is_some() {
+                texts.retain(|_| {
+                    let at = read;
+                    read += 1;
+                    let left_out = skip.next_if_eq(&&at).is_some();
+                    !left_out
+                });
+            } else {
+                read += count;
+            }
+            n_bytes += texts.iter().map(|t| t.len() as u64).sum::<u64>();
             let encodings = pool
                 .install(|| tokenizer.encode_batch_fast(texts, false))
                 .map_err(|e| anyhow::anyhow!("encoding documents {n_docs}..: {e}"))?;
@@ -209,10 +252,17 @@ pub fn tokenize_documents(
                     }
                 }
             }
-            done(count);
+            batch_done(count)?;
         }
         Ok(())
     })?;
+    if let Some(at) = skip.next() {
+        bail!(
+            "{}: the documents to leave out name document {at} (or name one twice), but the \
+             documents end at {read}",
+            documents.display()
+        );
+    }
     let summary = writer.finish()?;
     if let Some(h) = heldout {
         h.finish()?;

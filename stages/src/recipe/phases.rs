@@ -263,11 +263,23 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
     for entry in &doc.phases {
         let (phase, path) = (&entry.name, format!("phases.{}", entry.name));
         let used = &entry.sources;
+        // The sharded ones among them, with their shard counts: their tokens are the
+        // concatenation of their shards'.
+        let shards: std::collections::BTreeMap<&str, usize> = doc
+            .sources
+            .iter()
+            .filter(|s| used.contains(&s.name))
+            .filter_map(|s| Some((s.name.as_str(), s.shards?)))
+            .collect();
+        let token_stages: Vec<String> = used
+            .iter()
+            .flat_map(|s| names::token_stages(s, shards.get(s.as_str()).copied()))
+            .collect();
         nodes.push(NodeSpec {
             name: names::mix(phase),
             kind: "mix".into(),
-            config: json!({"phase": phase, "spec": entry.mix}),
-            needs: used.iter().map(|s| names::tokenize(s)).collect(),
+            config: json!({"phase": phase, "spec": entry.mix, "shards": shards}),
+            needs: token_stages.clone(),
             resources: None,
             path: path.clone(),
         });
@@ -275,12 +287,12 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
             let train = &entry.train;
             let name = names::train(phase);
             let mut needs = vec![names::mix(phase)];
-            needs.extend(used.iter().map(|s| names::tokenize(s)));
+            needs.extend(token_stages);
             needs.extend(previous.clone());
             nodes.push(NodeSpec {
                 name: name.clone(),
                 kind: "train".into(),
-                config: json!({"phase": phase, "model": model, "train": train.settings, "sources": used, "previous": previous, "launch": train.launch}),
+                config: json!({"phase": phase, "model": model, "train": train.settings, "sources": used, "shards": shards, "previous": previous, "launch": train.launch}),
                 needs,
                 resources: None,
                 path: format!("{path}.train"),

@@ -11,12 +11,20 @@
 //! With a `tokenizer:` section, each source also gets `tokenize.<name>`. A source with
 //! `format: megatron` is an existing Megatron dataset: `fetch.<name>` + `tokenize.<name>`
 //! (kind `megatron`), no ingest.
+//!
+//! `shards: N` splits a source's files N ways ([`crate::shard`]): `ingest.<name>.s<i>` and
+//! `tokenize.<name>.s<i>` per shard, each cached and retried on its own, and (with `dedup`, the
+//! default) `dedup.<name>`, which drops the documents of a shard that an earlier shard already
+//! holds. The tokenizer trains on the first shard's documents; mixing and training read the
+//! shards' tokens as one source, in shard order.
 
 use serde_json::{Map, Value, json};
 use zflow_pipeline::{ConfigError, NodeSpec};
 
 use super::RecipeDoc;
 use crate::names;
+use crate::shard::Shard;
+use crate::tokenize::SkipList;
 
 /// Keys of a source entry that belong to its fetch stage; the rest configure `ingest`.
 const FETCH_KEYS: &[&str] = &["url", "sha256"];
@@ -33,9 +41,15 @@ pub struct Source {
     /// The other settings: `ingest.<name>`'s, or for a Megatron source its `megatron` stage's
     /// (with the recipe's `model.vocab_size`).
     pub settings: Map<String, Value>,
-    /// `tokenize:`: the settings of its `tokenize.<name>` stage.
+    /// `tokenize:`: the settings of its `tokenize.<name>` stage(s).
     pub tokenize: Option<Value>,
+    /// `shards:`: how many shards its files are split into (`None`: not sharded).
+    pub shards: Option<usize>,
 }
+
+/// The most shards a source may have (a stage per shard and step, so bounded by what a plan
+/// can hold).
+pub const MAX_SHARDS: usize = 100_000;
 
 /// The `sources:` section, in recipe order; empty without one. `vocab_size` is the
 /// `model.vocab_size` the recipe sets, if it sets one: a Megatron source's ids are checked
@@ -69,8 +83,15 @@ pub fn parse(
             ));
         }
         let megatron = entry.get("format").and_then(Value::as_str) == Some("megatron");
+        let shards = match entry.get("shards") {
+            None => None,
+            Some(v) => Some(shard_count(v, &format!("{path}.shards"), megatron)?),
+        };
         let (mut fetch, mut settings) = (Map::new(), Map::new());
         for (k, v) in entry {
+            if k == "shards" {
+                continue;
+            }
             if FETCH_KEYS.contains(&k.as_str()) {
                 fetch.insert(k.clone(), v.clone());
             } else {
@@ -94,9 +115,50 @@ pub fn parse(
             megatron,
             settings,
             tokenize,
+            shards,
         });
     }
     Ok(sources)
+}
+
+/// A `shards:` value: a whole number from 1 to [`MAX_SHARDS`], on a source zflow ingests.
+fn shard_count(v: &Value, path: &str, megatron: bool) -> Result<usize, ConfigError> {
+    if megatron {
+        return Err(ConfigError::new(
+            path,
+            "a `format: megatron` source is already tokenized: it cannot be sharded",
+        ));
+    }
+    match v.as_u64() {
+        Some(n) if (1..=MAX_SHARDS as u64).contains(&n) => Ok(n as usize),
+        _ => Err(ConfigError::new(
+            path,
+            format!("`shards` must be a whole number of shards from 1 to {MAX_SHARDS}, got {v}"),
+        )),
+    }
+}
+
+impl Source {
+    /// Whether its shards are deduplicated against each other (`dedup`, on by default, as in
+    /// `ingest`), through `dedup.<name>`.
+    pub fn dedup_across_shards(&self) -> bool {
+        self.shards.is_some() && self.settings.get("dedup").and_then(Value::as_bool) != Some(false)
+    }
+
+    /// The stages holding its tokens, in shard order.
+    pub fn token_stages(&self) -> Vec<String> {
+        names::token_stages(&self.name, self.shards)
+    }
+
+    /// Its ingest stages, in shard order.
+    pub fn ingest_stages(&self) -> Vec<String> {
+        match self.shards {
+            None => vec![names::ingest(&self.name)],
+            Some(n) => (0..n)
+                .map(|i| names::shard(&names::ingest(&self.name), i, n))
+                .collect(),
+        }
+    }
 }
 
 /// `fetch.<name>`, then `ingest.<name>` and (with a tokenizer) `tokenize.<name>`, or for a
@@ -129,24 +191,84 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
             continue;
         }
         settings.insert("source".into(), json!(name));
-        nodes.push(NodeSpec {
-            name: names::ingest(name),
-            kind: "ingest".into(),
-            config: Value::Object(settings),
-            needs: vec![fetch_name],
-            resources: None,
-            path: path.clone(),
-        });
-        if doc.tokenizer.is_some() {
+        let Some(count) = source.shards else {
             nodes.push(NodeSpec {
-                name: names::tokenize(name),
-                kind: "tokenize".into(),
-                config: source.tokenize.clone().unwrap_or_else(|| json!({})),
-                needs: vec![names::ingest(name), names::TOKENIZER.into()],
+                name: names::ingest(name),
+                kind: "ingest".into(),
+                config: Value::Object(settings),
+                needs: vec![fetch_name],
                 resources: None,
-                path: format!("{path}.tokenize"),
+                path: path.clone(),
             });
+            if doc.tokenizer.is_some() {
+                nodes.push(tokenize_node(
+                    source,
+                    names::tokenize(name),
+                    names::ingest(name),
+                    None,
+                ));
+            }
+            continue;
+        };
+        let ingests = source.ingest_stages();
+        for (index, ingest) in ingests.iter().enumerate() {
+            let mut settings = settings.clone();
+            settings.insert("shard".into(), json!(Shard { index, count }));
+            nodes.push(NodeSpec {
+                name: ingest.clone(),
+                kind: "ingest".into(),
+                config: Value::Object(settings),
+                needs: vec![fetch_name.clone()],
+                resources: None,
+                path: path.clone(),
+            });
+        }
+        let dedup = source.dedup_across_shards().then(|| names::dedup(name));
+        if let Some(dedup) = &dedup {
+            nodes.push(NodeSpec {
+                name: dedup.clone(),
+                kind: "dedup".into(),
+                config: json!({"source": name, "shards": count}),
+                needs: ingests.clone(),
+                resources: None,
+                path: path.clone(),
+            });
+        }
+        if doc.tokenizer.is_some() {
+            for (index, (tokenize, ingest)) in
+                source.token_stages().into_iter().zip(&ingests).enumerate()
+            {
+                let skip = dedup.as_ref().map(|d| SkipList {
+                    input: d.clone(),
+                    file: crate::dedup::drops_file(index, count),
+                });
+                nodes.push(tokenize_node(source, tokenize, ingest.clone(), skip));
+            }
         }
     }
     nodes
+}
+
+/// A `tokenize` stage of `source` named `name`, reading ingest stage `ingest` (and, for a
+/// shard of a deduplicated source, the documents to leave out).
+fn tokenize_node(
+    source: &Source,
+    name: String,
+    ingest: String,
+    skip: Option<SkipList>,
+) -> NodeSpec {
+    let mut config = source.tokenize.clone().unwrap_or_else(|| json!({}));
+    let mut needs = vec![ingest, names::TOKENIZER.into()];
+    if let (Some(skip), Some(map)) = (skip, config.as_object_mut()) {
+        needs.push(skip.input.clone());
+        map.insert("skip".into(), json!(skip));
+    }
+    NodeSpec {
+        name,
+        kind: "tokenize".into(),
+        config,
+        needs,
+        resources: None,
+        path: format!("sources.{}.tokenize", source.name),
+    }
 }

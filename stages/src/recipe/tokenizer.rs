@@ -61,7 +61,8 @@ pub fn parse(value: Option<&Value>) -> Result<Option<TokenizerSpec>, ConfigError
 }
 
 /// `fetch.tokenizer` (for `file:`) and the `tokenizer` stage, which reads every ingested
-/// source.
+/// source: of a sharded one, its first shard (a bounded sample either way, and a change to the
+/// other shards leaves the tokenizer, and so every shard's tokens, as they are).
 pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
     let Some(spec) = &doc.tokenizer else {
         return Vec::new();
@@ -71,7 +72,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
         .sources
         .iter()
         .filter(|s| !s.megatron)
-        .map(|s| names::ingest(&s.name))
+        .map(|s| s.ingest_stages().swap_remove(0))
         .collect();
     if let Some(fetch) = &spec.fetch {
         nodes.push(NodeSpec {

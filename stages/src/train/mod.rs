@@ -19,6 +19,7 @@
 //! Recipe: a `train:` section holds settings for every phase; a phase's own `train:` overrides
 //! them key by key. With a `model:` section, every phase gets a `train.<phase>` stage.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -52,6 +53,10 @@ pub struct TrainConfig {
     pub train: TrainSettings,
     /// Sources of the phase's mixture, in its order.
     pub sources: Vec<String>,
+    /// The sharded ones among them, with their shard counts (their tokens are their shards',
+    /// in order: [`names::token_stages`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shards: BTreeMap<String, usize>,
     /// The previous phase's train stage, whose final checkpoint this phase starts from.
     pub previous: Option<String>,
     /// How the phase is launched and supervised. Not part of the stage's identity: more ranks
@@ -197,13 +202,20 @@ impl Stage for Train {
         let out = ctx.out_dir();
         let mut sources = Vec::new();
         for name in &c.sources {
-            let dir = ctx.input(&names::tokenize(name))?;
-            crate::token_ids::check(name, dir, c.model.vocab_size)?;
-            let heldout = dir.join("heldout");
+            let (mut tokens, mut heldout) = (Vec::new(), Vec::new());
+            for stage in names::token_stages(name, c.shards.get(name).copied()) {
+                let dir = ctx.input(&stage)?;
+                crate::token_ids::check(name, dir, c.model.vocab_size)?;
+                tokens.push(dir.join("tokens"));
+                let held = dir.join("heldout");
+                if held.with_extension("idx").exists() {
+                    heldout.push(held);
+                }
+            }
             sources.push(SourcePaths {
                 name: name.clone(),
-                tokens: dir.join("tokens"),
-                heldout: heldout.with_extension("idx").exists().then_some(heldout),
+                tokens,
+                heldout,
             });
         }
         let job = TrainJob {

@@ -1,0 +1,279 @@
+//! Sharded sources through the real binary (`sources.<name>.shards`): a changed or added file
+//! re-runs only the shard it lands in; exact dedup across shards keeps what one unsharded ingest
+//! keeps; the mixture over a sharded and an unsharded source realises its shares within a
+//! percentage point; outputs are byte-identical across `-j 1`, `-j 2` and the real local Slurm,
+//! where the shard stages go out as job arrays.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::{Sandbox, stage_dir};
+use zflow_stages::shard::Shard;
+
+const SHARDS: usize = 4;
+
+/// A corpus of `files` text files of paragraphs, in `<sandbox>/corpus`. Every file repeats a
+/// boilerplate paragraph and every third file repeats its predecessor's first paragraph, so
+/// duplicates fall within a shard and across shards.
+fn write_corpus(sb: &Sandbox, files: usize) {
+    for f in 0..files {
+        let mut text = String::new();
+        let first = if f % 3 == 2 { f - 1 } else { f };
+        text.push_str(&format!(
+            "File {first} opens with this paragraph about caching stage outputs by content.\n\n"
+        ));
+        for p in 0..12 {
+            text.push_str(&format!(
+                "Paragraph {p} of file {f}: a stage re-runs when its inputs change, and only then; shard {f}-{p} keeps its own words.\n\n"
+            ));
+        }
+        text.push_str(
+            "This boilerplate paragraph closes every file of the corpus, word for word.\n",
+        );
+        sb.write(&format!("corpus/doc-{f:03}.txt"), &text);
+    }
+}
+
+/// Data stages only: the corpus (sharded `shards` ways, or not), this repository's pipeline
+/// sources as a second source, a trained tokenizer and one mixed phase.
+fn recipe(shards: Option<usize>) -> String {
+    let shards = shards.map_or(String::new(), |n| format!("\n    shards: {n}"));
+    format!(
+        r#"
+name: shards-test
+sources:
+  corpus:
+    url: "corpus/*.txt"
+    format: text
+    split_regex: "\n\n+"
+    min_chars: 20{shards}
+  code:
+    url: "{repo}/pipeline/src/*.rs"
+    format: text
+tokenizer:
+  train: {{vocab_size: 512, sample_bytes_per_source: 100000}}
+phases:
+  p1:
+    tokens: 40000
+    seq_len: 64
+    block_size: 64
+    mixture: {{corpus: 0.3, code: 0.7}}
+"#,
+        repo = env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+/// Every complete output of the store: stage name -> its content hash.
+fn outputs(store: &Path) -> BTreeMap<String, String> {
+    std::fs::read_dir(store)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let m = e.path().join(".zflow-manifest.json");
+            m.exists().then(|| {
+                let m = json(&m);
+                (
+                    m["stage"].as_str().unwrap().to_string(),
+                    m["content_hash"].as_str().unwrap().to_string(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The first file (by name) of the corpus that is not in shard 0 (whose documents the tokenizer
+/// trains on): changing it must leave the tokenizer, and so every other shard, alone.
+fn file_outside_shard_zero(files: usize) -> (String, usize) {
+    (0..files)
+        .map(|f| format!("doc-{f:03}.txt"))
+        .map(|name| {
+            let shard = Shard::of(&name, SHARDS);
+            (name, shard)
+        })
+        .find(|(_, s)| *s != 0)
+        .unwrap()
+}
+
+#[test]
+fn a_changed_or_added_file_reruns_only_its_shard_and_dedup_across_shards_matches_one_ingest() {
+    let files = 16;
+    let sb = Sandbox::new();
+    write_corpus(&sb, files);
+    sb.write("r.yaml", &recipe(Some(SHARDS)));
+    let plan = sb.ok(&["plan", "r.yaml"]).stdout;
+    for i in 0..SHARDS {
+        for stage in [
+            format!("ingest.corpus.s{i}"),
+            format!("tokenize.corpus.s{i}"),
+        ] {
+            assert!(
+                plan.contains(&stage),
+                "{stage} missing from the plan:\n{plan}"
+            );
+        }
+    }
+    assert!(plan.contains("dedup.corpus"), "{plan}");
+    sb.ok(&["run", "r.yaml"]);
+    let store = sb.path().join("zflow-store");
+
+    // Exact dedup across shards keeps exactly the documents one unsharded ingest keeps.
+    let whole = Sandbox::new();
+    write_corpus(&whole, files);
+    whole.write("r.yaml", &recipe(None));
+    whole.ok(&["run", "r.yaml", "--until", "ingest.corpus"]);
+    let unsharded = json(&whole.output("ingest.corpus").join("stats.json"));
+    let dedup = json(&sb.output("dedup.corpus").join("stats.json"));
+    let count = |rule: &str| -> u64 {
+        dedup
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["rule"] == rule)
+            .map(|r| r["documents"].as_u64().unwrap())
+            .sum()
+    };
+    let across = count("dropped:duplicate_of_earlier_shard");
+    assert!(across > 0, "no duplicate across shards was found: {dedup}");
+    assert_eq!(
+        count("kept"),
+        unsharded["docs_out"].as_u64().unwrap(),
+        "sharded + dedup kept {} documents ({across} dropped across shards), one ingest {}",
+        count("kept"),
+        unsharded["docs_out"]
+    );
+    let tokenized: u64 = (0..SHARDS)
+        .map(|i| {
+            let s = json(&stage_dir(&store, &format!("tokenize.corpus.s{i}")).join("stats.json"));
+            s["documents"].as_u64().unwrap() + s["heldout_documents"].as_u64().unwrap()
+        })
+        .sum();
+    assert_eq!(
+        tokenized,
+        count("kept"),
+        "the tokenize shards left out the duplicates"
+    );
+
+    // The mixture reads the shards as one source: shares within 1 percentage point.
+    let report = json(&sb.output("mix.p1").join("report.json"));
+    for s in report["sources"].as_array().unwrap() {
+        let (want, got) = (
+            s["requested_share"].as_f64().unwrap(),
+            s["realised_share"].as_f64().unwrap(),
+        );
+        assert!(
+            (want - got).abs() <= 0.01,
+            "{}: requested {want}, realised {got}",
+            s["name"]
+        );
+    }
+
+    // A changed file re-runs its shard's ingest and tokenize stages (and the source's dedup and
+    // the mixture over it), nothing else.
+    let (name, shard) = file_outside_shard_zero(files);
+    let path = format!("corpus/{name}");
+    let mut text = sb.read(&path);
+    text.push_str("\nA new closing paragraph, added to this file only, long enough to stay.\n");
+    sb.write(&path, &text);
+    let rerun = sb.ok(&["run", "r.yaml"]);
+    let expected = |shard: usize| {
+        sorted(vec![
+            "fetch.corpus".into(),
+            format!("ingest.corpus.s{shard}"),
+            "dedup.corpus".into(),
+            format!("tokenize.corpus.s{shard}"),
+            "mix.p1".into(),
+        ])
+    };
+    assert_eq!(sorted(rerun.ran()), expected(shard), "{}", rerun.stderr);
+
+    // So does a new file, in the shard it lands in.
+    let added = (files..files + 64)
+        .map(|f| format!("doc-{f:03}.txt"))
+        .find(|n| Shard::of(n, SHARDS) != 0)
+        .unwrap();
+    sb.write(
+        &format!("corpus/{added}"),
+        "A file added later, with a paragraph of its own that no other file has.\n",
+    );
+    let rerun = sb.ok(&["run", "r.yaml"]);
+    assert_eq!(
+        sorted(rerun.ran()),
+        expected(Shard::of(&added, SHARDS)),
+        "{}",
+        rerun.stderr
+    );
+}
+
+#[test]
+fn sharded_outputs_are_byte_identical_across_jobs() {
+    let runs: Vec<BTreeMap<String, String>> = ["1", "2"]
+        .iter()
+        .map(|jobs| {
+            let sb = Sandbox::new();
+            write_corpus(&sb, 12);
+            sb.write("r.yaml", &recipe(Some(SHARDS)));
+            sb.ok(&["run", "r.yaml", "-j", jobs]);
+            outputs(&sb.path().join("zflow-store"))
+        })
+        .collect();
+    assert!(runs[0].len() >= 2 * SHARDS + 5, "{:?}", runs[0]);
+    assert_eq!(runs[0], runs[1], "-j 1 and -j 2 made different outputs");
+}
+
+#[test]
+#[cfg_attr(
+    not(zflow_slurm),
+    ignore = "needs the local Slurm: scripts/test.sh starts it and sets SLURM_CONF"
+)]
+fn sharded_stages_run_as_slurm_job_arrays_and_end_as_the_local_run() {
+    let conf = std::env::var_os("SLURM_CONF").expect("SLURM_CONF names the local Slurm");
+    let local = Sandbox::new();
+    write_corpus(&local, 12);
+    local.write("r.yaml", &recipe(Some(SHARDS)));
+    local.ok(&["run", "r.yaml"]);
+
+    let sb = Sandbox::new();
+    write_corpus(&sb, 12);
+    sb.write(
+        "r.yaml",
+        &format!(
+            "executor: {{kind: slurm, poll_s: 0.3}}\n{}",
+            recipe(Some(SHARDS))
+        ),
+    );
+    let out = sb
+        .cmd(&["run", "r.yaml"])
+        .env("SLURM_CONF", &conf)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // The ingest shards became ready together (after fetch.corpus): one array, a task each.
+    let tasks = stderr
+        .lines()
+        .filter(|l| l.contains("[ingest.corpus.s") && l.contains("submitted slurm job"))
+        .count();
+    let in_array = stderr.lines().any(|l| {
+        l.contains("[ingest.corpus.s") && l.contains("submitted slurm job") && l.contains("_1 (")
+    });
+    assert!(
+        tasks == SHARDS && in_array,
+        "the ingest shards were not one job array:\n{stderr}"
+    );
+    assert_eq!(
+        outputs(&sb.path().join("zflow-store")),
+        outputs(&local.path().join("zflow-store")),
+        "the Slurm run made other outputs than the local one"
+    );
+}
