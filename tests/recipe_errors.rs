@@ -46,6 +46,20 @@ fn unknown_stage_field_points_at_the_key() {
 }
 
 #[test]
+fn a_bad_shard_count_is_named() {
+    check(
+        "sources:\n  a:\n    url: x.txt\n    shards: 0\n",
+        "r.yaml:4:13",
+        "`shards` must be a whole number of shards from 1 to 100000, got 0",
+    );
+    check(
+        "sources:\n  a:\n    url: x.txt\n    near_dedup: {bands: 0}\n",
+        "r.yaml:4",
+        "must be from 1 to 1024, got 0",
+    );
+}
+
+#[test]
 fn unknown_kind_lists_the_kinds() {
     check(
         "stages:\n  - name: a\n    kind: shel\n    run: x\n",

@@ -14,25 +14,51 @@ use zflow_stages::shard::Shard;
 
 const SHARDS: usize = 4;
 
-/// A corpus of `files` text files of paragraphs, in `<sandbox>/corpus`. Every file repeats a
-/// boilerplate paragraph and every third file repeats its predecessor's first paragraph, so
-/// duplicates fall within a shard and across shards.
+/// `n` pseudo-random words drawn from `seed`.
+fn words(seed: u64, n: usize) -> Vec<String> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            format!("w{}", (x >> 33) % 100_000)
+        })
+        .collect()
+}
+
+/// A corpus of `files` text files of paragraphs, in `<sandbox>/corpus`. Every file has a long
+/// paragraph of its own and repeats a boilerplate one; every third file repeats its
+/// predecessor's first paragraph (exact duplicates, within a shard and across shards); every
+/// fourth file has a near copy (one word changed) of the long paragraph of the file three
+/// before it. Other paragraphs share no run of five words.
 fn write_corpus(sb: &Sandbox, files: usize) {
+    let long = |f: usize| words(1_000_000 + f as u64, 80);
     for f in 0..files {
-        let mut text = String::new();
+        let mut paragraphs = Vec::new();
         let first = if f % 3 == 2 { f - 1 } else { f };
-        text.push_str(&format!(
-            "File {first} opens with this paragraph about caching stage outputs by content.\n\n"
+        paragraphs.push(format!(
+            "File {first} opens with: {}",
+            words(first as u64, 12).join(" ")
         ));
         for p in 0..12 {
-            text.push_str(&format!(
-                "Paragraph {p} of file {f}: a stage re-runs when its inputs change, and only then; shard {f}-{p} keeps its own words.\n\n"
-            ));
+            paragraphs.push(words(1000 * f as u64 + p + 7, 20).join(" "));
         }
-        text.push_str(
-            "This boilerplate paragraph closes every file of the corpus, word for word.\n",
+        paragraphs.push(long(f).join(" "));
+        if f % 4 == 3 {
+            let mut copy = long(f - 3);
+            copy[40] = "changed".into();
+            paragraphs.push(copy.join(" "));
+        }
+        paragraphs.push(
+            "This boilerplate paragraph closes every file of the corpus, word for word.".into(),
         );
-        sb.write(&format!("corpus/doc-{f:03}.txt"), &text);
+        sb.write(
+            &format!("corpus/doc-{f:03}.txt"),
+            &(paragraphs.join("\n\n") + "\n"),
+        );
     }
 }
 
@@ -48,7 +74,8 @@ sources:
     url: "corpus/*.txt"
     format: text
     split_regex: "\n\n+"
-    min_chars: 20{shards}
+    min_chars: 20
+    near_dedup: {{}}{shards}
   code:
     url: "{repo}/pipeline/src/*.rs"
     format: text
@@ -133,6 +160,12 @@ fn a_changed_or_added_file_reruns_only_its_shard_and_dedup_across_shards_matches
     whole.write("r.yaml", &recipe(None));
     whole.ok(&["run", "r.yaml", "--until", "ingest.corpus"]);
     let unsharded = json(&whole.output("ingest.corpus").join("stats.json"));
+    let unsharded_near = unsharded["dropped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r[0] == "near_duplicate")
+        .map(|r| r[1].as_u64().unwrap());
     let dedup = json(&sb.output("dedup.corpus").join("stats.json"));
     let count = |rule: &str| -> u64 {
         dedup
@@ -143,12 +176,18 @@ fn a_changed_or_added_file_reruns_only_its_shard_and_dedup_across_shards_matches
             .map(|r| r["documents"].as_u64().unwrap())
             .sum()
     };
-    let across = count("dropped:duplicate_of_earlier_shard");
+    let (across, near) = (
+        count("dropped:duplicate_of_earlier_shard"),
+        count("dropped:near_duplicate"),
+    );
     assert!(across > 0, "no duplicate across shards was found: {dedup}");
+    // Every fourth file holds one near copy.
+    assert_eq!(near, (files / 4) as u64, "{dedup}");
+    assert_eq!(unsharded_near, Some(near), "{unsharded}");
     assert_eq!(
         count("kept"),
         unsharded["docs_out"].as_u64().unwrap(),
-        "sharded + dedup kept {} documents ({across} dropped across shards), one ingest {}",
+        "sharded + dedup kept {} documents ({across} exact and {near} near duplicates dropped across shards), one ingest {}",
         count("kept"),
         unsharded["docs_out"]
     );

@@ -1,21 +1,26 @@
-//! `dedup.<source>`: exact dedup across the shards of a sharded source.
+//! `dedup.<source>`: exact and near-duplicate removal across the shards of a sharded source.
 //!
-//! Each shard's ingest drops its own duplicates and writes `hashes.bin`: one record per kept
-//! document (the first 16 bytes of the blake3 of its normalised text, its index in the shard,
-//! its size in bytes), sorted. This stage merges every shard's records, a k-way merge that
-//! holds one record per shard in memory however large the source, and keeps each text's first
-//! occurrence in shard order. Every later occurrence goes into its shard's drop list,
+//! Each shard's ingest drops its own exact duplicates and writes `hashes.bin`: one record per
+//! kept document (the first 16 bytes of the blake3 of its normalised text, its index in the
+//! shard, its size in bytes), sorted; with `near_dedup`, also `bands.bin`, a record per LSH band
+//! of each kept document ([`crate::minhash`]). This stage merges every shard's records of a kind,
+//! a k-way merge that holds one record per shard in memory however large the source: of equal
+//! texts, the first in shard order stays; of documents sharing a band, the first stays (a near
+//! duplicate is one that shares a band with any earlier document, within its shard or before
+//! it). Every other document goes into its shard's drop list,
 //! `drops/<index>.bin` (document indices, u64 little-endian, ascending; a file for every shard,
 //! empty when it drops nothing), which that shard's tokenize stage leaves out. A tokenize
 //! stage's identity hashes its own drop list only ([`crate::tokenize::SkipList`]), so a
 //! changed shard re-runs this stage (cheap: it reads 32 bytes per document) but only the
 //! tokenize stages whose drop lists changed.
 //!
-//! The result equals deduplicating the concatenation of the shards in order: what stays is
-//! the same set of texts as one unsharded ingest keeps (in shard order rather than file order).
+//! The exact result equals deduplicating the concatenation of the shards in order: what stays
+//! is the same set of texts as one unsharded ingest keeps (in shard order rather than file
+//! order). The near one is the unsharded rule applied in shard order.
 //!
 //! `stats.json` and `stats.parquet` (`source`, `shard`, `rule`, `documents`, `bytes`): per
-//! shard, the documents it holds and those dropped as duplicates of an earlier shard's.
+//! shard, the documents it holds, those dropped as exact duplicates of an earlier shard's and
+//! as near duplicates, and those kept.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -42,7 +47,16 @@ pub struct DedupConfig {
     pub source: String,
     /// Its number of shards; the inputs are its ingest shards.
     pub shards: usize,
+    /// Exact duplicates across shards (the shards' `hashes.bin`).
+    pub exact: bool,
+    /// Near duplicates (the shards' `bands.bin`).
+    pub near: bool,
 }
+
+/// A shard's records of its documents' text hashes.
+pub const EXACT: &str = "hashes.bin";
+/// A shard's records of its documents' LSH bands.
+pub const NEAR: &str = "bands.bin";
 
 /// One kept document of a shard, as `hashes.bin` holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -86,10 +100,10 @@ impl DocHash {
     }
 }
 
-/// Writes a shard's `hashes.bin` into `out`: `hashes` sorted.
-pub fn write_hashes(out: &Path, mut hashes: Vec<DocHash>) -> Result<()> {
+/// Writes a shard's records ([`EXACT`] or [`NEAR`]) to `path`, sorted.
+pub fn write_records(path: &Path, mut hashes: Vec<DocHash>) -> Result<()> {
     hashes.sort_unstable();
-    let mut w = BufWriter::new(std::fs::File::create(out.join("hashes.bin"))?);
+    let mut w = BufWriter::new(std::fs::File::create(path)?);
     for h in &hashes {
         w.write_all(&h.encode())?;
     }
@@ -118,15 +132,17 @@ pub fn read_drops(path: &Path) -> Result<Vec<u64>> {
         .collect())
 }
 
-/// One shard's `hashes.bin`, read a record at a time.
+/// One shard's records, read one at a time.
 struct Records {
     reader: BufReader<std::fs::File>,
     path: std::path::PathBuf,
-    previous: Option<[u8; 16]>,
+    previous: Option<DocHash>,
+    /// No two records with one hash (the exact kind: the shard dropped its own duplicates).
+    unique: bool,
 }
 
 impl Records {
-    fn open(path: std::path::PathBuf) -> Result<Records> {
+    fn open(path: std::path::PathBuf, unique: bool) -> Result<Records> {
         let file = std::fs::File::open(&path).with_context(|| {
             format!(
                 "opening {} (an ingest shard of a deduplicated source writes it)",
@@ -137,6 +153,7 @@ impl Records {
             reader: BufReader::with_capacity(1 << 16, file),
             path,
             previous: None,
+            unique,
         })
     }
 
@@ -148,13 +165,13 @@ impl Records {
             Err(e) => return Err(e).with_context(|| format!("reading {}", self.path.display())),
         }
         let h = DocHash::decode(&b);
-        // Sorted, and without duplicates (the shard's ingest dropped its own).
         ensure!(
-            self.previous.is_none_or(|p| p < h.hash),
-            "{}: records out of order (a damaged file?)",
+            self.previous
+                .is_none_or(|p| p < h && !(self.unique && p.hash == h.hash)),
+            "{}: records out of order or repeated (a damaged file?)",
             self.path.display()
         );
-        self.previous = Some(h.hash);
+        self.previous = Some(h);
         Ok(Some(h))
     }
 }
@@ -186,75 +203,119 @@ impl Stage for Dedup {
     fn run(&self, c: &DedupConfig, ctx: &StageContext) -> Result<()> {
         raise_open_files_limit(c.shards as u64 + 64);
         let ingest = names::ingest(&c.source);
+        let dirs: Vec<std::path::PathBuf> = (0..c.shards)
+            .map(|i| {
+                ctx.input(&names::shard(&ingest, i, c.shards))
+                    .map(Path::to_path_buf)
+            })
+            .collect::<Result<_>>()?;
         let mut shards = Vec::with_capacity(c.shards);
-        for i in 0..c.shards {
-            let dir = ctx.input(&names::shard(&ingest, i, c.shards))?;
-            shards.push(Records::open(dir.join("hashes.bin"))?);
+        for dir in &dirs {
+            let stats: crate::ingest::IngestStats =
+                serde_json::from_slice(&std::fs::read(dir.join("stats.json"))?)
+                    .with_context(|| format!("reading {}", dir.join("stats.json").display()))?;
+            shards.push(ShardTally {
+                documents: (stats.docs_out, stats.bytes_out),
+                ..Default::default()
+            });
         }
-        // The smallest (hash, shard) first: of equal texts, the earliest shard's comes first.
-        let mut heap = BinaryHeap::new();
-        for (i, r) in shards.iter_mut().enumerate() {
-            if let Some(h) = r.next()? {
-                heap.push(Reverse((h.hash, i, h.doc, h.bytes)));
+        let mut dropped: Vec<std::collections::BTreeSet<u64>> = vec![Default::default(); c.shards];
+        for (kind, on) in [(EXACT, c.exact), (NEAR, c.near)] {
+            if !on {
+                continue;
             }
-        }
-        let mut kept = vec![(0u64, 0u64); c.shards];
-        let mut drops: Vec<Vec<u64>> = vec![Vec::new(); c.shards];
-        let mut dropped_bytes = vec![0u64; c.shards];
-        let mut last: Option<[u8; 16]> = None;
-        ctx.progress()
-            .set_message("merging the shards' document hashes");
-        let mut merged = 0u64;
-        while let Some(Reverse((hash, shard, doc, bytes))) = heap.pop() {
-            if last == Some(hash) {
-                drops[shard].push(doc);
-                dropped_bytes[shard] += bytes;
-            } else {
-                kept[shard].0 += 1;
-                kept[shard].1 += bytes;
-                last = Some(hash);
-            }
-            if let Some(h) = shards[shard].next()? {
-                heap.push(Reverse((h.hash, shard, h.doc, h.bytes)));
-            }
-            merged += 1;
-            if merged.is_multiple_of(1 << 20) {
-                ctx.check_cancelled()?;
-            }
+            ctx.progress()
+                .set_message(format!("merging the shards' {kind}"));
+            let readers = dirs
+                .iter()
+                .map(|d| Records::open(d.join(kind), kind == EXACT))
+                .collect::<Result<Vec<_>>>()?;
+            merge(readers, &|| ctx.check_cancelled(), |shard, h| {
+                if dropped[shard].insert(h.doc) {
+                    let t = &mut shards[shard];
+                    let slot = if kind == EXACT {
+                        &mut t.exact
+                    } else {
+                        &mut t.near
+                    };
+                    slot.0 += 1;
+                    slot.1 += h.bytes;
+                }
+            })?;
         }
         let dir = ctx.out_dir().join("drops");
         std::fs::create_dir_all(&dir)?;
-        for (i, list) in drops.iter_mut().enumerate() {
-            list.sort_unstable();
+        for (i, list) in dropped.iter().enumerate() {
             let bytes: Vec<u8> = list.iter().flat_map(|d| d.to_le_bytes()).collect();
             std::fs::write(ctx.out_dir().join(drops_file(i, c.shards)), bytes)?;
         }
-        let total: usize = drops.iter().map(Vec::len).sum();
+        let (exact, near): (u64, u64) = shards
+            .iter()
+            .fold((0, 0), |(e, n), t| (e + t.exact.0, n + t.near.0));
         tracing::info!(
-            "{}: {merged} documents in {} shards, {total} dropped as duplicates of an earlier shard's",
+            "{}: {} shards; dropped {exact} exact duplicates of an earlier shard's documents and {near} near duplicates",
             c.source,
             c.shards
         );
-        write_stats(ctx.out_dir(), &c.source, &kept, &drops, &dropped_bytes)
+        write_stats(ctx.out_dir(), &c.source, &shards)
     }
 }
 
-fn write_stats(
-    out: &Path,
-    source: &str,
-    kept: &[(u64, u64)],
-    drops: &[Vec<u64>],
-    dropped_bytes: &[u64],
+/// Per shard: its documents, and those dropped by each rule (documents, bytes).
+#[derive(Clone, Copy, Default)]
+struct ShardTally {
+    documents: (u64, u64),
+    exact: (u64, u64),
+    near: (u64, u64),
+}
+
+/// Merges the shards' sorted records by (hash, shard, document) and calls `later` with every
+/// record whose hash an earlier one (in that order) had.
+fn merge(
+    mut shards: Vec<Records>,
+    check: &dyn Fn() -> Result<()>,
+    mut later: impl FnMut(usize, DocHash),
 ) -> Result<()> {
+    let mut heap = BinaryHeap::new();
+    for (i, r) in shards.iter_mut().enumerate() {
+        if let Some(h) = r.next()? {
+            heap.push(Reverse((h.hash, i, h.doc, h.bytes)));
+        }
+    }
+    let (mut last, mut merged) = (None, 0u64);
+    while let Some(Reverse((hash, shard, doc, bytes))) = heap.pop() {
+        if last == Some(hash) {
+            later(shard, DocHash { hash, doc, bytes });
+        }
+        last = Some(hash);
+        if let Some(h) = shards[shard].next()? {
+            heap.push(Reverse((h.hash, shard, h.doc, h.bytes)));
+        }
+        merged += 1;
+        if merged.is_multiple_of(1 << 20) {
+            check()?;
+        }
+    }
+    Ok(())
+}
+
+fn write_stats(out: &Path, source: &str, shards: &[ShardTally]) -> Result<()> {
     let mut rows: Vec<(u64, &str, u64, u64)> = Vec::new();
-    for (i, (&(docs, bytes), list)) in kept.iter().zip(drops).enumerate() {
-        rows.push((i as u64, "kept", docs, bytes));
+    for (i, t) in shards.iter().enumerate() {
+        let i = i as u64;
+        rows.push((i, "documents", t.documents.0, t.documents.1));
         rows.push((
-            i as u64,
+            i,
             "dropped:duplicate_of_earlier_shard",
-            list.len() as u64,
-            dropped_bytes[i],
+            t.exact.0,
+            t.exact.1,
         ));
+        rows.push((i, "dropped:near_duplicate", t.near.0, t.near.1));
+        let kept = (
+            t.documents.0 - t.exact.0 - t.near.0,
+            t.documents.1 - t.exact.1 - t.near.1,
+        );
+        rows.push((i, "kept", kept.0, kept.1));
     }
     let json: Vec<serde_json::Value> = rows
         .iter()

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use unicode_normalization::UnicodeNormalization;
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 
+use crate::minhash::{MinHasher, NearDedup};
 use crate::shard::Shard;
 
 /// The `ingest` stage kind.
@@ -85,8 +86,14 @@ pub struct IngestConfig {
     /// Drop documents longer than this many characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_chars: Option<usize>,
-    /// Read only this shard's files ([`crate::shard`]; set by `sources.<name>.shards`). With
-    /// `dedup`, also writes `hashes.bin` for the source's `dedup` stage.
+    /// Drop near duplicates ([`crate::minhash`]: MinHash + LSH over word n-grams); `{}` takes
+    /// datatrove's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub near_dedup: Option<NearDedup>,
+    /// Read only this shard's files ([`crate::shard`]; set by `sources.<name>.shards`). Its
+    /// duplicates of other shards' documents are the source's `dedup` stage's to drop: this
+    /// stage writes `hashes.bin` for it (with `dedup`) and `bands.bin` (with `near_dedup`), and
+    /// leaves near duplicates, within the shard too, to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<Shard>,
 }
@@ -145,6 +152,9 @@ impl Stage for Ingest {
                     ConfigError::new(format!("{field}[{i}]"), format!("invalid glob `{g}`: {e}"))
                 })?;
             }
+        }
+        if let Some(near) = &c.near_dedup {
+            near.validate()?;
         }
         if let Some(sh) = c.shard
             && sh.index >= sh.count
@@ -229,7 +239,10 @@ impl Stage for Ingest {
         }
         writer.finish()?;
         if let Some(hashes) = cleaner.hashes {
-            crate::dedup::write_hashes(ctx.out_dir(), hashes)?;
+            crate::dedup::write_records(&ctx.out_dir().join(crate::dedup::EXACT), hashes)?;
+        }
+        if let Some(Near::Record { bands, .. }) = cleaner.near {
+            crate::dedup::write_records(&ctx.out_dir().join(crate::dedup::NEAR), bands)?;
         }
         let stats = cleaner.stats;
         write_stats(ctx.out_dir(), &c.source, &stats)?;
@@ -555,14 +568,44 @@ struct Cleaner<'a> {
     stats: IngestStats,
     /// Of a deduplicated shard: every kept document's hash, for the source's dedup stage.
     hashes: Option<Vec<crate::dedup::DocHash>>,
+    /// With `near_dedup`: what near-duplicate detection keeps.
+    near: Option<Near>,
+}
+
+/// Near-duplicate detection in an ingest stage.
+enum Near {
+    /// Unsharded: drop a document one of whose bands an earlier document had.
+    Drop {
+        hasher: MinHasher,
+        seen: HashSet<[u8; 16]>,
+    },
+    /// A shard: record every kept document's bands for the source's dedup stage.
+    Record {
+        hasher: MinHasher,
+        bands: Vec<crate::dedup::DocHash>,
+    },
 }
 
 impl<'a> Cleaner<'a> {
     fn new(c: &'a IngestConfig) -> Self {
-        let dropped = ["filter", "empty", "min_chars", "max_chars", "duplicate"]
-            .iter()
-            .map(|r| (r.to_string(), 0, 0))
-            .collect();
+        let near = c.near_dedup.map(|settings| {
+            let hasher = MinHasher::new(settings);
+            match c.shard {
+                None => Near::Drop {
+                    hasher,
+                    seen: HashSet::new(),
+                },
+                Some(_) => Near::Record {
+                    hasher,
+                    bands: Vec::new(),
+                },
+            }
+        });
+        let mut rules = vec!["filter", "empty", "min_chars", "max_chars", "duplicate"];
+        if matches!(near, Some(Near::Drop { .. })) {
+            rules.push("near_duplicate");
+        }
+        let dropped = rules.iter().map(|r| (r.to_string(), 0, 0)).collect();
         Cleaner {
             c,
             seen: HashSet::new(),
@@ -571,6 +614,36 @@ impl<'a> Cleaner<'a> {
                 ..Default::default()
             },
             hashes: (c.shard.is_some() && c.dedup).then(Vec::new),
+            near,
+        }
+    }
+
+    /// Whether `text` is a near duplicate of an earlier document (unsharded); a shard records
+    /// the bands of the document it is about to keep instead, and says no.
+    fn near_duplicate(&mut self, text: &str) -> bool {
+        let doc = self.stats.docs_out;
+        match &mut self.near {
+            None => false,
+            Some(Near::Drop { hasher, seen }) => {
+                let keys = hasher.band_keys(text);
+                // Every band goes in, also a dropped document's: the rule compares with every
+                // earlier document, as the dedup stage's merge does across shards.
+                let mut hit = false;
+                for k in keys {
+                    hit |= !seen.insert(k);
+                }
+                hit
+            }
+            Some(Near::Record { hasher, bands }) => {
+                let bytes = text.len() as u64;
+                bands.extend(
+                    hasher
+                        .band_keys(text)
+                        .into_iter()
+                        .map(|hash| crate::dedup::DocHash { hash, doc, bytes }),
+                );
+                false
+            }
         }
     }
 
@@ -588,6 +661,8 @@ impl<'a> Cleaner<'a> {
             "max_chars"
         } else if c.dedup && !self.seen.insert(*blake3::hash(text.as_bytes()).as_bytes()) {
             "duplicate"
+        } else if self.near_duplicate(&text) {
+            "near_duplicate"
         } else {
             if let Some(hashes) = &mut self.hashes {
                 hashes.push(crate::dedup::DocHash::of(&text, self.stats.docs_out));

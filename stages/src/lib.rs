@@ -16,6 +16,7 @@ pub mod ingest;
 mod jsonl;
 pub mod launch;
 pub mod megatron_source;
+pub mod minhash;
 pub mod mix;
 pub mod names;
 pub mod plot;

@@ -139,10 +139,22 @@ fn shard_count(v: &Value, path: &str, megatron: bool) -> Result<usize, ConfigErr
 }
 
 impl Source {
-    /// Whether its shards are deduplicated against each other (`dedup`, on by default, as in
-    /// `ingest`), through `dedup.<name>`.
+    /// Whether it drops exact duplicates (`dedup`, on by default, as in `ingest`).
+    fn exact_dedup(&self) -> bool {
+        self.settings.get("dedup").and_then(Value::as_bool) != Some(false)
+    }
+
+    /// Whether it drops near duplicates (`near_dedup`).
+    fn near_dedup(&self) -> bool {
+        self.settings
+            .get("near_dedup")
+            .is_some_and(|v| !v.is_null())
+    }
+
+    /// Whether its shards are deduplicated against each other, exactly or near, through
+    /// `dedup.<name>`.
     pub fn dedup_across_shards(&self) -> bool {
-        self.shards.is_some() && self.settings.get("dedup").and_then(Value::as_bool) != Some(false)
+        self.shards.is_some() && (self.exact_dedup() || self.near_dedup())
     }
 
     /// The stages holding its tokens, in shard order.
@@ -228,7 +240,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
             nodes.push(NodeSpec {
                 name: dedup.clone(),
                 kind: "dedup".into(),
-                config: json!({"source": name, "shards": count}),
+                config: json!({"source": name, "shards": count, "exact": source.exact_dedup(), "near": source.near_dedup()}),
                 needs: ingests.clone(),
                 resources: None,
                 path: path.clone(),
