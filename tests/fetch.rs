@@ -194,6 +194,73 @@ fn every_fetch_of_every_shipped_recipe_resolves_and_matches_its_pin() {
         "only {fetched} fetch stages in {} recipes",
         recipes.len()
     );
+    byte_level_ids_equal_encode_fasts_on(&store);
+}
+
+/// The tokenize stage's byte-level encoder (`stages/src/encoder.rs`) gives `tokenizers`'
+/// `encode_fast` ids on the shipped recipes' text: every UTF-8 file the fetches above brought
+/// (corpora, benchmark data, package sources; up to 12 MB), as paragraphs, under a BPE trained
+/// on the first 2 MB of them as the tokenizer stage trains one.
+fn byte_level_ids_equal_encode_fasts_on(store: &std::path::Path) {
+    let mut files = Vec::new();
+    let mut stack: Vec<std::path::PathBuf> = std::fs::read_dir(store)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("fetch.")
+        })
+        .collect();
+    while let Some(p) = stack.pop() {
+        if p.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+        } else {
+            files.push(p);
+        }
+    }
+    files.sort();
+    let (mut docs, mut bytes) = (Vec::new(), 0usize);
+    for f in &files {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        bytes += text.len();
+        docs.extend(text.split("\n\n").map(String::from));
+        if bytes > 12 << 20 {
+            break;
+        }
+    }
+    assert!(bytes > 4 << 20, "only {bytes} bytes of text fetched");
+    let mut sample = Vec::new();
+    let mut taken = 0;
+    for d in &docs {
+        taken += d.len();
+        sample.push(d.clone());
+        if taken > 2 << 20 {
+            break;
+        }
+    }
+    let c: zflow_stages::tokenizer::TokenizerConfig =
+        serde_json::from_value(serde_json::json!({"train": {"vocab_size": 8192}})).unwrap();
+    let samples = [("shipped".to_string(), sample)].into_iter().collect();
+    let tokenizer =
+        zflow_stages::tokenizer::train(&c, c.train.as_ref().unwrap(), &samples).unwrap();
+    let encoder = zflow_stages::encoder::Encoder::new(&tokenizer);
+    assert!(encoder.is_byte_level());
+    for d in &docs {
+        assert!(
+            encoder.agrees_with_encode_fast(d).unwrap(),
+            "ids differ on {:?}",
+            d.chars().take(200).collect::<String>()
+        );
+    }
+    eprintln!(
+        "byte-level encoder = encode_fast on {} documents, {bytes} bytes",
+        docs.len()
+    );
 }
 
 #[test]

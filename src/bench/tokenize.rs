@@ -27,6 +27,12 @@ for _ in range(int(sys.argv[3])):
     enc = tok.encode_batch(texts, add_special_tokens=False)
     best = min(best, time.perf_counter() - t0)
 import tokenizers
+from array import array
+ids = array("I")
+for e in enc:
+    ids.append(len(e.ids))
+    ids.extend(e.ids)
+open(sys.argv[4], "wb").write(ids.tobytes())
 print(json.dumps({"seconds": best, "tokens": sum(len(e.ids) for e in enc), "version": tokenizers.__version__}))
 "#;
 
@@ -103,6 +109,7 @@ pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
         .arg(tok_dir.join("tokenizer.json"))
         .arg(&jsonl)
         .arg(REPEAT.to_string())
+        .arg(scratch.join("python-ids.bin"))
         .env("TOKENIZERS_PARALLELISM", "true")
         .output()
         .context("running python3")?;
@@ -136,13 +143,19 @@ pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
         py_tokens as f64 / py_s
     );
     println!("zflow / Python throughput: {:.2}x", py_s / zflow_s);
-    // Same tokenizer, same documents: the same tokens (zflow adds one EOD per document).
-    if py_tokens + stats.documents != stats.tokens {
-        println!(
-            "warning: token counts differ: zflow {} (incl. {} EOD), Python {py_tokens}",
-            stats.tokens, stats.documents
-        );
-    }
+    // Same tokenizer, same documents: the same ids, document by document (zflow adds an EOD).
+    let same = same_ids(&scratch.join("tokens"), &scratch.join("python-ids.bin"))?;
+    println!(
+        "ids: {}",
+        if same {
+            "identical to Python's, document by document".to_string()
+        } else {
+            format!(
+                "DIFFERENT from Python's (zflow {} tokens incl. {} EOD, Python {py_tokens})",
+                stats.tokens, stats.documents
+            )
+        }
+    );
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(ExitCode::SUCCESS)
 }
@@ -174,6 +187,32 @@ fn python_with_tokenizers(scratch: &std::path::Path) -> Result<Command> {
         cmd.env("PYTHONPATH", &target);
     }
     Ok(cmd)
+}
+
+/// Whether the dataset at `prefix` (each document's ids and an EOD) holds the ids the Python
+/// side wrote to `python` (each document's length, then its ids; u32 little-endian).
+fn same_ids(prefix: &std::path::Path, python: &std::path::Path) -> Result<bool> {
+    use zflow_runtime::data::TokenSource;
+    let ds = zflow_runtime::data::megatron::IndexedDataset::open(prefix)?;
+    let bytes = std::fs::read(python)?;
+    let words: Vec<u32> = bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    let (mut at, mut doc) = (0usize, vec![]);
+    for d in 0..ds.num_docs() {
+        let Some(&len) = words.get(at) else {
+            return Ok(false);
+        };
+        let len = len as usize;
+        doc.resize(ds.doc_len(d), 0);
+        ds.read(d, 0, &mut doc)?;
+        if doc.len() != len + 1 || words.get(at + 1..at + 1 + len) != Some(&doc[..len]) {
+            return Ok(false);
+        }
+        at += 1 + len;
+    }
+    Ok(at == words.len())
 }
 
 fn tempfile_dir() -> Result<std::path::PathBuf> {

@@ -8,6 +8,7 @@
 
 pub mod dedup;
 pub mod docs;
+pub mod encoder;
 pub mod engine;
 pub mod eval;
 pub mod export;

@@ -16,7 +16,9 @@ use zflow_pipeline::{ConfigError, Stage, StageContext};
 use zflow_runtime::data::megatron::{DType, IndexedDatasetWriter};
 
 use crate::docs;
+use crate::encoder::Encoder;
 use crate::tokenizer::TokenizerInfo;
+use rayon::prelude::*;
 
 /// The `tokenize` stage kind.
 pub struct Tokenize;
@@ -171,7 +173,6 @@ pub struct TokenizeStats {
 /// a batch at a time on `threads` threads. `batch_done` is called after each batch with its
 /// number of documents (progress); an error from it (cancellation) stops the work. Shared by the
 /// stage and `zflow bench tokenize`.
-/// of documents finished. Shared by the stage and `zflow bench tokenize`.
 pub fn tokenize_documents(
     documents: &std::path::Path,
     tok_dir: &std::path::Path,
@@ -185,6 +186,7 @@ pub fn tokenize_documents(
     let tokenizer = Tokenizer::from_file(tok_dir.join("tokenizer.json")).map_err(|e| {
         anyhow::anyhow!("loading {}: {e}", tok_dir.join("tokenizer.json").display())
     })?;
+    let encoder = Encoder::new(&tokenizer);
     let dtype = DType::for_vocab(info.vocab_size);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
@@ -228,15 +230,23 @@ pub fn tokenize_documents(
                 read += count;
             }
             n_bytes += texts.iter().map(|t| t.len() as u64).sum::<u64>();
-            let encodings = pool
-                .install(|| tokenizer.encode_batch_fast(texts, false))
-                .map_err(|e| anyhow::anyhow!("encoding documents {n_docs}..: {e}"))?;
+            let encodings: Vec<Vec<u32>> = pool
+                .install(|| {
+                    texts
+                        .par_iter()
+                        .map(|t| {
+                            let mut ids = Vec::new();
+                            encoder.encode_into(t, &mut ids).map(|()| ids)
+                        })
+                        .collect::<Result<_>>()
+                })
+                .with_context(|| format!("encoding documents {n_docs}.."))?;
             for enc in &encodings {
                 ids.clear();
                 if c.prepend_bos {
                     ids.push(info.bos_id);
                 }
-                ids.extend_from_slice(enc.get_ids());
+                ids.extend_from_slice(enc);
                 ids.push(info.eos_id);
                 position += 1;
                 match &mut heldout {

@@ -227,7 +227,10 @@ impl Stage for TokenizerStage {
     }
 }
 
-fn train(
+/// A byte-level BPE trained on `samples` (source name -> documents) with `t`'s vocabulary size,
+/// `c`'s special tokens, the GPT-2 byte-level pre-tokenizer and decoder: the tokenizer a
+/// recipe's `tokenizer: {train: ...}` makes.
+pub fn train(
     c: &TokenizerConfig,
     t: &TrainConfig,
     samples: &BTreeMap<String, Vec<String>>,
