@@ -4,8 +4,10 @@
 //! JSONL (optionally gzipped), Parquet, or Arrow IPC (Hugging Face `save_to_disk` folders use
 //! the IPC *stream* format). The document text is a SQL expression over the columns
 //! (`text: "goal || ' ' || sol1"`), an optional SQL `filter` runs in DataFusion, then Unicode
-//! NFC normalisation, length limits and exact dedup by content hash. Every dropped document
-//! is counted by rule in `stats.parquet` / `stats.json`.
+//! NFC normalisation, length limits, exact dedup by content hash and (with `near_dedup`)
+//! near-duplicate removal by MinHash LSH ([`crate::minhash`]). Every dropped document is counted
+//! by rule in `stats.parquet` / `stats.json`. A shard of a sharded source (`shard`) reads only
+//! its files and leaves what crosses shards to the source's `dedup` stage ([`crate::dedup`]).
 //!
 //! Documents keep their order (file order, then position in the file), so the output is
 //! byte-identical across runs and `-j` settings. Files are processed one at a time, so memory

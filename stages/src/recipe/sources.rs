@@ -14,8 +14,8 @@
 //!
 //! `shards: N` splits a source's files N ways ([`crate::shard`]): `ingest.<name>.s<i>` and
 //! `tokenize.<name>.s<i>` per shard, each cached and retried on its own, and (with `dedup`, the
-//! default) `dedup.<name>`, which drops the documents of a shard that an earlier shard already
-//! holds. The tokenizer trains on the first shard's documents; mixing and training read the
+//! default, or `near_dedup`) `dedup.<name>`, which drops the documents of a shard that an
+//! earlier shard already holds, or nearly. The tokenizer trains on the first shard's documents; mixing and training read the
 //! shards' tokens as one source, in shard order.
 
 use serde_json::{Map, Value, json};
