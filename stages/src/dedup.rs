@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 
 use crate::names;
+use crate::shard::Shard;
 
 /// The `dedup` stage kind.
 pub struct Dedup;
@@ -51,6 +52,13 @@ pub struct DedupConfig {
     pub exact: bool,
     /// Near duplicates (the shards' `bands.bin`).
     pub near: bool,
+}
+
+impl DedupConfig {
+    /// Its inputs: the source's ingest shards, in shard order.
+    fn ingest_stages(&self) -> Vec<String> {
+        names::sharded(&names::ingest(&self.source), Some(self.shards))
+    }
 }
 
 /// A shard's records of its documents' text hashes.
@@ -73,13 +81,12 @@ impl DocHash {
     /// Bytes per record.
     const LEN: usize = 32;
 
-    /// The record of document `doc` with text `text`.
-    pub fn of(text: &str, doc: u64) -> DocHash {
-        let full = blake3::hash(text.as_bytes());
+    /// The record of document `doc` of `bytes` bytes whose text's blake3 is `text_hash`.
+    pub fn of(text_hash: &blake3::Hash, doc: u64, bytes: u64) -> DocHash {
         DocHash {
-            hash: full.as_bytes()[..16].try_into().expect("16 bytes"),
+            hash: text_hash.as_bytes()[..16].try_into().expect("16 bytes"),
             doc,
-            bytes: text.len() as u64,
+            bytes,
         }
     }
 
@@ -113,8 +120,7 @@ pub fn write_records(path: &Path, mut hashes: Vec<DocHash>) -> Result<()> {
 
 /// The path, within a dedup stage's output, of shard `index`'s (of `count`) drop list.
 pub fn drops_file(index: usize, count: usize) -> String {
-    let width = (count.max(2) - 1).to_string().len();
-    format!("drops/{index:0width$}.bin")
+    format!("drops/{}.bin", Shard::label(index, count))
 }
 
 /// Reads a drop list: the document indices a shard leaves out, ascending.
@@ -182,10 +188,7 @@ impl Stage for Dedup {
     const VERSION: u32 = 1;
 
     fn validate(&self, c: &DedupConfig, needs: &[String]) -> Result<(), ConfigError> {
-        let ingest = names::ingest(&c.source);
-        let want: Vec<String> = (0..c.shards)
-            .map(|i| names::shard(&ingest, i, c.shards))
-            .collect();
+        let want = c.ingest_stages();
         if needs != want.as_slice() {
             return Err(ConfigError::new(
                 "needs",
@@ -202,12 +205,10 @@ impl Stage for Dedup {
 
     fn run(&self, c: &DedupConfig, ctx: &StageContext) -> Result<()> {
         raise_open_files_limit(c.shards as u64 + 64);
-        let ingest = names::ingest(&c.source);
-        let dirs: Vec<std::path::PathBuf> = (0..c.shards)
-            .map(|i| {
-                ctx.input(&names::shard(&ingest, i, c.shards))
-                    .map(Path::to_path_buf)
-            })
+        let dirs: Vec<std::path::PathBuf> = c
+            .ingest_stages()
+            .iter()
+            .map(|stage| ctx.input(stage).map(Path::to_path_buf))
             .collect::<Result<_>>()?;
         let mut shards = Vec::with_capacity(c.shards);
         for dir in &dirs {
@@ -359,15 +360,15 @@ fn raise_open_files_limit(want: u64) {
 mod tests {
     use super::*;
 
+    fn record(text: &str, doc: u64) -> DocHash {
+        DocHash::of(&blake3::hash(text.as_bytes()), doc, text.len() as u64)
+    }
+
     #[test]
     fn records_round_trip_and_sort_by_hash_first() {
-        let a = DocHash::of("one text", 7);
+        let a = record("one text", 7);
         assert_eq!(DocHash::decode(&a.encode()), a);
-        let mut v = [
-            DocHash::of("b", 0),
-            DocHash::of("a", 1),
-            DocHash::of("c", 2),
-        ];
+        let mut v = [record("b", 0), record("a", 1), record("c", 2)];
         v.sort();
         assert!(v.windows(2).all(|w| w[0].hash < w[1].hash));
         assert_eq!(drops_file(3, 12), "drops/03.bin");

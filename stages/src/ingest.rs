@@ -661,17 +661,22 @@ impl<'a> Cleaner<'a> {
             "min_chars"
         } else if c.max_chars.is_some_and(|m| chars > m) {
             "max_chars"
-        } else if c.dedup && !self.seen.insert(*blake3::hash(text.as_bytes()).as_bytes()) {
-            "duplicate"
-        } else if self.near_duplicate(&text) {
-            "near_duplicate"
         } else {
-            if let Some(hashes) = &mut self.hashes {
-                hashes.push(crate::dedup::DocHash::of(&text, self.stats.docs_out));
+            // One hash per text: the stage's own dedup set and a shard's record share it.
+            let hash = c.dedup.then(|| blake3::hash(text.as_bytes()));
+            if hash.is_some_and(|h| !self.seen.insert(*h.as_bytes())) {
+                "duplicate"
+            } else if self.near_duplicate(&text) {
+                "near_duplicate"
+            } else {
+                if let (Some(hashes), Some(h)) = (&mut self.hashes, &hash) {
+                    let bytes = text.len() as u64;
+                    hashes.push(crate::dedup::DocHash::of(h, self.stats.docs_out, bytes));
+                }
+                self.stats.docs_out += 1;
+                self.stats.bytes_out += text.len() as u64;
+                return Some(text);
             }
-            self.stats.docs_out += 1;
-            self.stats.bytes_out += text.len() as u64;
-            return Some(text);
         };
         if let Some(entry) = self.stats.dropped.iter_mut().find(|(r, _, _)| r == rule) {
             entry.1 += 1;

@@ -1,6 +1,8 @@
 //! The names of the stages that recipe sections make: one function per convention, so a
 //! section that creates a stage and one that reads it cannot disagree on its name.
 
+use crate::shard::Shard;
+
 /// `fetch.<source>`: a source's download.
 pub fn fetch(source: &str) -> String {
     format!("fetch.{source}")
@@ -21,20 +23,23 @@ pub fn dedup(source: &str) -> String {
     format!("dedup.{source}")
 }
 
-/// Shard `index` of `count` of the stage named `stage`: `<stage>.s<index>`, the index
-/// zero-padded to the width of `count - 1`, so that the shards' names sort in shard order.
-pub fn shard(stage: &str, index: usize, count: usize) -> String {
-    let width = (count.max(2) - 1).to_string().len();
-    format!("{stage}.s{index:0width$}")
+/// Shard `index` of `count` of the stage named `stage`: `<stage>.s<label>` ([`Shard::label`]).
+fn shard(stage: &str, index: usize, count: usize) -> String {
+    format!("{stage}.s{}", Shard::label(index, count))
+}
+
+/// The stage `stage`, or with `shards` its shards' stages (`<stage>.s<label>`), in shard order.
+pub fn sharded(stage: &str, shards: Option<usize>) -> Vec<String> {
+    match shards {
+        None => vec![stage.to_string()],
+        Some(n) => (0..n).map(|i| shard(stage, i, n)).collect(),
+    }
 }
 
 /// The stages holding a source's tokens: `tokenize.<source>`, or with `shards` its shards'
 /// (`tokenize.<source>.s<i>`), in shard order.
 pub fn token_stages(source: &str, shards: Option<usize>) -> Vec<String> {
-    match shards {
-        None => vec![tokenize(source)],
-        Some(n) => (0..n).map(|i| shard(&tokenize(source), i, n)).collect(),
-    }
+    sharded(&tokenize(source), shards)
 }
 
 /// `mix.<phase>`: a phase's sample index.

@@ -26,6 +26,13 @@ impl Shard {
         (u64::from_le_bytes(first) % count as u64) as usize
     }
 
+    /// Shard `index`'s label among `count` (in its stages' names and its drop list's): the
+    /// index zero-padded to the width of `count - 1`, so that labels sort in shard order.
+    pub fn label(index: usize, count: usize) -> String {
+        let width = (count.max(2) - 1).to_string().len();
+        format!("{index:0width$}")
+    }
+
     /// Whether the file at relative path `path` is in this shard.
     pub fn holds(&self, path: &str) -> bool {
         Shard::of(path, self.count) == self.index

@@ -164,12 +164,7 @@ impl Source {
 
     /// Its ingest stages, in shard order.
     pub fn ingest_stages(&self) -> Vec<String> {
-        match self.shards {
-            None => vec![names::ingest(&self.name)],
-            Some(n) => (0..n)
-                .map(|i| names::shard(&names::ingest(&self.name), i, n))
-                .collect(),
-        }
+        names::sharded(&names::ingest(&self.name), self.shards)
     }
 }
 
