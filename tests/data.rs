@@ -164,21 +164,9 @@ fn data_stages_run_deterministically_and_mix_as_requested() {
 
     // Realised shares within one percentage point of requested, in every phase.
     for phase in ["mix.p1", "mix.p2"] {
-        let report: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(stage_dir(&sb.path().join("a"), phase).join("report.json")).unwrap(),
-        )
-        .unwrap();
-        for s in report["sources"].as_array().unwrap() {
-            let (req, got) = (
-                s["requested_share"].as_f64().unwrap(),
-                s["realised_share"].as_f64().unwrap(),
-            );
-            assert!(
-                (req - got).abs() <= 0.01,
-                "{phase} {}: requested {req}, realised {got}",
-                s["name"]
-            );
-        }
+        common::assert_shares_within_a_point(
+            &stage_dir(&sb.path().join("a"), phase).join("report.json"),
+        );
     }
     let q = sb.ok(&[
         "query",

@@ -384,16 +384,8 @@ fn reshapes(engine: &str) {
         assert_eq!(state["step"], reference_state["step"]);
         // And the weights: equal to the 2-rank run's up to the rounding of gradient sums over
         // another number of ranks. Tolerance: 1e-3 of each tensor's largest magnitude.
-        let last = std::fs::read_dir(dir.join("checkpoints"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with("step-")
-            })
+        let last = common::entries_starting_with(&dir.join("checkpoints"), "step-")
+            .into_iter()
             .max()
             .unwrap();
         let (got, want) = (

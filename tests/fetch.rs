@@ -203,17 +203,7 @@ fn every_fetch_of_every_shipped_recipe_resolves_and_matches_its_pin() {
 /// on the first 2 MB of them as the tokenizer stage trains one.
 fn byte_level_ids_equal_encode_fasts_on(store: &std::path::Path) {
     let mut files = Vec::new();
-    let mut stack: Vec<std::path::PathBuf> = std::fs::read_dir(store)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("fetch.")
-        })
-        .collect();
+    let mut stack = common::entries_starting_with(store, "fetch.");
     while let Some(p) = stack.pop() {
         if p.is_dir() {
             stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));

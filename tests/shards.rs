@@ -204,18 +204,7 @@ fn a_changed_or_added_file_reruns_only_its_shard_and_dedup_across_shards_matches
     );
 
     // The mixture reads the shards as one source: shares within 1 percentage point.
-    let report = json(&sb.output("mix.p1").join("report.json"));
-    for s in report["sources"].as_array().unwrap() {
-        let (want, got) = (
-            s["requested_share"].as_f64().unwrap(),
-            s["realised_share"].as_f64().unwrap(),
-        );
-        assert!(
-            (want - got).abs() <= 0.01,
-            "{}: requested {want}, realised {got}",
-            s["name"]
-        );
-    }
+    common::assert_shares_within_a_point(&sb.output("mix.p1").join("report.json"));
 
     // A changed file re-runs its shard's ingest and tokenize stages (and the source's dedup and
     // the mixture over it), nothing else.

@@ -4,26 +4,10 @@
 //! name, shape and shard every tensor alike; and the same marker for the torch engine's
 //! optimizer records. Runs the Python of the torch engine's environment.
 
-use std::process::Command;
+mod common;
 
 use zflow_runtime::model::Zaya;
 use zflow_runtime::model::config::ModelConfig;
-
-fn dump(module: &str, args: &[&str]) -> String {
-    let python = zflow_stages::engine::torch_python().unwrap();
-    let out = Command::new(python)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/workers/torch"))
-        .args(["-m", &format!("zflow_torch.{module}")])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 #[test]
 #[cfg_attr(
@@ -50,7 +34,7 @@ fn the_torch_model_names_shapes_and_ids_every_tensor_as_zflow_does() {
     for config in [ModelConfig::default(), small] {
         let path = dir.path().join("model.json");
         std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
-        let lines = dump("model", &[path.to_str().unwrap()]);
+        let lines = common::torch_module_stdout("zflow_torch.model", vec![path.into()]);
         let python: Vec<serde_json::Value> = lines
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
@@ -74,7 +58,7 @@ fn the_torch_model_names_shapes_and_ids_every_tensor_as_zflow_does() {
             }
         }
     }
-    let marker = dump("checkpoint", &[]);
+    let marker = common::torch_module_stdout("zflow_torch.checkpoint", vec![]);
     assert_eq!(
         marker.trim().as_bytes(),
         zflow_runtime::dist::zero::TORCH_RECORD

@@ -20,6 +20,36 @@ pub fn stage_dir(store: &Path, stage: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("no output of {stage} in {}", store.display()))
 }
 
+/// The entries of `dir` whose names start with `prefix`, sorted.
+pub fn entries_starting_with(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Asserts that every source of the mixture report at `report` (a `mix` stage's
+/// `report.json`) realised its requested share within one percentage point.
+pub fn assert_shares_within_a_point(path: &Path) {
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    for s in report["sources"].as_array().unwrap() {
+        let (want, got) = (
+            s["requested_share"].as_f64().unwrap(),
+            s["realised_share"].as_f64().unwrap(),
+        );
+        assert!(
+            (want - got).abs() <= 0.01,
+            "{} {}: requested {want}, realised {got}",
+            path.display(),
+            s["name"]
+        );
+    }
+}
+
 /// A temp folder to run zflow in, with its recipe(s).
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
