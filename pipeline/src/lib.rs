@@ -23,6 +23,7 @@ pub mod registry;
 pub mod run;
 pub mod slurm;
 pub mod stage;
+pub mod status;
 pub mod store;
 
 pub use plan::{Engine, Reason, StageState};

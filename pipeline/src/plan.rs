@@ -322,3 +322,65 @@ pub fn names_list(names: &[String]) -> String {
         names.len() - SHOWN
     )
 }
+
+/// What `zflow why` says of node `i`: cached (when, where), or why it will run; a stage that
+/// waits on its inputs is explained through theirs, indented below it.
+pub fn why(engine: &Engine, states: &[StageState], i: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    why_into(engine, states, i, 0, crate::store::now_ms(), &mut lines);
+    lines
+}
+
+fn why_into(
+    engine: &Engine,
+    states: &[StageState],
+    i: usize,
+    depth: usize,
+    now_ms: i64,
+    lines: &mut Vec<String>,
+) {
+    let pad = "  ".repeat(depth);
+    let node = &engine.graph.nodes()[i];
+    match &states[i] {
+        StageState::Cached { manifest } => lines.push(format!(
+            "{pad}{}: cached ({}), output {}",
+            node.name,
+            crate::status::ago(now_ms, manifest.finished_ms),
+            engine.output_dir(&node.name, &manifest.identity).display()
+        )),
+        StageState::WillRun {
+            reason, resumes, ..
+        } => {
+            lines.push(format!(
+                "{pad}{}: will run{}",
+                node.name,
+                if *resumes {
+                    " (resuming its partial output)"
+                } else {
+                    ""
+                }
+            ));
+            match reason {
+                Reason::Changed(changes) if !changes.is_empty() => {
+                    lines.extend(changes.iter().map(|c| format!("{pad}  - {c}")))
+                }
+                other => lines.push(format!("{pad}  - {other}")),
+            }
+        }
+        StageState::Broken { error } => {
+            lines.push(format!("{pad}{}: cannot be planned: {error}", node.name))
+        }
+        StageState::Waits { on } => {
+            lines.push(format!(
+                "{pad}{}: will run after its inputs {}; its identity depends on their new contents",
+                node.name,
+                on.join(", ")
+            ));
+            for name in on {
+                if let Some(j) = engine.graph.position(name) {
+                    why_into(engine, states, j, depth + 1, now_ms, lines);
+                }
+            }
+        }
+    }
+}

@@ -7,10 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use zflow_pipeline::lease;
 use zflow_pipeline::plan::{self, Engine, StageState};
 use zflow_pipeline::progress::Progress;
-use zflow_pipeline::records::{self, Status};
 use zflow_pipeline::run::{self, RunOptions};
 use zflow_pipeline::store::now_ms;
 use zflow_pipeline::{CancelToken, LoadOptions, recipe};
@@ -242,200 +240,42 @@ pub fn why(args: &RecipeArgs, stage: &str) -> Result<ExitCode> {
         bail!("no stage named `{stage}` in {}", args.recipe.display())
     };
     let states = engine.plan(&BTreeSet::new())?;
-    explain(&engine, &states, i, 0);
+    for line in plan::why(&engine, &states, i) {
+        println!("{line}");
+    }
     Ok(ExitCode::SUCCESS)
-}
-
-fn explain(engine: &Engine, states: &[StageState], i: usize, depth: usize) {
-    let pad = "  ".repeat(depth);
-    let node = &engine.graph.nodes()[i];
-    match &states[i] {
-        StageState::Cached { manifest } => println!(
-            "{pad}{}: cached ({}), output {}",
-            node.name,
-            ago(manifest.finished_ms),
-            engine.output_dir(&node.name, &manifest.identity).display()
-        ),
-        StageState::WillRun {
-            reason, resumes, ..
-        } => {
-            println!(
-                "{pad}{}: will run{}",
-                node.name,
-                if *resumes {
-                    " (resuming its partial output)"
-                } else {
-                    ""
-                }
-            );
-            match reason {
-                plan::Reason::Changed(changes) if !changes.is_empty() => {
-                    for c in changes {
-                        println!("{pad}  - {c}");
-                    }
-                }
-                other => println!("{pad}  - {other}"),
-            }
-        }
-        StageState::Broken { error } => println!("{pad}{}: cannot be planned: {error}", node.name),
-        StageState::Waits { on } => {
-            println!(
-                "{pad}{}: will run after its inputs {}; its identity depends on their new contents",
-                node.name,
-                on.join(", ")
-            );
-            for name in on {
-                if let Some(j) = engine.graph.position(name) {
-                    explain(engine, states, j, depth + 1);
-                }
-            }
-        }
-    }
-}
-
-fn ago(ms: i64) -> String {
-    let s = (now_ms() - ms).max(0) / 1000;
-    match s {
-        0..=59 => format!("{s}s ago"),
-        60..=3599 => format!("{}m ago", s / 60),
-        3600..=86399 => format!("{}h ago", s / 3600),
-        _ => format!("{}d ago", s / 86400),
-    }
 }
 
 pub fn status(args: &RecipeArgs) -> Result<ExitCode> {
     let engine = open(args)?;
     let states = engine.plan(&BTreeSet::new())?;
-    let records = records::read_all(&engine.store.records_dir())?;
-    let nodes = engine.graph.nodes();
-    let width = nodes.iter().map(|n| n.name.len()).max().unwrap_or(5);
+    let statuses = zflow_pipeline::status::statuses(&engine, &states)?;
+    let width = statuses.iter().map(|s| s.name.len()).max().unwrap_or(5);
     println!(
         "{} (store {})",
         engine.recipe.name,
         engine.store.root().display()
     );
+    let now = now_ms();
     let mut counts = std::collections::BTreeMap::<&str, usize>::new();
     for &i in engine.graph.topo_order() {
-        let node = &nodes[i];
-        let (word, detail) = match &states[i] {
-            StageState::Cached { manifest } => (
-                "done",
-                format!(
-                    "{}, took {:.1}s",
-                    ago(manifest.finished_ms),
-                    (manifest.finished_ms - manifest.started_ms) as f64 / 1000.0
-                ),
-            ),
-            StageState::WillRun {
-                identity,
-                reason,
-                resumes,
-                ..
-            } => {
-                let lease_info = lease::read(&engine.store.lease_path(&node.name, identity));
-                let last = records
-                    .iter()
-                    .rev()
-                    .find(|r| r.stage == node.name && &r.identity == identity);
-                match (lease_info, last) {
-                    (Some(l), _) if !l.is_stale(lease::lease_timeout()) => (
-                        "running",
-                        format!(
-                            "pid {} on {}, heartbeat {}",
-                            l.pid,
-                            l.host,
-                            ago(l.heartbeat_ms)
-                        ),
-                    ),
-                    (_, Some(r)) if r.status == Status::Failed => (
-                        "failed",
-                        format!(
-                            "{}: {} (log: {})",
-                            ago(r.end_ms),
-                            r.error
-                                .as_deref()
-                                .unwrap_or("")
-                                .lines()
-                                .next()
-                                .unwrap_or(""),
-                            r.log
-                        ),
-                    ),
-                    (_, Some(r)) if r.status == Status::Cancelled || *resumes => (
-                        "stopped",
-                        format!("interrupted {}; `zflow run` continues it", ago(r.end_ms)),
-                    ),
-                    _ => ("pending", reason.to_string()),
-                }
-            }
-            StageState::Waits { on } => (
-                "pending",
-                format!("after {}", zflow_pipeline::plan::names_list(on)),
-            ),
-            StageState::Broken { error } => ("error", error.clone()),
-        };
+        let s = &statuses[i];
+        let word = s.state.word();
         *counts.entry(word).or_default() += 1;
-        println!("  {word:<8} {:<width$}  {detail}", node.name);
-        // Training interruptions (restarts, loss-spike rollbacks) from the stage's run records.
-        let identity = match &states[i] {
-            StageState::Cached { manifest } => Some(manifest.identity.clone()),
-            StageState::WillRun { identity, .. } => Some(identity.clone()),
-            _ => None,
-        };
-        if let Some(identity) = identity {
-            if let Ok(job) = std::fs::read_to_string(zflow_pipeline::slurm::job_file(
-                &engine.store.log_path(&node.name, &identity),
-            )) {
-                println!("  {:<8} {:<width$}    job: {job}", "", "");
-            }
-            let dirs = [
-                engine.store.output_dir(&node.name, &identity),
-                engine.store.partial_dir(&node.name, &identity),
-            ];
-            if let Some(text) = dirs
-                .iter()
-                .find_map(|d| std::fs::read_to_string(d.join("events.jsonl")).ok())
-            {
-                for line in interruptions(&text) {
-                    println!("  {:<8} {:<width$}    {line}", "", "");
-                }
+        println!("  {word:<8} {:<width$}  {}", s.name, s.state.detail(now));
+        if let Some(job) = &s.job {
+            println!("  {:<8} {:<width$}    job: {job}", "", "");
+        }
+        // Training interruptions (restarts, loss-spike rollbacks) from the stage's events.
+        if let Some(folder) = &s.folder {
+            for event in zflow_stages::train::interruptions(folder) {
+                println!("  {:<8} {:<width$}    {}", "", "", event.describe());
             }
         }
     }
     let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
     println!("{}", summary.join(", "));
     Ok(ExitCode::SUCCESS)
-}
-
-/// One line per restart or loss-spike rollback in a train stage's `events.jsonl`.
-fn interruptions(events: &str) -> Vec<String> {
-    events
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e["kind"] != "launch")
-        .map(|e| {
-            let downtime = match (e["detected_ms"].as_u64(), e["training_again_ms"].as_u64()) {
-                (Some(a), Some(b)) => format!(
-                    ", training again after {:.1}s",
-                    b.saturating_sub(a) as f64 / 1000.0
-                ),
-                _ if e["backoff_s"].is_null() && e["kind"] == "failure" => {
-                    ", not relaunched".to_string()
-                }
-                _ => String::new(),
-            };
-            let what = match e["kind"].as_str() {
-                Some("loss_spike") => "rollback",
-                Some("preflight") => "preflight",
-                _ => "restart",
-            };
-            format!(
-                "{what} (attempt {}): {}{downtime}",
-                e["attempt"],
-                e["cause"].as_str().unwrap_or("")
-            )
-        })
-        .collect()
 }
 
 pub fn graph(args: &RecipeArgs, format: &str) -> Result<ExitCode> {

@@ -20,6 +20,7 @@
 //! machine or allocation measures again.
 
 use std::io::Read;
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 
@@ -96,10 +97,20 @@ pub struct RankProbe {
 
 /// What `preflight.json` holds.
 #[derive(Debug, Serialize, Deserialize)]
-struct Verdict {
-    ranks: Vec<RankProbe>,
-    outliers: Vec<String>,
-    exclude_hosts: Vec<String>,
+pub struct Verdict {
+    /// Every rank's probe, in rank order.
+    pub ranks: Vec<RankProbe>,
+    /// Why each outlier is one ("GEMM 12.0 GFLOP/s is 0.4 x the median on host-3").
+    pub outliers: Vec<String>,
+    /// The hosts the verdict leaves out of training.
+    pub exclude_hosts: Vec<String>,
+}
+
+impl Verdict {
+    /// The verdict in a preflight stage's output folder, if it has one.
+    pub fn read(folder: &Path) -> Option<Verdict> {
+        serde_json::from_slice(&std::fs::read(folder.join("preflight.json")).ok()?).ok()
+    }
 }
 
 impl Stage for Preflight {

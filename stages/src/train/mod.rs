@@ -35,7 +35,8 @@ use crate::names;
 mod record;
 mod supervisor;
 
-use record::{Event, Events, Metrics, now_ms};
+pub use record::{Event, Record, interruptions, metrics};
+use record::{Events, Metrics, now_ms};
 use supervisor::Outcome;
 
 /// The `train` stage kind.

@@ -67,10 +67,47 @@ impl Event {
         }
     }
 
+    /// One line for `zflow status` and `zflow ui`: what it was, its attempt, its cause and
+    /// how long training was down.
+    pub fn describe(&self) -> String {
+        let downtime = match self.downtime_s() {
+            Some(s) => format!(", training again after {s:.1}s"),
+            None if self.backoff_s.is_none() && self.kind == "failure" => {
+                ", not relaunched".to_string()
+            }
+            None => String::new(),
+        };
+        let what = match self.kind.as_str() {
+            "loss_spike" => "rollback",
+            "preflight" => "preflight",
+            _ => "restart",
+        };
+        format!(
+            "{what} (attempt {}): {}{downtime}",
+            self.attempt, self.cause
+        )
+    }
+
     /// Seconds from the fault's detection until training made progress again.
     pub fn downtime_s(&self) -> Option<f64> {
         Some(self.training_again_ms?.saturating_sub(self.detected_ms) as f64 / 1000.0)
     }
+}
+
+/// What interrupted training in a train stage's folder (its output, or its partial folder
+/// while it runs): failed launches, loss-spike rollbacks and preflight findings, in order.
+pub fn interruptions(folder: &Path) -> Vec<Event> {
+    let events: JsonLines<Event> = JsonLines::open(&folder.join("events.jsonl"));
+    events
+        .records
+        .into_iter()
+        .filter(|e| e.kind != "launch")
+        .collect()
+}
+
+/// The step and held-out records in a train stage's folder so far (`metrics.jsonl`), in order.
+pub fn metrics(folder: &Path) -> Vec<Record> {
+    JsonLines::open(&folder.join("metrics.jsonl")).records
 }
 
 /// The run's events so far, mirrored in `events.jsonl`.
@@ -157,19 +194,24 @@ impl Events {
     }
 }
 
-/// One line of `metrics.jsonl`.
+/// One line of `metrics.jsonl`: `{"type": "step", ...}` or `{"type": "eval", ...}`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub(super) enum Record {
+pub enum Record {
+    /// An optimizer step's metrics, as the worker reported them.
     Step(StepMetrics),
+    /// A held-out evaluation.
     Eval {
+        /// The optimizer step it followed.
         step: u64,
+        /// (source, mean loss per token) for each held-out source.
         losses: Vec<(String, f64)>,
     },
 }
 
 impl Record {
-    pub(super) fn step(&self) -> u64 {
+    /// The optimizer step it belongs to.
+    pub fn step(&self) -> u64 {
         match self {
             Record::Step(s) => s.step,
             Record::Eval { step, .. } => *step,
