@@ -2,7 +2,9 @@
 //! - `zflow_slurm`: the local Slurm daemons (`tests/slurm.rs`), when `SLURM_CONF` is set;
 //! - `zflow_eval_fixtures`: the real benchmark data (`tests/eval.rs`), when `ZFLOW_EVAL_DATA` is set;
 //! - `zflow_torch`: the torch engine's Python environment (torch, transformers), when
-//!   `ZFLOW_TORCH_PYTHON` names it (`scripts/test.sh` sets it to what `scripts/setup.sh` made).
+//!   `ZFLOW_TORCH_PYTHON` names it (`scripts/test.sh` sets it to what `scripts/setup.sh` made);
+//! - `zflow_browser`: Chromium and its ChromeDriver (`tests/ui.rs`), when `ZFLOW_CHROMEDRIVER`
+//!   names the driver (`scripts/test.sh` sets it from `scripts/browser.sh`).
 //!
 //! Under CI (`CI` set) all are always on, so a missing service or fixture fails its tests;
 //! anywhere else the test runner lists those tests as ignored, never as passed.
@@ -16,6 +18,7 @@ fn main() {
         ("zflow_slurm", "SLURM_CONF"),
         ("zflow_eval_fixtures", "ZFLOW_EVAL_DATA"),
         ("zflow_torch", "ZFLOW_TORCH_PYTHON"),
+        ("zflow_browser", "ZFLOW_CHROMEDRIVER"),
     ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
         println!("cargo::rerun-if-env-changed={var}");

@@ -3,7 +3,7 @@
 # both languages (scripts/python-check.sh for the Python worker), set-up, the local Slurm, the
 # real model and benchmark data the evaluation tests score (scripts/fixtures.sh: fetched with
 # their sha256 pins by zflow's own fetch stages), then every test of the workspace and a compile
-# of the GPU backends.
+# of the GPU backends. The ui test drives Debian's Chromium (scripts/browser.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all --check
@@ -17,5 +17,7 @@ export ZFLOW_EVAL_DATA="$PWD/target/test-fixtures/data-root"
 # The torch engine's Python, which scripts/setup.sh installed (its tests run with it).
 export ZFLOW_TORCH_PYTHON="$PWD/target/torch-venv/bin/python"
 eval "$(scripts/fixtures.sh)"
+# Chromium and ChromeDriver for the ui test (tests/ui.rs).
+eval "$(scripts/browser.sh)"
 cargo test --workspace
 cargo check -p zflow-evals --features cuda,rocm

@@ -36,6 +36,32 @@ pub struct RecipeArgs {
     pub store: Option<PathBuf>,
 }
 
+/// Where `zflow ui` (and `zflow run --ui`) serve the page.
+#[derive(Args, Clone)]
+pub struct UiArgs {
+    /// The address to bind: loopback unless you ask for another (e.g. 0.0.0.0 to be reached
+    /// from other machines; every request needs the page's token either way).
+    #[arg(long = "ui-host", default_value = "127.0.0.1")]
+    pub host: std::net::IpAddr,
+    /// The port (0: any free one).
+    #[arg(long = "ui-port", default_value_t = 8265)]
+    pub port: u16,
+    /// The page's access token, at least 16 characters (default: a fresh random one).
+    #[arg(long = "ui-token", env = "ZFLOW_UI_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl UiArgs {
+    fn options(&self) -> zflow_ui::Options {
+        zflow_ui::Options {
+            host: self.host,
+            port: self.port,
+            token: self.token.clone(),
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the recipe's stages (those not already complete in the store).
@@ -66,6 +92,20 @@ enum Command {
         /// No progress display (warnings and errors only).
         #[arg(short, long)]
         quiet: bool,
+        /// Also serve the run's web page (as `zflow ui` does) while it runs.
+        #[arg(long)]
+        ui: bool,
+        #[command(flatten)]
+        ui_args: UiArgs,
+    },
+    /// Serve a web page of the recipe and its store: the stage graph coloured by state, each
+    /// stage's config, identity, why, log and outputs, live training curves, restarts and
+    /// preflight results, and the evaluation report. Prints its address (with its token).
+    Ui {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        #[command(flatten)]
+        ui_args: UiArgs,
     },
     /// Run what the recipe's `report` needs and print the evaluation tables (Markdown; CSV,
     /// LaTeX, JSON and plots beside it).
@@ -310,6 +350,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
+            Command::Ui { recipe, ui_args } => commands::ui(&recipe, ui_args.options()).await,
             Command::Run {
                 recipe,
                 only,
@@ -320,6 +361,8 @@ fn main() -> ExitCode {
                 gpus,
                 memory_gb,
                 quiet: _,
+                ui,
+                ui_args,
             } => {
                 let flags = commands::RunFlags {
                     only,
@@ -329,6 +372,7 @@ fn main() -> ExitCode {
                     jobs,
                     gpus,
                     memory_gb,
+                    ui: ui.then(|| ui_args.options()),
                 };
                 commands::run(&recipe, flags, progress).await
             }
@@ -345,6 +389,7 @@ fn main() -> ExitCode {
                     jobs,
                     gpus: 0,
                     memory_gb: None,
+                    ui: None,
                 };
                 commands::report(&recipe, flags, progress).await
             }

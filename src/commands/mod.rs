@@ -59,6 +59,32 @@ pub struct RunFlags {
     pub jobs: Option<u32>,
     pub gpus: u32,
     pub memory_gb: Option<f64>,
+    /// Serve the web page while the run goes on.
+    pub ui: Option<zflow_ui::Options>,
+}
+
+/// Binds the web page of `engine`'s recipe and says where it is.
+async fn start_ui(engine: Arc<Engine>, opts: &zflow_ui::Options) -> Result<zflow_ui::Server> {
+    let server = zflow_ui::bind(engine, opts).await?;
+    if !opts.host.is_loopback() {
+        tracing::warn!(
+            "the ui listens on {}: other machines can reach it (each request needs its token)",
+            opts.host
+        );
+    }
+    Ok(server)
+}
+
+/// `zflow ui RECIPE`: serves the page until interrupted.
+pub async fn ui(args: &RecipeArgs, opts: zflow_ui::Options) -> Result<ExitCode> {
+    let engine = Arc::new(open(args)?);
+    let server = start_ui(engine, &opts).await?;
+    println!("zflow ui: {}", server.url());
+    tokio::select! {
+        served = server.run() => served?,
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn run(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Result<ExitCode> {
@@ -99,7 +125,23 @@ pub async fn run(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Resu
         opts.selected.len(),
         engine.store.root().display()
     ));
-    let summary = run::run(Arc::new(engine), opts).await?;
+    let engine = Arc::new(engine);
+    if let Some(ui) = &flags.ui {
+        let server = start_ui(engine.clone(), ui).await?;
+        progress.println(&format!("zflow ui: {}", server.url()));
+        tokio::spawn(async move {
+            if let Err(e) = server.run().await {
+                tracing::warn!("{e:#}");
+            }
+        });
+    }
+    let summary = run::run(engine, opts).await?;
+    if flags.ui.is_some() {
+        progress.println(&format!(
+            "the run is over, and its page with it: `zflow ui {}` shows the store",
+            args.recipe.display()
+        ));
+    }
     let secs = started.elapsed().as_secs_f64();
     let line = format!(
         "{} ran, {} cached, {} failed, {} skipped in {secs:.1}s",
