@@ -50,7 +50,12 @@ fn a_bad_shard_count_is_named() {
     check(
         "sources:\n  a:\n    url: x.txt\n    shards: 0\n",
         "r.yaml:4:13",
-        "`shards` must be a whole number of shards from 1 to 100000, got 0",
+        "`shards` must be a whole number of shards from 1 to 100000, or `{target: SIZE}`, got 0",
+    );
+    check(
+        "sources:\n  a:\n    url: x.txt\n    shards: {target: lots}\n",
+        "r.yaml:4",
+        "expected a size per shard such as `256MB`, `1GiB` or a number of bytes, got \"lots\"",
     );
     check(
         "sources:\n  a:\n    url: x.txt\n    near_dedup: {bands: 0}\n",

@@ -133,6 +133,40 @@ fn file_outside_shard_zero(files: usize) -> (String, usize) {
 }
 
 #[test]
+fn a_target_size_picks_the_shard_count_from_the_files() {
+    let sb = Sandbox::new();
+    write_corpus(&sb, 16);
+    let total: u64 = common::entries_starting_with(&sb.path().join("corpus"), "doc-")
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    // A third of the corpus (and a byte) per shard: 3 shards.
+    let target = total / 3 + 1;
+    sb.write(
+        "r.yaml",
+        &recipe(None).replace(
+            "near_dedup: {}",
+            &format!("near_dedup: {{}}\n    shards: {{target: {target}}}"),
+        ),
+    );
+    let plan = sb.ok(&["plan", "r.yaml"]).stdout;
+    assert!(
+        plan.contains("ingest.corpus.s2") && !plan.contains("ingest.corpus.s3"),
+        "{plan}"
+    );
+    // A file of half a target takes the corpus past three targets: a fourth shard.
+    sb.write(
+        "corpus/doc-999.txt",
+        &"more words here\n\n".repeat(target as usize / 34 + 1),
+    );
+    let plan = sb.ok(&["plan", "r.yaml"]).stdout;
+    assert!(
+        plan.contains("ingest.corpus.s3") && !plan.contains("ingest.corpus.s4"),
+        "{plan}"
+    );
+}
+
+#[test]
 fn a_changed_or_added_file_reruns_only_its_shard_and_dedup_across_shards_matches_one_ingest() {
     let files = 16;
     let sb = Sandbox::new();

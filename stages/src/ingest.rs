@@ -273,7 +273,7 @@ impl Stage for Ingest {
 /// Which files of the fetched folder an ingest stage reads: its `files` and `exclude` globs
 /// (each matched against the relative path and the file name), never a hidden file, and only
 /// its shard's.
-struct Selection {
+pub(crate) struct Selection {
     include: Vec<glob::Pattern>,
     exclude: Vec<glob::Pattern>,
     shard: Option<Shard>,
@@ -281,6 +281,15 @@ struct Selection {
 
 impl Selection {
     fn new(c: &IngestConfig) -> Result<Selection> {
+        Selection::of(&c.files, &c.exclude, c.shard)
+    }
+
+    /// The selection of `files` and `exclude` globs (empty `files`: all), in `shard`.
+    pub(crate) fn of(
+        files: &[String],
+        exclude: &[String],
+        shard: Option<Shard>,
+    ) -> Result<Selection> {
         let patterns = |globs: &[String]| -> Result<Vec<glob::Pattern>> {
             Ok(globs
                 .iter()
@@ -288,14 +297,14 @@ impl Selection {
                 .collect::<Result<_, _>>()?)
         };
         Ok(Selection {
-            include: patterns(&c.files)?,
-            exclude: patterns(&c.exclude)?,
-            shard: c.shard,
+            include: patterns(files)?,
+            exclude: patterns(exclude)?,
+            shard,
         })
     }
 
     /// Whether the file at `rel` (relative to the fetched folder, `/`-separated) is read.
-    fn keeps(&self, rel: &str) -> bool {
+    pub(crate) fn keeps(&self, rel: &str) -> bool {
         let name = rel.rsplit('/').next().unwrap_or(rel);
         let hit = |pats: &[glob::Pattern]| pats.iter().any(|g| g.matches(rel) || g.matches(name));
         !(name.starts_with('.')

@@ -64,6 +64,40 @@ enum Source<'a> {
     Npm { spec: &'a str, path: &'a str },
 }
 
+/// The files a local `url` (a path or a glob) brings into its fetch stage's output, as (path
+/// relative to that output, `/`-separated; size in bytes), sorted; `None` for a remote URL
+/// (its files are known only once fetched).
+pub fn local_files(url: &str, cwd: &Path) -> Result<Option<Vec<(String, u64)>>> {
+    let Ok(Source::Local(pattern)) = parse_url(url) else {
+        return Ok(None);
+    };
+    let matches = local_matches(cwd, pattern)?;
+    let mut out = Vec::new();
+    // As `run` copies them: one folder's contents, else each match under its own name.
+    let single_dir = matches!(matches.as_slice(), [(_, dir)] if dir.is_dir());
+    for (_, path) in &matches {
+        let base = if single_dir {
+            path.clone()
+        } else {
+            path.parent().map(Path::to_path_buf).unwrap_or_default()
+        };
+        for file in walk_files(path)? {
+            let rel: Vec<String> = file
+                .strip_prefix(&base)
+                .unwrap_or(&file)
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            let size = fs::metadata(&file)
+                .with_context(|| format!("reading {}", file.display()))?
+                .len();
+            out.push((rel.join("/"), size));
+        }
+    }
+    out.sort();
+    Ok(Some(out))
+}
+
 fn parse_url(url: &str) -> Result<Source<'_>, String> {
     fn package<'a>(
         rest: &'a str,

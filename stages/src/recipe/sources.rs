@@ -12,7 +12,8 @@
 //! `format: megatron` is an existing Megatron dataset: `fetch.<name>` + `tokenize.<name>`
 //! (kind `megatron`), no ingest.
 //!
-//! `shards: N` splits a source's files N ways ([`crate::shard`]): `ingest.<name>.s<i>` and
+//! `shards: N` (or `shards: {target: 256MB}`: as many shards as the source's local files fill
+//! at that size) splits a source's files N ways ([`crate::shard`]): `ingest.<name>.s<i>` and
 //! `tokenize.<name>.s<i>` per shard, each cached and retried on its own, and (with `dedup`, the
 //! default, or `near_dedup`) `dedup.<name>`, which drops the documents of a shard that an
 //! earlier shard already holds, or nearly. The tokenizer trains on the first shard's documents; mixing and training read the
@@ -85,7 +86,7 @@ pub fn parse(
         let megatron = entry.get("format").and_then(Value::as_str) == Some("megatron");
         let shards = match entry.get("shards") {
             None => None,
-            Some(v) => Some(shard_count(v, &format!("{path}.shards"), megatron)?),
+            Some(v) => Some(shard_count(v, &format!("{path}.shards"), megatron, entry)?),
         };
         let (mut fetch, mut settings) = (Map::new(), Map::new());
         for (k, v) in entry {
@@ -121,21 +122,112 @@ pub fn parse(
     Ok(sources)
 }
 
-/// A `shards:` value: a whole number from 1 to [`MAX_SHARDS`], on a source zflow ingests.
-fn shard_count(v: &Value, path: &str, megatron: bool) -> Result<usize, ConfigError> {
+/// A `shards:` value: a whole number from 1 to [`MAX_SHARDS`], or `{target: SIZE}` (bytes per
+/// shard: `256MB`, `1GiB`, or a number of bytes), on a source zflow ingests.
+///
+/// A target size counts the bytes of the files the source's ingest would read (its `files`
+/// and `exclude`), so the source's `url` must be local: a remote source's files are known only
+/// once fetched. The count is fixed when the recipe loads; when added files change it, every
+/// file may move to another shard and all the source's shards run again (a count keeps each
+/// file where it is).
+fn shard_count(
+    v: &Value,
+    path: &str,
+    megatron: bool,
+    entry: &Map<String, Value>,
+) -> Result<usize, ConfigError> {
     if megatron {
         return Err(ConfigError::new(
             path,
             "a `format: megatron` source is already tokenized: it cannot be sharded",
         ));
     }
+    if let Some(target) = v.get("target") {
+        if let Some(k) = v
+            .as_object()
+            .and_then(|o| o.keys().find(|k| *k != "target"))
+        {
+            return Err(ConfigError::new(
+                format!("{path}.{k}"),
+                format!("unknown field `{k}`: `shards` is a count, or `{{target: SIZE}}`"),
+            ));
+        }
+        let target_path = format!("{path}.target");
+        let bytes = parse_size(target).filter(|&b| b > 0).ok_or_else(|| {
+            ConfigError::new(
+                &target_path,
+                format!("expected a size per shard such as `256MB`, `1GiB` or a number of bytes, got {target}"),
+            )
+        })?;
+        let total = source_bytes(entry).map_err(|why| ConfigError::new(&target_path, why))?;
+        return Ok(total.div_ceil(bytes).clamp(1, MAX_SHARDS as u64) as usize);
+    }
     match v.as_u64() {
         Some(n) if (1..=MAX_SHARDS as u64).contains(&n) => Ok(n as usize),
         _ => Err(ConfigError::new(
             path,
-            format!("`shards` must be a whole number of shards from 1 to {MAX_SHARDS}, got {v}"),
+            format!(
+                "`shards` must be a whole number of shards from 1 to {MAX_SHARDS}, or `{{target: SIZE}}`, got {v}"
+            ),
         )),
     }
+}
+
+/// The bytes of the files a local source's ingest reads.
+fn source_bytes(entry: &Map<String, Value>) -> Result<u64, String> {
+    let url = entry.get("url").and_then(Value::as_str).unwrap_or("");
+    let cwd = std::env::current_dir().map_err(|e| format!("reading the current folder: {e}"))?;
+    let files = crate::fetch::local_files(url, &cwd)
+        .map_err(|e| format!("listing the files of `{url}`: {e:#}"))?
+        .ok_or_else(|| {
+            format!("a target size needs the source's files when the recipe loads, and `{url}` is remote: give `shards` as a count")
+        })?;
+    let globs = |key: &str| -> Vec<String> {
+        entry
+            .get(key)
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let selection = crate::ingest::Selection::of(&globs("files"), &globs("exclude"), None)
+        .map_err(|e| format!("the source's `files` or `exclude`: {e:#}"))?;
+    Ok(files
+        .iter()
+        .filter(|(rel, _)| selection.keeps(rel))
+        .map(|(_, size)| size)
+        .sum())
+}
+
+/// `256MB`, `1.5 GiB`, `4096`: bytes (kB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024).
+fn parse_size(v: &Value) -> Option<u64> {
+    if let Some(n) = v.as_u64() {
+        return Some(n);
+    }
+    let s = v.as_str()?.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let num: f64 = num.parse().ok()?;
+    let scale: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "kB" | "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        "KiB" => 1024.0,
+        "MiB" => 1024f64.powi(2),
+        "GiB" => 1024f64.powi(3),
+        "TiB" => 1024f64.powi(4),
+        _ => return None,
+    };
+    let bytes = num * scale;
+    (bytes.is_finite() && bytes >= 1.0).then_some(bytes as u64)
 }
 
 impl Source {
@@ -277,5 +369,59 @@ fn tokenize_node(
         needs,
         resources: None,
         path: format!("sources.{}.tokenize", source.name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(parse_size(&json!(4096)), Some(4096));
+        assert_eq!(parse_size(&json!("256MB")), Some(256_000_000));
+        assert_eq!(parse_size(&json!("1.5 GiB")), Some(1_610_612_736));
+        assert_eq!(parse_size(&json!("2KiB")), Some(2048));
+        assert_eq!(parse_size(&json!("12 parsecs")), None);
+        assert_eq!(parse_size(&json!("MB")), None);
+    }
+
+    #[test]
+    fn a_target_size_counts_the_files_ingest_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in [
+            ("a.txt", 2500),
+            ("b.txt", 2500),
+            ("c.txt", 1000),
+            ("skip.dat", 9000),
+        ] {
+            std::fs::write(dir.path().join(name), vec![b'x'; bytes]).unwrap();
+        }
+        let url = format!("{}/*", dir.path().display());
+        let sources = |shards: Value| {
+            parse(
+                Some(&json!({"corpus": {"url": url, "exclude": ["*.dat"], "shards": shards}})),
+                None,
+            )
+        };
+        // 6,000 bytes of text (the .dat is not read) at 2 kB a shard: 3 shards.
+        assert_eq!(
+            sources(json!({"target": "2kB"})).unwrap()[0].shards,
+            Some(3)
+        );
+        assert_eq!(
+            sources(json!({"target": "1MB"})).unwrap()[0].shards,
+            Some(1)
+        );
+        let e = sources(json!({"target": "lots"})).unwrap_err();
+        assert_eq!(e.path, "sources.corpus.shards.target");
+        let e = sources(json!({"target": "1MB", "count": 2})).unwrap_err();
+        assert_eq!(e.path, "sources.corpus.shards.count");
+        let remote = parse(
+            Some(&json!({"corpus": {"url": "npm://x@1.0.0/package", "shards": {"target": "1MB"}}})),
+            None,
+        )
+        .unwrap_err();
+        assert!(remote.message.contains("is remote"), "{}", remote.message);
     }
 }
