@@ -7,17 +7,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all --check
+# The set-up waits on the network and the disk (the torch environment's ~3 GB of wheels,
+# Chromium, Slurm's packages: one after another, as apt allows one installer at a time); clippy
+# waits on the CPU. They run side by side.
+mkdir -p target
+(scripts/setup.sh && scripts/browser.sh > target/browser.env && scripts/slurm-local.sh start) \
+  > target/test-setup.log 2>&1 &
+setup=$!
 cargo clippy --workspace --all-targets -- -D warnings
-scripts/setup.sh
+if ! wait "$setup"; then
+  cat target/test-setup.log >&2
+  echo "test.sh: the set-up failed (log above)" >&2
+  exit 1
+fi
+cat target/test-setup.log
 scripts/python-check.sh
-scripts/slurm-local.sh start
 export SLURM_CONF="$PWD/target/slurm-local/slurm.conf"
 # Set before the first build, so that the tests' build (whose build.rs reads it) is the same one.
 export ZFLOW_EVAL_DATA="$PWD/target/test-fixtures/data-root"
 # The torch engine's Python, which scripts/setup.sh installed (its tests run with it).
 export ZFLOW_TORCH_PYTHON="$PWD/target/torch-venv/bin/python"
 eval "$(scripts/fixtures.sh)"
-# Chromium and ChromeDriver for the ui test (tests/ui.rs).
-eval "$(scripts/browser.sh)"
+# Chromium and ChromeDriver for the ui test (tests/ui.rs), which scripts/browser.sh installed.
+eval "$(cat target/browser.env)"
 cargo test --workspace
 cargo check -p zflow-evals --features cuda,rocm
