@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Sandbox, stage_dir};
+use common::{Sandbox, free_port, stage_dir};
 
 /// One short phase of a tiny ZAYA1 (see [`common::tiny_train_recipe`]) on the native engine;
 /// the tests of the torch engine (the default) use [`recipe_on`].
@@ -491,14 +491,6 @@ fn run_workers_with_engine(
     }
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (text(&outputs[0].stdout), text(&outputs[0].stderr))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// (step, loss) of the step lines of worker output or `metrics.jsonl`.

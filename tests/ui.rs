@@ -11,13 +11,12 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::Sandbox;
+use common::{Sandbox, free_port};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "ui-test-token-0123456789";
@@ -143,14 +142,6 @@ fn chromium() -> String {
         .find(|p| Path::new(p).exists())
         .unwrap_or("chromium")
         .to_string()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// GET `url`: (status, body), or `None` when nothing answers.

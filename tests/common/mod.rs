@@ -20,6 +20,15 @@ pub fn stage_dir(store: &Path, stage: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("no output of {stage} in {}", store.display()))
 }
 
+/// A loopback port that was free a moment ago (a listener bound to port 0 picked it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// The entries of `dir` whose names start with `prefix`, sorted.
 pub fn entries_starting_with(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)

@@ -301,6 +301,9 @@ fn list_files(dir: &Path) -> Vec<OutputFile> {
     let mut out = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
+        if out.len() >= MAX_LISTED {
+            break;
+        }
         let Ok(entries) = std::fs::read_dir(&d) else {
             continue;
         };
