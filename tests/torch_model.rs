@@ -1,13 +1,18 @@
 //! The torch engine's model (`workers/torch/zflow_torch/model.py`) against zflow's own
 //! definition: the same tensor list in the same order, with the same shapes, Muon/AdamW split
 //! and parameter ids (`zflow_runtime::model::tensors`, `param_id`), so both engines' checkpoints
-//! name, shape and shard every tensor alike; and the same marker for the torch engine's
-//! optimizer records. Runs the Python of the torch engine's environment.
+//! name, shape and shard every tensor alike, and give Muon the same ones; and the same
+//! optimizer-state record format (`runtime/src/checkpoint/optimizer.rs`). Runs the Python of the torch engine's environment.
 
 mod common;
 
+use std::collections::BTreeSet;
+
+use burn::backend::Autodiff;
+use zflow_runtime::contract::settings::TrainSettings;
 use zflow_runtime::model::Zaya;
 use zflow_runtime::model::config::ModelConfig;
+use zflow_runtime::trainer::Optimizers;
 
 #[test]
 #[cfg_attr(
@@ -40,27 +45,55 @@ fn the_torch_model_names_shapes_and_ids_every_tensor_as_zflow_does() {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         let rust = zflow_runtime::model::tensors(&config);
-        let ids: Option<std::collections::BTreeMap<String, u64>> =
+        // The small model is built to read its ids and the native engine's Muon set.
+        let native: Option<(std::collections::BTreeMap<String, u64>, BTreeSet<u64>)> =
             (config.num_blocks == 3).then(|| {
-                let model: Zaya<burn_flex::Flex> = Zaya::new(&config, 0, &burn_flex::FlexDevice);
-                zflow_runtime::trainer::param_list(&model)
+                let model: Zaya<Autodiff<burn_flex::Flex>> =
+                    Zaya::new(&config, 0, &burn_flex::FlexDevice);
+                let ids = zflow_runtime::trainer::param_list(&model)
                     .into_iter()
                     .map(|(name, id, _)| (name, id))
-                    .collect()
+                    .collect();
+                let muon = Optimizers::new(&TrainSettings::default(), &model)
+                    .muon_ids
+                    .iter()
+                    .map(|id| id.val())
+                    .collect();
+                (ids, muon)
             });
         assert_eq!(python.len(), rust.len());
         for (p, r) in python.iter().zip(&rust) {
             assert_eq!(p["name"], r.name.as_str());
             assert_eq!(p["shape"], serde_json::json!(r.shape), "{}", r.name);
             assert_eq!(p["linear"], r.linear, "{}", r.name);
-            if let Some(ids) = &ids {
-                assert_eq!(p["id"].as_u64().unwrap(), ids[&r.name], "{}", r.name);
+            if let Some((ids, muon)) = &native {
+                let id = p["id"].as_u64().unwrap();
+                assert_eq!(id, ids[&r.name], "{}", r.name);
+                // The torch engine gives Muon the linear weights; the native one the matrices
+                // but the embedding: one set, so each reads the other's records.
+                assert_eq!(muon.contains(&id), r.linear, "{}: Muon or AdamW", r.name);
             }
         }
     }
-    let marker = common::torch_module_stdout("zflow_torch.checkpoint", vec![]);
+    // The optimizer-state record both engines write (runtime's checkpoint::optimizer).
+    use zflow_runtime::checkpoint::optimizer as record;
+    let format: serde_json::Value = serde_json::from_str(&common::torch_module_stdout(
+        "zflow_torch.checkpoint",
+        vec![],
+    ))
+    .unwrap();
     assert_eq!(
-        marker.trim().as_bytes(),
-        zflow_runtime::dist::zero::TORCH_RECORD
+        format["record"].as_str().unwrap().as_bytes(),
+        record::RECORD
+    );
+    assert_eq!(
+        format["legacy_torch_record"].as_str().unwrap().as_bytes(),
+        record::LEGACY_TORCH
+    );
+    assert_eq!(format["velocity"], record::VELOCITY);
+    assert_eq!(format["momentum_buffer"], record::MOMENTUM_BUFFER);
+    assert_eq!(
+        format["adamw"],
+        serde_json::json!([record::EXP_AVG, record::EXP_AVG_SQ, record::STEP])
     );
 }

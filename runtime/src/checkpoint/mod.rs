@@ -18,6 +18,7 @@
 //! manifest; a checkpoint that fails is quarantined (moved to `quarantine/`) with a warning and
 //! the next older one is used.
 
+pub mod optimizer;
 pub mod saver;
 
 use std::collections::BTreeMap;

@@ -25,7 +25,9 @@
 //!    retry, lost peer, fatal.
 //! 5. **It reads and writes checkpoints** in the format of [`crate::checkpoint`]: `step-N/`
 //!    folders with `model.safetensors` (the reference's tensor names), per-rank optimizer
-//!    shards laid out by [`crate::dist::zero::Layout`] (`layout.json`), `trainer.json` (step, data
+//!    shards laid out by [`crate::dist::zero::Layout`] (`layout.json`), each parameter's state a
+//!    record of [`crate::checkpoint::optimizer`] (so either engine resumes the other's Muon and
+//!    AdamW state), `trainer.json` (step, data
 //!    cursor, balancing state, loss history), `model.json` (the model trained) and a manifest
 //!    of BLAKE3 hashes written last; a folder without a manifest that verifies does not exist.
 //!    It resumes from the newest checkpoint that verifies, else from the job's `init`.

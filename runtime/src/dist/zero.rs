@@ -9,7 +9,8 @@
 //!
 //! A checkpoint stores the layout in `layout.json` and one file per optimizer per rank,
 //! `optim-muon.rank-R.bin` / `optim-adamw.rank-R.bin`, each a sequence of
-//! `(parameter id u64 LE, length u64 LE, burn record bytes)` entries sorted by id. Reshaping
+//! `(parameter id u64 LE, length u64 LE, record bytes)` entries sorted by id, each record one
+//! parameter's state in the format both engines share ([`checkpoint::optimizer`]). Reshaping
 //! ([`reshape`]) moves the entries to the files of their new owners; nothing else changes, so
 //! the resumed run reads the same data in the same order.
 
@@ -23,12 +24,6 @@ use crate::checkpoint;
 
 /// The optimizers whose state is sharded.
 pub const OPTIMIZERS: [&str; 2] = ["muon", "adamw"];
-
-/// How a record written by the torch engine (`workers/torch/zflow_torch/checkpoint.py`)
-/// begins: then a safetensors file of torch's per-parameter optimizer state. The native
-/// engine's records are burn's; neither engine reads the other's, and one that finds the
-/// other's starts that optimizer afresh.
-pub const TORCH_RECORD: &[u8] = b"ZFTORCH1";
 
 /// File name of optimizer `optimizer`'s shard on rank `rank`.
 pub fn shard_file(optimizer: &str, rank: usize) -> String {

@@ -417,6 +417,8 @@ pub struct Optimizers<B: AutodiffBackend> {
     adamw: AdamOpt<B>,
     /// The parameters Muon trains.
     pub muon_ids: BTreeSet<ParamId>,
+    /// Muon's momentum (to read the torch engine's momentum buffers as burn's velocities).
+    muon_momentum: f64,
 }
 
 impl<B: AutodiffBackend> Optimizers<B> {
@@ -445,6 +447,7 @@ impl<B: AutodiffBackend> Optimizers<B> {
             muon,
             adamw,
             muon_ids: matrix_ids(model),
+            muon_momentum: t.muon.momentum,
         }
     }
 }

@@ -7,6 +7,8 @@ import unittest
 from pathlib import Path
 
 import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 
 from zflow_torch import checkpoint, model
 
@@ -64,14 +66,62 @@ class Checkpoints(unittest.TestCase):
         self.assertEqual(load, [1010, 1200])
 
     def test_optimizer_records_round_trip_and_foreign_ones_are_recognised(self) -> None:
-        state = {"step": torch.tensor(3.0), "exp_avg": torch.arange(6.0).reshape(2, 3)}
-        record = checkpoint.encode_state(state)
-        back = checkpoint.decode_state(record)
+        state = {
+            "step": torch.tensor(3.0),
+            "exp_avg": torch.arange(6.0).reshape(2, 3),
+            "exp_avg_sq": torch.ones(2, 3),
+        }
+        record = checkpoint.encode_state(state, linear=False)
+        self.assertTrue(record.startswith(checkpoint.RECORD))
+        back = checkpoint.decode_state(record, linear=False, momentum=0.95)
         assert back is not None
-        self.assertTrue(torch.equal(back["exp_avg"], state["exp_avg"]))
-        self.assertIsNone(checkpoint.decode_state(b"\x82\xa4burn"))
+        for k, v in state.items():
+            self.assertTrue(torch.equal(back[k], v), k)
+        checkpoint.check_state("adamw", back, [2, 3])
+        with self.assertRaisesRegex(ValueError, "keeps"):
+            checkpoint.check_state("muon", back, [2, 3])
+        with self.assertRaisesRegex(ValueError, "expected float32"):
+            checkpoint.check_state("adamw", back, [3, 2])
+        self.assertIsNone(checkpoint.decode_state(b"\x82\xa4burn", False, 0.95))
         joined = checkpoint.join_entries([(9, b"b"), (2, b"aa")])
         self.assertEqual(checkpoint.entries(joined, "x"), [(2, b"aa"), (9, b"b")])
+
+    def test_a_linear_weights_state_is_stored_in_zflows_layout(self) -> None:
+        # torch holds a linear weight [out, in]; the record holds [in, out], as the native
+        # engine and model.safetensors do. The round trip is exact.
+        buf = torch.arange(6.0).reshape(2, 3)
+        record = checkpoint.encode_state({"momentum_buffer": buf}, linear=True)
+        stored = st_load(record[len(checkpoint.RECORD) :])["momentum_buffer"]
+        self.assertTrue(torch.equal(stored, buf.T))
+        back = checkpoint.decode_state(record, linear=True, momentum=0.9)
+        assert back is not None
+        self.assertTrue(torch.equal(back["momentum_buffer"], buf))
+        self.assertTrue(back["momentum_buffer"].is_contiguous())
+
+    def test_the_native_engines_velocity_reads_as_torchs_momentum_buffer(self) -> None:
+        # Three steps of burn's v <- mu v + g and torch's Muon buffer (lerp) on one gradient
+        # sequence: b = (1 - mu) v.
+        mu, grads = (
+            0.9,
+            [torch.randn(3, 2, generator=torch.Generator().manual_seed(i)) for i in range(3)],
+        )
+        v, b = torch.zeros(3, 2), torch.zeros(3, 2)
+        for g in grads:
+            v = mu * v + g
+            b.lerp_(g, 1 - mu)
+        # The native engine writes v in zflow's layout ([in, out] = [2, 3] for torch's [3, 2]).
+        record = checkpoint.RECORD + st_save({"velocity": v.T.contiguous()})
+        back = checkpoint.decode_state(record, linear=True, momentum=mu)
+        assert back is not None
+        self.assertEqual(sorted(back), ["momentum_buffer"])
+        torch.testing.assert_close(back["momentum_buffer"], b)
+
+    def test_older_torch_records_still_load(self) -> None:
+        buf = torch.arange(6.0).reshape(2, 3)
+        record = checkpoint.LEGACY_TORCH_RECORD + st_save({"momentum_buffer": buf})
+        back = checkpoint.decode_state(record, linear=True, momentum=0.9)
+        assert back is not None
+        self.assertTrue(torch.equal(back["momentum_buffer"], buf))
 
 
 class Model(unittest.TestCase):

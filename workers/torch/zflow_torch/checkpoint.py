@@ -6,11 +6,14 @@ and the ZeRO-1 layout (``runtime/src/dist/zero.rs``) with its optimizer shard fi
 
 An optimizer shard file is a sequence of ``(parameter id u64 LE, length u64 LE, record)``
 entries sorted by id, whichever engine wrote it; ``zflow ckpt reshape`` moves entries between
-files without reading them. A record of this engine is ``TORCH_RECORD`` followed by a
-safetensors file of the parameter's optimizer state (torch's per-parameter state: Muon's
-``momentum_buffer``; AdamW's ``step``, ``exp_avg``, ``exp_avg_sq``). The native engine's
-records are burn's; an engine that finds the other's records starts that optimizer afresh
-(``read_shard`` says so).
+files without reading them. Both engines write one record format
+(``runtime/src/checkpoint/optimizer.rs`` is its page): ``RECORD`` followed by a safetensors
+file of the parameter's optimizer state in zflow's layout (a linear weight's state ``[in, out]``,
+the transpose of torch's). Muon's state is ``momentum_buffer`` here (torch's
+``b <- mu b + (1 - mu) g``) and ``velocity`` from the native engine (burn's ``v <- mu v + g``),
+read as ``(1 - mu) v``; AdamW's is ``step``, ``exp_avg`` and ``exp_avg_sq`` in both. Records
+of this engine before that format (``LEGACY_TORCH_RECORD``, torch's layout) still load; the
+native engine's older burn records do not, and that optimizer starts afresh (the log says so).
 """
 
 import json
@@ -29,7 +32,12 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 WEIGHTS_FORMAT = "zflow-zaya1"
-TORCH_RECORD = b"ZFTORCH1"
+RECORD = b"ZFOPTIM1"
+LEGACY_TORCH_RECORD = b"ZFTORCH1"
+VELOCITY = "velocity"
+MOMENTUM_BUFFER = "momentum_buffer"
+# The state each optimizer keeps per parameter (torch's names).
+STATE_KEYS = {"muon": [MOMENTUM_BUFFER], "adamw": ["exp_avg", "exp_avg_sq", "step"]}
 OPTIMIZERS = ["muon", "adamw"]
 ENTRY = struct.Struct("<QQ")
 
@@ -255,17 +263,43 @@ def join_entries(items: list[tuple[int, bytes]]) -> bytes:
     return b"".join(ENTRY.pack(pid, len(r)) + r for pid, r in sorted(items))
 
 
-def encode_state(state: dict[str, torch.Tensor]) -> bytes:
-    """One parameter's optimizer state as a record of this engine."""
-    tensors = {k: v.detach().float().cpu().contiguous().reshape(v.shape) for k, v in state.items()}
-    return TORCH_RECORD + st_save(tensors)
+def encode_state(state: dict[str, torch.Tensor], linear: bool) -> bytes:
+    """One parameter's optimizer state as a record, in zflow's layout (``linear``: the
+    parameter is a linear weight, whose 2-D state is transposed)."""
+    tensors = {}
+    for k, v in state.items():
+        v = v.detach().float().cpu()
+        tensors[k] = (v.T if linear and v.dim() == 2 else v).contiguous()
+    return RECORD + st_save(tensors)
 
 
-def decode_state(record: bytes) -> dict[str, torch.Tensor] | None:
-    """A record of this engine, or None for the native engine's (burn's) records."""
-    if not record.startswith(TORCH_RECORD):
+def decode_state(record: bytes, linear: bool, momentum: float) -> dict[str, torch.Tensor] | None:
+    """A record as torch's state of the parameter (``linear`` as for ``encode_state``), the
+    native engine's Muon velocity as torch's momentum buffer at this run's ``momentum``; None
+    for the native engine's older burn records."""
+    if record.startswith(LEGACY_TORCH_RECORD):
+        return st_load(record[len(LEGACY_TORCH_RECORD) :])
+    if not record.startswith(RECORD):
         return None
-    return st_load(record[len(TORCH_RECORD) :])
+    out = {}
+    for k, v in st_load(record[len(RECORD) :]).items():
+        if linear and v.dim() == 2:
+            v = v.T.contiguous()
+        if k == VELOCITY:
+            k, v = MOMENTUM_BUFFER, v * (1.0 - momentum)
+        out[k] = v
+    return out
+
+
+def check_state(optimizer: str, state: dict[str, torch.Tensor], shape: list[int]) -> None:
+    """Raises ValueError unless ``state`` is what ``optimizer`` keeps for a parameter of
+    ``shape``."""
+    if sorted(state) != STATE_KEYS[optimizer]:
+        raise ValueError(f"holds {sorted(state)}, where {optimizer} keeps {STATE_KEYS[optimizer]}")
+    for k, v in state.items():
+        want = [] if k == "step" else shape
+        if list(v.shape) != want or v.dtype != torch.float32:
+            raise ValueError(f"`{k}` is {v.dtype} {list(v.shape)}, expected float32 {want}")
 
 
 def read_shard(
@@ -319,5 +353,15 @@ class Saver:
 
 
 if __name__ == "__main__":
-    # What runtime's tests compare with zero::TORCH_RECORD.
-    print(TORCH_RECORD.decode())
+    # What tests/torch_model.rs compares with runtime's checkpoint::optimizer.
+    print(
+        json.dumps(
+            {
+                "record": RECORD.decode(),
+                "legacy_torch_record": LEGACY_TORCH_RECORD.decode(),
+                "velocity": VELOCITY,
+                "momentum_buffer": MOMENTUM_BUFFER,
+                "adamw": STATE_KEYS["adamw"],
+            }
+        )
+    )

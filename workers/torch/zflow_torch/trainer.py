@@ -388,25 +388,31 @@ class Trainer:
             raise Fatal(f"{d}/model.safetensors: {e}") from e
 
     def load_optimizers(self, files: dict[str, bytes], d: Path) -> None:
-        by_id = {self.ids[t.name]: p for t, p in self.mine}
+        mine = {self.ids[t.name]: (t, p) for t, p in self.mine}
+        momentum = self.t["muon"]["momentum"]
         for name, opt in self.optimizers():
-            records = checkpoint.read_shard(files, d, name, set(by_id))
-            foreign = 0
+            records = checkpoint.read_shard(files, d, name, set(mine))
+            older = 0
             for pid, record in records.items():
-                saved = checkpoint.decode_state(record)
+                t, p = mine[pid]
+                try:
+                    saved = checkpoint.decode_state(record, t.linear, momentum)
+                    if saved is not None:
+                        checkpoint.check_state(name, saved, list(p.shape))
+                except ValueError as e:
+                    raise Fatal(f"{d}: the {name} state of `{t.name}`: {e}") from e
                 if saved is None:
-                    foreign += 1
+                    older += 1
                     continue
-                p = by_id[pid]
                 # Copies: the loaded tensors are views of the checkpoint's bytes.
                 opt.state[p] = {
                     k: v.clone() if k == "step" else v.to(self.device, copy=True)
                     for k, v in saved.items()
                 }
-            if foreign:
+            if older:
                 log(
-                    f"{d}: {foreign} {name} state entries were written by the native engine, "
-                    f"whose records this engine cannot read; {name} starts afresh"
+                    f"{d}: {older} {name} state entries are burn records of an older native "
+                    f"engine, which this engine cannot read; {name} starts afresh"
                 )
                 opt.state.clear()
 
@@ -560,14 +566,14 @@ class Trainer:
 
     def snapshot(self, state: State) -> list[tuple[str, bytes]]:
         """This rank's files of a checkpoint of the current state."""
-        by_param = {id(p): self.ids[t.name] for t, p in self.mine}
+        by_param = {id(p): (self.ids[t.name], t.linear) for t, p in self.mine}
         optimizers = dict(self.optimizers())
         files = []
         # Every rank writes both files, empty when it owns no tensor of that optimizer.
         for name in checkpoint.OPTIMIZERS:
             opt = optimizers.get(name)
             records = [
-                (by_param[id(p)], checkpoint.encode_state(s))
+                (by_param[id(p)][0], checkpoint.encode_state(s, by_param[id(p)][1]))
                 for p, s in (opt.state.items() if opt is not None else [])
                 if id(p) in by_param
             ]
