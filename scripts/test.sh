@@ -6,6 +6,8 @@
 # of the GPU backends. The ui test drives Debian's Chromium (scripts/browser.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A clean clone (CI) gains nothing from incremental compilation, and it costs build time.
+if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
 cargo fmt --all --check
 # The set-up waits on the network and the disk (the torch environment's ~3 GB of wheels,
 # Chromium, Slurm's packages: one after another, as apt allows one installer at a time); clippy
@@ -30,5 +32,14 @@ export ZFLOW_TORCH_PYTHON="$PWD/target/torch-venv/bin/python"
 eval "$(scripts/fixtures.sh)"
 # Chromium and ChromeDriver for the ui test (tests/ui.rs), which scripts/browser.sh installed.
 eval "$(cat target/browser.env)"
-cargo test --workspace
+# nextest (on the machine's image; cargo test where it is missing) runs each test in its own
+# process and keeps both cores busy across test binaries, where cargo test runs the binaries
+# one after another and a binary's last long test leaves a core idle; it also prints each
+# test's time. It runs no doctests, so those run apart.
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast
+  cargo test --workspace --doc
+else
+  cargo test --workspace
+fi
 cargo check -p zflow-evals --features cuda,rocm
