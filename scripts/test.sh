@@ -35,10 +35,11 @@ eval "$(cat target/browser.env)"
 # nextest (on the machine's image; cargo test where it is missing) runs each test in its own
 # process and keeps both cores busy across test binaries, where cargo test runs the binaries
 # one after another and a binary's last long test leaves a core idle; it also prints each
-# test's time. It runs no doctests, so those run apart.
+# test's time. It runs no doctests, so those run apart, first (so that the closing lines are
+# nextest's summary of every test).
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast
   cargo test --workspace --doc
+  cargo nextest run --workspace --no-fail-fast
 else
   cargo test --workspace
 fi

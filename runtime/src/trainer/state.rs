@@ -20,6 +20,7 @@ use super::Optimizers;
 use crate::checkpoint::optimizer::{self, Values};
 use crate::checkpoint::saver::Snapshot;
 use crate::checkpoint::{self, TrainerState};
+use crate::contract::exit::Fatal;
 use crate::dist::zero;
 use crate::model::Zaya;
 use crate::model::config::ModelConfig;
@@ -110,13 +111,14 @@ pub(super) fn restore<B: AutodiffBackend>(
         let muon = decode_all(&muon, &params, device, |state, shape| {
             muon_state::<B>(state, shape, mu, device)
         })
-        .with_context(|| format!("{}: the Muon state", dir.display()))?;
+        // A checkpoint that verifies but holds state this model cannot take: no relaunch helps.
+        .with_context(|| Fatal(format!("{}: the Muon state", dir.display())))?;
         optim.muon = optim.muon.load_record(muon);
         let adamw = zero::shard_for(dir, files, &saved, layout, rank, "adamw")?;
         let adamw = decode_all(&adamw, &params, device, |state, shape| {
             adamw_state::<B>(state, shape, device)
         })
-        .with_context(|| format!("{}: the AdamW state", dir.display()))?;
+        .with_context(|| Fatal(format!("{}: the AdamW state", dir.display())))?;
         optim.adamw = optim.adamw.load_record(adamw);
     }
     Ok((model, optim, state))
