@@ -60,7 +60,7 @@ pub struct EvalArgs {
     /// Include per-document scores in the results JSON.
     #[arg(long)]
     pub log_samples: bool,
-    /// Write the results JSON here.
+    /// Write the results JSON here (a file: replaced, atomically, if it exists).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Task files (default: the built-in evals/tasks).
@@ -112,6 +112,14 @@ pub fn open_model(
 /// Runs the evaluation; prints the table and timings, writes the results JSON.
 pub fn run(a: &EvalArgs) -> Result<ExitCode> {
     let t0 = Instant::now();
+    // Refused before anything is scored, so that no work is lost to a bad path.
+    if let Some(out) = &a.out {
+        anyhow::ensure!(
+            !out.is_dir(),
+            "--out {}: a folder; --out names the results file to write (it replaces a file there)",
+            out.display()
+        );
+    }
     let tokenizer = a.tokenizer.clone().or_else(|| {
         let beside = a.model.with_file_name("tokenizer.json");
         let fetched = a.data.join("tokenizer-gemma3/tokenizer.json");
@@ -173,7 +181,9 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
     }
     eprintln!("total {:.1} s", t0.elapsed().as_secs_f64());
     if let Some(out) = &a.out {
-        std::fs::write(out, report.results.to_json())
+        // A results file replaces the one it names (as `-o` does everywhere), atomically, so
+        // an interrupted write never leaves half a file.
+        zflow_files::atomic::write(out, report.results.to_json().as_bytes())
             .with_context(|| format!("writing {}", out.display()))?;
         eprintln!("results: {}", out.display());
     }

@@ -46,19 +46,32 @@ pub struct UiArgs {
     /// The port (0: any free one).
     #[arg(long = "ui-port", default_value_t = 8265)]
     pub port: u16,
-    /// The page's access token, at least 16 characters (default: a fresh random one).
-    #[arg(long = "ui-token", env = "ZFLOW_UI_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    /// A file holding the page's access token (default: `ZFLOW_UI_TOKEN` when set, else a
+    /// fresh random one). Never a flag with the token itself: `ps` shows every process's
+    /// arguments to every user of the machine.
+    #[arg(long = "ui-token-file", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
+/// The environment variable that may hold the ui's token (`--ui-token-file` wins).
+const UI_TOKEN_ENV: &str = "ZFLOW_UI_TOKEN";
+
 impl UiArgs {
-    fn options(&self) -> zflow_ui::Options {
-        zflow_ui::Options {
+    fn options(&self) -> anyhow::Result<zflow_ui::Options> {
+        let token = match &self.token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("--ui-token-file {}: {e}", path.display()))?;
+                Some(text.trim().to_string())
+            }
+            None => std::env::var(UI_TOKEN_ENV).ok(),
+        };
+        Ok(zflow_ui::Options {
             host: self.host,
             port: self.port,
-            token: self.token.clone(),
+            token,
             ..Default::default()
-        }
+        })
     }
 }
 
@@ -253,7 +266,8 @@ fn keep_freed_memory_mapped() {
 #[derive(Subcommand)]
 enum CkptCommand {
     /// Look inside a checkpoint (a train stage's `final/` or `checkpoints/step-N/`): checksum
-    /// status, step, data cursor, routing biases, tensors.
+    /// status, step, data cursor, routing biases, tensors. Exits 1 when it does not verify
+    /// (after printing what could still be read).
     Inspect {
         /// The checkpoint folder.
         path: PathBuf,
@@ -293,7 +307,7 @@ enum CkptCommand {
     Reshape {
         /// The checkpoint folder.
         input: PathBuf,
-        /// The checkpoint folder to write (committed atomically; replaced if it exists).
+        /// The checkpoint folder to create (must not exist, or be empty; written atomically).
         out: PathBuf,
         /// Data-parallel ranks.
         #[arg(long)]
@@ -350,7 +364,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Ui { recipe, ui_args } => commands::ui(&recipe, ui_args.options()).await,
+            Command::Ui { recipe, ui_args } => commands::ui(&recipe, ui_args.options()?).await,
             Command::Run {
                 recipe,
                 only,
@@ -372,7 +386,7 @@ fn main() -> ExitCode {
                     jobs,
                     gpus,
                     memory_gb,
-                    ui: ui.then(|| ui_args.options()),
+                    ui: if ui { Some(ui_args.options()?) } else { None },
                 };
                 commands::run(&recipe, flags, progress).await
             }
@@ -426,8 +440,13 @@ fn main() -> ExitCode {
             Command::Ckpt {
                 what: CkptCommand::Inspect { path },
             } => {
-                print!("{}", zflow_runtime::checkpoint::inspect(&path)?);
-                Ok(ExitCode::SUCCESS)
+                let seen = zflow_runtime::checkpoint::inspect(&path);
+                print!("{}", seen.text);
+                Ok(if seen.verified {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                })
             }
             Command::Ckpt {
                 what:

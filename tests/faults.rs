@@ -303,6 +303,8 @@ fn reshapes(engine: &str) {
         shown.contains("2 data-parallel rank(s)") && shown.contains("optim-muon.rank-1.bin"),
         "{shown}"
     );
+    ckpt_commands_never_replace_what_exists(&sb, &step10);
+    inspect_gives_its_verdict_in_the_exit_code(&sb, &step10);
 
     // The uninterrupted 2-rank run, for comparison.
     let reference = Sandbox::new();
@@ -425,6 +427,141 @@ fn reshapes(engine: &str) {
 }
 
 /// The train job a finished run of `train.p1` wrote.
+/// `zflow ckpt reshape` (and export and import) refuse an OUT that exists and is not an empty
+/// folder, before reading anything, and never remove a folder of the user's; `--dp` out of
+/// range is an error, not an allocation abort.
+fn ckpt_commands_never_replace_what_exists(sb: &Sandbox, checkpoint: &Path) {
+    let ckpt = checkpoint.to_str().unwrap();
+    let mine = sb.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::write(mine.join("notes.txt"), "mine").unwrap();
+    let file = sb.write("a-file", "mine too");
+    let parent = checkpoint.parent().unwrap();
+    for (args, taken) in [
+        (vec!["reshape", ckpt, "mine", "--dp", "1"], &mine),
+        (vec!["reshape", ckpt, "a-file", "--dp", "1"], &file),
+        (
+            vec!["reshape", ckpt, parent.to_str().unwrap(), "--dp", "1"],
+            &parent.to_path_buf(),
+        ),
+        (vec!["export", ckpt, "mine"], &mine),
+        (vec!["import", "no-such-hf-folder", "mine"], &mine),
+    ] {
+        let mut all = vec!["ckpt"];
+        all.extend(args.iter().copied());
+        let out = sb.zflow(&all);
+        assert_eq!(out.code, 1, "{all:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("already exists"),
+            "{all:?}: {}",
+            out.stderr
+        );
+        assert!(taken.exists(), "{all:?} removed {}", taken.display());
+    }
+    assert_eq!(
+        std::fs::read_to_string(mine.join("notes.txt")).unwrap(),
+        "mine"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine too");
+    assert!(checkpoint.join("manifest.json").exists());
+    // A folder of the user's named like the temporary beside OUT is left alone; an empty OUT
+    // is filled.
+    let theirs = sb.path().join(".tmp-fresh");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::write(theirs.join("keep"), "theirs").unwrap();
+    std::fs::create_dir(sb.path().join("fresh")).unwrap();
+    sb.ok(&["ckpt", "reshape", ckpt, "fresh", "--dp", "1"]);
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("keep")).unwrap(),
+        "theirs"
+    );
+    sb.ok(&["ckpt", "inspect", "fresh"]);
+    // `--dp` far beyond any cluster: a range error (as --dp 0 is), not an abort.
+    for dp in ["100000000", "0"] {
+        let out = sb.zflow(&["ckpt", "reshape", ckpt, "huge", "--dp", dp]);
+        assert_eq!(out.code, 1, "--dp {dp}: {}", out.stderr);
+        assert!(out.stderr.contains("between 1 and"), "{}", out.stderr);
+    }
+}
+
+/// `zflow ckpt inspect` exits 1 on anything that does not verify, says DOES NOT VERIFY, and
+/// still shows what it could read.
+fn inspect_gives_its_verdict_in_the_exit_code(sb: &Sandbox, checkpoint: &Path) {
+    std::fs::create_dir(sb.path().join("empty")).unwrap();
+    sb.write("garbage/manifest.json", "{not json");
+    for path in ["no-such-folder", "/etc/passwd", "empty", "garbage"] {
+        let out = sb.zflow(&["ckpt", "inspect", path]);
+        assert_eq!(out.code, 1, "{path}: {}", out.stdout);
+        assert!(
+            out.stdout.contains("DOES NOT VERIFY"),
+            "{path}: {}",
+            out.stdout
+        );
+    }
+    let truncated = sb.path().join("truncated");
+    copy_dir(checkpoint, &truncated);
+    let weights = truncated.join("model.safetensors");
+    let len = std::fs::metadata(&weights).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let out = sb.zflow(&["ckpt", "inspect", truncated.to_str().unwrap()]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    for want in [
+        "DOES NOT VERIFY",
+        "step 10/",
+        "data-parallel rank(s)",
+        "model.safetensors: cannot be read",
+    ] {
+        assert!(out.stdout.contains(want), "`{want}` in:\n{}", out.stdout);
+    }
+}
+
+/// The rank that left first is blamed, not the one that noticed in its next collective
+/// ("Connection closed by peer"), whether it exited 0 early or was killed; and a worker
+/// program that does not exist is named, with the variable that names it.
+#[test]
+fn the_rank_that_left_first_is_blamed_and_a_missing_worker_program_is_named() {
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &recipe_on("torch", 2, 0));
+    // Each run is the stage's next attempt (they are counted in its folder).
+    for (fault, says) in [
+        (
+            "exit@3:rank=1:attempt=1",
+            "exited with status 0 without reporting `done`",
+        ),
+        ("crash@3:rank=1:attempt=2", "killed by signal 6 (SIGABRT)"),
+    ] {
+        let out = sb
+            .cmd(&["run", "r.yaml"])
+            .env("ZFLOW_FAULTS", fault)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{fault}: {stderr}");
+        assert!(
+            stderr.contains(&format!("rank 1 failed after step 3: {says}")),
+            "{fault}: {stderr}\n{}",
+            log(&sb)
+        );
+        assert!(!stderr.contains("rank 0 failed"), "{fault}: {stderr}");
+    }
+    let out = sb
+        .cmd(&["run", "r.yaml"])
+        .env("ZFLOW_TORCH_PYTHON", "/no/such/python3")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("ZFLOW_TORCH_PYTHON=/no/such/python3: no such program"),
+        "{stderr}"
+    );
+}
+
 fn read_job(sb: &Sandbox) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(sb.output("train.p1").join("job.json")).unwrap()).unwrap()
 }
@@ -846,22 +983,23 @@ fn torch_ranks_prove_the_launch_secret_and_a_stranger_at_the_store_changes_nothi
 
 #[test]
 fn token_ids_beyond_the_vocabulary_fail_at_once_naming_both_sizes() {
-    // A tokenizer larger than the model: the train stage refuses before any rank starts, and
-    // nothing is retried.
+    // A tokenizer the recipe trains larger than the model: refused when the recipe loads,
+    // naming both sizes (a fetched tokenizer's size is checked by the train stage before any
+    // rank starts).
     let sb = Sandbox::new();
     sb.write(
         "r.yaml",
         &recipe(2, 3).replace("train: {vocab_size: 512,", "train: {vocab_size: 1024,"),
     );
     let out = sb.zflow(&["run", "r.yaml"]);
-    assert_ne!(out.code, 0);
+    assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(
-        out.stderr
-            .contains("tokens, more than model.vocab_size 512"),
+        out.stderr.contains(
+            "the model's vocabulary (512) is smaller than the tokenizer's (`tokenizer.train.vocab_size`: 1024)"
+        ),
         "{}",
         out.stderr
     );
-    assert!(!out.stderr.contains("relaunching"), "{}", out.stderr);
 
     // A worker handed ids beyond its vocabulary (here: a job whose model is smaller than its
     // data) fails with an error no relaunch can fix, and says so in its exit code.

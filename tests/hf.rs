@@ -244,7 +244,7 @@ fn damaged_or_unknown_inputs_are_refused() {
     let text = std::fs::read_to_string(&config)
         .unwrap()
         .replace("\"hidden_size\": 16", "\"hidden_size\": \"16\"");
-    std::fs::write(&config, text).unwrap();
+    std::fs::write(&config, &text).unwrap();
     let e = sb.zflow(&["ckpt", "import", "out", "back"]);
     assert_eq!(e.code, 1);
     assert!(
@@ -254,6 +254,40 @@ fn damaged_or_unknown_inputs_are_refused() {
         e.stderr
     );
     assert!(!sb.path().join("back").exists());
+
+    // Hostile sizes: each is checked against the tensors present, in checked arithmetic, and
+    // refused with the file named (it was an allocation abort, and a multiply overflow).
+    let original: serde_json::Value =
+        serde_json::from_str(&text.replace("\"hidden_size\": \"16\"", "\"hidden_size\": 16"))
+            .unwrap();
+    let huge = 1u64 << 33;
+    for (fields, says) in [
+        (
+            vec![("num_hidden_layers", 200_000_000u64)],
+            "but the safetensors hold only",
+        ),
+        (
+            vec![
+                ("num_attention_heads", huge),
+                ("num_key_value_heads", huge),
+                ("head_dim", huge),
+            ],
+            "config.json",
+        ),
+        (vec![("vocab_size", huge)], "values in all"),
+    ] {
+        let mut v = original.clone();
+        // Without the per-layer list, the layer count stands alone (as in older folders).
+        v.as_object_mut().unwrap().remove("layer_types");
+        for (field, value) in &fields {
+            v[*field] = serde_json::json!(value);
+        }
+        std::fs::write(&config, serde_json::to_vec(&v).unwrap()).unwrap();
+        let e = sb.zflow(&["ckpt", "import", "out", "back"]);
+        assert_eq!(e.code, 1, "{fields:?}: {}", e.stderr);
+        assert!(e.stderr.contains(says), "{fields:?}: {}", e.stderr);
+        assert!(!sb.path().join("back").exists());
+    }
 }
 
 #[test]

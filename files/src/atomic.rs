@@ -80,19 +80,12 @@ pub fn replace_dir(tmp: &Path, dest: &Path) -> Result<()> {
 
 /// Creates folder `out` holding what `fill` writes into the folder it is given: `fill` writes
 /// into a temporary sibling, which is fsynced and renamed into place, so `out` either does not
-/// exist or is complete. `out` may exist only as an empty folder; a failed `fill` leaves
-/// nothing behind.
+/// exist or is complete. `out` may exist only as an empty folder: anything else there (a
+/// folder with files, a file, a link) is the user's and is refused before anything is
+/// written. The temporary sibling gets a fresh name (never an existing folder's, which is
+/// never removed); a failed `fill` leaves nothing behind.
 pub fn publish(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    if out.exists() {
-        let empty = fs::read_dir(out)
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(false);
-        ensure!(
-            empty,
-            "{} already exists; remove it or choose another folder",
-            out.display()
-        );
-    }
+    ensure_free(out)?;
     let name = out
         .file_name()
         .ok_or_else(|| anyhow!("{}: not a folder name", out.display()))?
@@ -100,20 +93,70 @@ pub fn publish(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()>
         .into_owned();
     let dir = parent(out);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    if tmp.exists() {
-        fs::remove_dir_all(&tmp)?;
-    }
-    fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let tmp = fresh_dir(&dir, &name)?;
     if let Err(e) = fill(&tmp).and_then(|()| sync_tree(&tmp)) {
         let _ = fs::remove_dir_all(&tmp);
         return Err(e);
     }
-    if out.exists() {
-        fs::remove_dir(out)?;
+    let committed = (|| {
+        // `out` was checked above; a folder that appeared since is refused by the rename
+        // (ENOTEMPTY) unless it is empty, and an empty one is what `out` may be.
+        if fs::symlink_metadata(out).is_ok_and(|m| m.is_dir()) {
+            fs::remove_dir(out).with_context(|| {
+                format!(
+                    "{} appeared while it was written; it was left as it is",
+                    out.display()
+                )
+            })?;
+        }
+        rename(&tmp, out)
+    })();
+    if let Err(e) = committed {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(e);
     }
-    rename(&tmp, out)?;
     sync_dir(&dir)
+}
+
+/// Refuses `out` unless it is missing or an empty folder (not a link to one): what
+/// [`publish`] may create.
+pub fn ensure_free(out: &Path) -> Result<()> {
+    let Ok(meta) = fs::symlink_metadata(out) else {
+        return Ok(());
+    };
+    let empty_dir = meta.is_dir()
+        && fs::read_dir(out)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+    ensure!(
+        empty_dir,
+        "{} already exists{}; remove it or choose another folder (nothing was written)",
+        out.display(),
+        if meta.is_dir() {
+            " and is not empty"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+/// A new, empty folder in `dir` for the contents of `name`, under a name no other folder
+/// there has (`.<name>.tmp-<pid>-<n>`; an existing one is skipped, never reused or removed).
+fn fresh_dir(dir: &Path, name: &str) -> Result<PathBuf> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let tmp = dir.join(format!(
+            ".{name}.tmp-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        match fs::create_dir(&tmp) {
+            Ok(()) => return Ok(tmp),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", tmp.display())),
+        }
+    }
 }
 
 /// The folder holding `path` (`.` for a bare name).
@@ -157,6 +200,32 @@ mod tests {
         assert_eq!(fs::read(out.join("sub/f")).unwrap(), b"x");
         let again = publish(&out, |_| Ok(())).unwrap_err().to_string();
         assert!(again.contains("already exists"), "{again}");
+        // A folder with a temporary's name is someone's folder: neither reused nor removed.
+        let theirs: Vec<PathBuf> = (0..64)
+            .map(|n| {
+                dir.path()
+                    .join(format!(".next.tmp-{}-{n}", std::process::id()))
+            })
+            .collect();
+        for t in &theirs {
+            fs::create_dir(t).unwrap();
+            fs::write(t.join("keep"), b"k").unwrap();
+        }
+        publish(&dir.path().join("next"), |tmp| {
+            Ok(fs::write(tmp.join("f"), b"x")?)
+        })
+        .unwrap();
+        assert_eq!(fs::read(dir.path().join("next/f")).unwrap(), b"x");
+        for t in &theirs {
+            assert_eq!(fs::read(t.join("keep")).unwrap(), b"k");
+        }
+        // A file, or a link to an empty folder, is not an empty folder.
+        fs::write(dir.path().join("file"), b"mine").unwrap();
+        assert!(publish(&dir.path().join("file"), |_| Ok(())).is_err());
+        assert_eq!(fs::read(dir.path().join("file")).unwrap(), b"mine");
+        fs::create_dir(dir.path().join("empty")).unwrap();
+        std::os::unix::fs::symlink("empty", dir.path().join("link")).unwrap();
+        assert!(publish(&dir.path().join("link"), |_| Ok(())).is_err());
     }
 
     #[test]

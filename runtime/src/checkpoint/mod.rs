@@ -317,6 +317,22 @@ pub fn commit_dir(dir: &Path, files: Vec<(String, Vec<u8>)>) -> Result<()> {
     finish_with(dir, part)
 }
 
+/// Writes `files` as a new checkpoint folder `out` of step `step` at a path the user named
+/// (`zflow ckpt reshape`): as [`commit_dir`], but `out` must not exist (or be an empty
+/// folder), and nothing that exists is ever removed ([`zflow_files::atomic::publish`]).
+pub fn publish(out: &Path, step: u64, files: Vec<(String, Vec<u8>)>) -> Result<()> {
+    zflow_files::atomic::publish(out, |tmp| {
+        let manifest = Manifest {
+            step,
+            files: write_files(tmp, &files)?,
+        };
+        write_synced(
+            &tmp.join("manifest.json"),
+            &serde_json::to_vec_pretty(&manifest)?,
+        )
+    })
+}
+
 /// The temporary directory a checkpoint `dir` is written in before its commit.
 pub fn tmp_dir(dir: &Path) -> PathBuf {
     let name = dir
@@ -469,6 +485,15 @@ pub fn verify(dir: &Path) -> Result<std::collections::BTreeSet<String>> {
     Ok(manifest.files.into_keys().collect())
 }
 
+/// Checkpoint `dir`'s manifest, unverified.
+pub fn manifest(dir: &Path) -> Result<Manifest> {
+    let mpath = dir.join("manifest.json");
+    serde_json::from_slice(
+        &fs::read(&mpath).with_context(|| format!("reading {}", mpath.display()))?,
+    )
+    .with_context(|| format!("parsing {}", mpath.display()))
+}
+
 /// Reads and verifies checkpoint directory `dir`: every file in its manifest present with its
 /// size and hash. Returns the files' contents.
 pub fn read_verified(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
@@ -573,96 +598,148 @@ pub fn retain(root: &Path, keep: usize) -> Result<()> {
     Ok(())
 }
 
-/// A human-readable description of checkpoint `dir`: checksum status, step and data cursor,
-/// and every tensor (name, dtype, shape) with the totals.
-pub fn inspect(dir: &Path) -> Result<String> {
+/// What `zflow ckpt inspect` found: the description, and whether the checkpoint verified.
+pub struct Inspection {
+    /// A human-readable description ([`inspect`]).
+    pub text: String,
+    /// Every file the manifest lists is there with its size and checksum.
+    pub verified: bool,
+}
+
+/// A human-readable description of checkpoint `dir`: the verdict (`manifest verified`, or
+/// `DOES NOT VERIFY` and why), then whatever can still be read (step and data cursor, model,
+/// layout, every tensor), each part that cannot be read named with its error. A damaged
+/// checkpoint is described as far as it goes, never cut short by its first unreadable file.
+pub fn inspect(dir: &Path) -> Inspection {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let files = match read_verified(dir) {
+    let (files, verified) = match read_verified(dir) {
         Ok(files) => {
-            writeln!(
+            let _ = writeln!(
                 out,
                 "{}: manifest verified ({} files)",
                 dir.display(),
                 files.len()
-            )?;
-            files
+            );
+            (files, true)
         }
         Err(e) => {
-            writeln!(out, "{}: DOES NOT VERIFY: {e:#}", dir.display())?;
+            let why = if !dir.exists() {
+                "no such file or folder".to_string()
+            } else if !dir.is_dir() {
+                "not a folder (a checkpoint is a folder with a manifest.json)".to_string()
+            } else {
+                format!("{e:#}")
+            };
+            let _ = writeln!(out, "{}: DOES NOT VERIFY: {why}", dir.display());
             // Still show what can be read, so a damaged checkpoint can be looked at.
             let mut files = BTreeMap::new();
-            for name in ["trainer.json", "model.safetensors"] {
+            for name in ["trainer.json", "layout.json", "model.safetensors"] {
                 if let Ok(b) = fs::read(dir.join(name)) {
                     files.insert(name.to_string(), b);
                 }
             }
-            files
+            (files, false)
+        }
+    };
+    let part = |out: &mut String, name: &str, result: Result<()>| {
+        if let Err(e) = result {
+            let _ = writeln!(out, "{name}: cannot be read: {e:#}");
         }
     };
     if let Some(b) = files.get("trainer.json") {
-        let s: TrainerState = serde_json::from_slice(b).context("trainer.json")?;
-        writeln!(
-            out,
-            "phase {} step {}/{}  tokens {}  seed {}",
-            s.phase, s.step, s.total_steps, s.tokens, s.seed
-        )?;
-        writeln!(
-            out,
-            "data cursor: sample {} of mixture {}",
-            s.cursor.sample, s.cursor.fingerprint
-        )?;
-        for (layer, b) in s.balance.iter().enumerate() {
-            let biases: Vec<String> = b.biases.iter().map(|v| format!("{v:+.3}")).collect();
-            writeln!(
-                out,
-                "routing biases, MoE layer {layer}: [{}]",
-                biases.join(" ")
-            )?;
+        let result = describe_trainer(b, &mut out);
+        part(&mut out, "trainer.json", result);
+    }
+    if dir.is_dir() {
+        match model_config(dir) {
+            Ok(m) => {
+                let _ = writeln!(
+                    out,
+                    "model: hidden {} x {} blocks, vocab {}, {} experts{}, RoPE base {}",
+                    m.hidden_size,
+                    m.num_blocks,
+                    m.vocab_size,
+                    m.num_experts,
+                    if m.mod_skip { " + MoD skip" } else { "" },
+                    m.rope_base
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(out, "model: unknown ({e:#})");
+            }
         }
     }
-    match model_config(dir) {
-        Ok(m) => writeln!(
-            out,
-            "model: hidden {} x {} blocks, vocab {}, {} experts{}, RoPE base {}",
-            m.hidden_size,
-            m.num_blocks,
-            m.vocab_size,
-            m.num_experts,
-            if m.mod_skip { " + MoD skip" } else { "" },
-            m.rope_base
-        )?,
-        Err(e) => writeln!(out, "model: unknown ({e:#})")?,
-    }
     if let Some(b) = files.get("layout.json") {
-        let layout: crate::dist::zero::Layout = serde_json::from_slice(b).context("layout.json")?;
-        let load: Vec<String> = layout.load().iter().map(|n| n.to_string()).collect();
-        writeln!(
-            out,
-            "layout: optimizer state sharded over {} data-parallel rank(s) (ZeRO-1; parameters per shard: {})",
-            layout.dp,
-            load.join(" / ")
-        )?;
+        let result = describe_layout(b, &mut out);
+        part(&mut out, "layout.json", result);
     }
     for (name, bytes) in &files {
         if name.ends_with(".bin") {
-            writeln!(out, "{name}: {} bytes of optimizer state", bytes.len())?;
+            let _ = writeln!(out, "{name}: {} bytes of optimizer state", bytes.len());
         }
     }
     if let Some(b) = files.get("model.safetensors") {
-        let st = safetensors::SafeTensors::deserialize(b).context("model.safetensors")?;
-        let mut tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = st.tensors();
-        tensors.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut total = 0usize;
-        writeln!(out, "model.safetensors: {} tensors", tensors.len())?;
-        for (name, view) in &tensors {
-            let n: usize = view.shape().iter().product();
-            total += n;
-            writeln!(out, "  {name:<60} {:?} {:?}", view.dtype(), view.shape())?;
-        }
-        writeln!(out, "parameters: {total}")?;
+        let result = describe_tensors(b, &mut out);
+        part(&mut out, "model.safetensors", result);
     }
-    Ok(out)
+    Inspection {
+        text: out,
+        verified,
+    }
+}
+
+fn describe_trainer(bytes: &[u8], out: &mut String) -> Result<()> {
+    use std::fmt::Write as _;
+    let s: TrainerState = serde_json::from_slice(bytes)?;
+    writeln!(
+        out,
+        "phase {} step {}/{}  tokens {}  seed {}",
+        s.phase, s.step, s.total_steps, s.tokens, s.seed
+    )?;
+    writeln!(
+        out,
+        "data cursor: sample {} of mixture {}",
+        s.cursor.sample, s.cursor.fingerprint
+    )?;
+    for (layer, b) in s.balance.iter().enumerate() {
+        let biases: Vec<String> = b.biases.iter().map(|v| format!("{v:+.3}")).collect();
+        writeln!(
+            out,
+            "routing biases, MoE layer {layer}: [{}]",
+            biases.join(" ")
+        )?;
+    }
+    Ok(())
+}
+
+fn describe_layout(bytes: &[u8], out: &mut String) -> Result<()> {
+    use std::fmt::Write as _;
+    let layout: crate::dist::zero::Layout = serde_json::from_slice(bytes)?;
+    let load: Vec<String> = layout.load().iter().map(|n| n.to_string()).collect();
+    writeln!(
+        out,
+        "layout: optimizer state sharded over {} data-parallel rank(s) (ZeRO-1; parameters per shard: {})",
+        layout.dp,
+        load.join(" / ")
+    )?;
+    Ok(())
+}
+
+fn describe_tensors(bytes: &[u8], out: &mut String) -> Result<()> {
+    use std::fmt::Write as _;
+    let st = safetensors::SafeTensors::deserialize(bytes)?;
+    let mut tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = st.tensors();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut total = 0usize;
+    writeln!(out, "model.safetensors: {} tensors", tensors.len())?;
+    for (name, view) in &tensors {
+        let n: usize = view.shape().iter().product();
+        total += n;
+        writeln!(out, "  {name:<60} {:?} {:?}", view.dtype(), view.shape())?;
+    }
+    writeln!(out, "parameters: {total}")?;
+    Ok(())
 }
 
 #[cfg(test)]

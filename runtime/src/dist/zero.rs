@@ -144,11 +144,22 @@ pub fn join_entries(mut entries: Vec<(u64, &[u8])>) -> Vec<u8> {
     out
 }
 
-/// Rewrites checkpoint `input` as checkpoint directory `output` for `dp` data-parallel ranks:
-/// the optimizer entries move to their new owners' shard
-/// files, `layout.json` is replaced, every other file is copied unchanged. `output` is
-/// written atomically (temporary directory, manifest last, rename).
+/// The most data-parallel ranks a checkpoint is reshaped for: a shard file per rank and
+/// optimizer, so a larger count is a typo, not a cluster (the largest runs have ~10^5 GPUs).
+pub const MAX_RESHAPE_DP: usize = 1 << 17;
+
+/// Rewrites checkpoint `input` as a new checkpoint folder `output` for `dp` data-parallel
+/// ranks: the optimizer entries move to their new owners' shard files, `layout.json` is
+/// replaced, every other file is copied unchanged. `output` must not exist (or be an empty
+/// folder); it is written atomically (a fresh temporary folder, manifest last, rename), and
+/// nothing that exists is removed.
 pub fn reshape(input: &Path, output: &Path, dp: usize) -> Result<Layout> {
+    ensure!(
+        (1..=MAX_RESHAPE_DP).contains(&dp),
+        "--dp {dp}: the data-parallel degree must be between 1 and {MAX_RESHAPE_DP}"
+    );
+    zflow_files::atomic::ensure_free(output)?;
+    let step = checkpoint::manifest(input).map(|m| m.step).unwrap_or(0);
     let files = checkpoint::read_verified(input)
         .with_context(|| format!("{} does not verify; it cannot be reshaped", input.display()))?;
     let layout: Layout = serde_json::from_slice(files.get("layout.json").with_context(|| {
@@ -195,7 +206,7 @@ pub fn reshape(input: &Path, output: &Path, dp: usize) -> Result<Layout> {
         }
     }
     out.push(("layout.json".into(), serde_json::to_vec_pretty(&new)?));
-    checkpoint::commit_dir(output, out)?;
+    checkpoint::publish(output, step, out)?;
     Ok(new)
 }
 

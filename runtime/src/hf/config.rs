@@ -65,10 +65,17 @@ pub(super) fn check_exportable(c: &ModelConfig, layout: Layout) -> Result<()> {
         c.num_kv_heads
     );
     // The reference's two value projections are each `latent_k // 2` wide.
+    // Checked: the sizes may come from a hostile config.json, before any tensor bounds them.
+    let kv_latent = c.num_kv_heads.checked_mul(c.head_dim).ok_or_else(|| {
+        anyhow::anyhow!(
+            "model.num_kv_heads ({}) x model.head_dim ({}) overflows",
+            c.num_kv_heads,
+            c.head_dim
+        )
+    })?;
     ensure!(
-        c.kv_latent().is_multiple_of(2),
-        "model.num_kv_heads x model.head_dim ({}) must be even: the reference splits it between two value projections",
-        c.kv_latent()
+        kv_latent.is_multiple_of(2),
+        "model.num_kv_heads x model.head_dim ({kv_latent}) must be even: the reference splits it between two value projections"
     );
     // Both rotate `int(head_dim * partial_rotary_factor)` channels ([`ModelConfig::rope_dims`]).
     let rotated = c.rope_dims();

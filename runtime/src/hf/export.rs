@@ -26,6 +26,8 @@ pub fn export_hf(
     out: &Path,
 ) -> Result<()> {
     check_exportable(model, opts.layout)?;
+    // Before the checkpoint is read: a taken `out` is refused at no cost.
+    zflow_files::atomic::ensure_free(out)?;
     let listed = crate::checkpoint::verify(checkpoint).with_context(|| {
         format!(
             "{} does not verify against its manifest; refusing to export a damaged checkpoint",

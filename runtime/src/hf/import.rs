@@ -70,6 +70,8 @@ pub(super) fn to_f32<'a>(view: &TensorView<'a>, name: &str, file: &Path) -> Resu
 /// `trainer.json` (the balancing biases, the RoPE base, step 0 of phase `hf-import`; no data
 /// cursor or optimizer state), `model.json` and `manifest.json`. Returns the model config.
 pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
+    // Before the folder is read: a taken `out` is refused at no cost.
+    zflow_files::atomic::ensure_free(out)?;
     let cpath = hf.join("config.json");
     let v: Value = serde_json::from_slice(
         &fs::read(&cpath).with_context(|| format!("reading {}", cpath.display()))?,
@@ -87,6 +89,15 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
                 .with_context(|| format!("{}: not a safetensors file", p.display()))?,
         ));
     }
+    let present = Present {
+        tensors: tables.iter().map(|(_, t)| t.len()).sum(),
+        values: tables
+            .iter()
+            .flat_map(|(_, t)| t.tensors())
+            .map(|(_, view)| view.shape().iter().product::<usize>() as u128)
+            .sum(),
+    };
+    check_sizes(&model, &present, &cpath)?;
     // Every tensor name -> the file holding it.
     let mut at: BTreeMap<String, usize> = BTreeMap::new();
     for (i, (p, t)) in tables.iter().enumerate() {
@@ -218,4 +229,68 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
     })
     .with_context(|| format!("writing {}", out.display()))?;
     Ok(model)
+}
+
+/// What the safetensors of a folder hold: the bound every size config.json states must fit.
+struct Present {
+    tensors: usize,
+    values: u128,
+}
+
+/// Refuses a config.json whose sizes the tensors beside it cannot hold, before anything is
+/// allocated from them: a block count above the tensor count, or a matrix (computed in 128
+/// bits, so no product overflows) with more values than all the tensors together. Without
+/// this a hostile `num_hidden_layers` of 10^8 exhausted memory, and a head count of 2^33
+/// overflowed the shape arithmetic.
+fn check_sizes(m: &ModelConfig, present: &Present, file: &Path) -> Result<()> {
+    ensure!(
+        m.num_blocks <= present.tensors,
+        "{}: `num_hidden_layers` gives {} blocks, but the safetensors hold only {} tensors (every block has several)",
+        file.display(),
+        m.num_blocks,
+        present.tensors
+    );
+    // `None`: beyond 128 bits, so beyond any folder.
+    let n = |xs: &[usize]| {
+        xs.iter()
+            .try_fold(1u128, |acc, &x| acc.checked_mul(x as u128))
+    };
+    let heads = m.num_query_heads.saturating_add(m.num_kv_heads);
+    let matrices = [
+        (
+            "vocab_size x hidden_size",
+            n(&[m.vocab_size, m.hidden_size]),
+        ),
+        (
+            "query heads x head_dim x hidden_size",
+            n(&[m.num_query_heads, m.head_dim, m.hidden_size]),
+        ),
+        (
+            "key/value heads x head_dim x hidden_size",
+            n(&[m.num_kv_heads, m.head_dim, m.hidden_size]),
+        ),
+        (
+            "num_experts x expert width x hidden_size",
+            n(&[m.num_experts, m.expert_ffn, m.hidden_size]),
+        ),
+        (
+            "router width x hidden_size",
+            n(&[m.router_dim, m.hidden_size]),
+        ),
+        ("blocks x hidden_size", n(&[m.num_blocks, m.hidden_size])),
+        (
+            "conv kernel x heads x head_dim",
+            n(&[m.conv_kernel, heads, m.head_dim]),
+        ),
+    ];
+    for (what, values) in matrices {
+        ensure!(
+            values.is_some_and(|v| v <= present.values),
+            "{}: the sizes give a {what} matrix of {} values, but the safetensors hold {} values in all",
+            file.display(),
+            values.map_or("more than 2^128".to_string(), |v| v.to_string()),
+            present.values
+        );
+    }
+    Ok(())
 }
