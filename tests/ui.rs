@@ -307,6 +307,13 @@ fn the_page_draws_the_graph_and_a_growing_curve_while_a_recipe_trains() {
     // The run ends; `zflow ui` shows its store: every stage done, a stage's details on a click.
     let status = run.wait();
     assert!(status.success(), "zflow run --ui: {}", sb.read("run.err"));
+    // `--quiet` silences progress, not the page's address: without it the page is unusable.
+    assert!(
+        sb.read("run.err")
+            .contains(&format!("zflow ui: http://127.0.0.1:{port}/?token={TOKEN}")),
+        "{}",
+        sb.read("run.err")
+    );
     drop(b);
     let port2 = free_port();
     let ui = sb
@@ -374,4 +381,125 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Peak resident memory (VmHWM, KiB) of process `pid`.
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// Downloads `url` with the token, returning (status, bytes received) without keeping them.
+fn download(url: &str) -> (u16, u64) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut r = agent.get(url).call().unwrap();
+    let code = r.status().as_u16();
+    let n = std::io::copy(&mut r.body_mut().as_reader(), &mut std::io::sink()).unwrap();
+    (code, n)
+}
+
+/// What the page serves is only what a stage committed, streamed (issue: a link to a host
+/// file was served, live, and every file was read whole into memory), and the token never
+/// travels on a command line. No browser needed.
+#[test]
+fn the_page_serves_only_committed_bytes_streamed_and_its_token_never_on_a_command_line() {
+    let sb = Sandbox::new();
+    let host = sb.write("host/secret.txt", "the host file\n");
+    sb.write("host/dir/inner.txt", "inside a linked folder\n");
+    sb.write(
+        "r.yaml",
+        &format!(
+            "stages:\n  - name: out\n    kind: shell\n    run: |\n      head -c 100000000 /dev/zero > \"$ZFLOW_OUT/big.bin\"\n      ln -s {host} \"$ZFLOW_OUT/host.txt\"\n      ln -s {dir} \"$ZFLOW_OUT/dir\"\n",
+            host = host.display(),
+            dir = sb.path().join("host/dir").display()
+        ),
+    );
+    sb.ok(&["run", "r.yaml"]);
+    // A link in an output is committed as what it points at: a file, a folder copied whole.
+    let out = sb.output("out");
+    for p in ["host.txt", "dir", "dir/inner.txt"] {
+        let meta = std::fs::symlink_metadata(out.join(p)).unwrap();
+        assert!(!meta.file_type().is_symlink(), "{p} is still a link");
+    }
+    assert_eq!(sb.read("zflow-store/../host/secret.txt"), "the host file\n");
+    assert_eq!(
+        std::fs::read_to_string(out.join("dir/inner.txt")).unwrap(),
+        "inside a linked folder\n"
+    );
+
+    // The token: no flag takes it; one a URL cannot carry as it is is refused.
+    let flag = sb.zflow(&["ui", "r.yaml", "--ui-token", TOKEN]);
+    assert_ne!(flag.code, 0, "--ui-token must be gone: {}", flag.stderr);
+    let bad = sb
+        .cmd(&["ui", "r.yaml", "--ui-port", "0"])
+        .env("ZFLOW_UI_TOKEN", "not a url-safe token&x")
+        .output()
+        .unwrap();
+    let bad_err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && bad_err.contains("letters, digits and `-._~`"),
+        "{bad_err}"
+    );
+    let token_file = sb.write("token", &format!("{TOKEN}\n"));
+    let port = free_port();
+    let ui = sb
+        .cmd(&[
+            "ui",
+            "r.yaml",
+            "--ui-port",
+            &port.to_string(),
+            "--ui-token-file",
+            token_file.to_str().unwrap(),
+        ])
+        .env_remove("ZFLOW_UI_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = ui.id();
+    let _ui = KillOnDrop(ui);
+    let file = |rel: &str| format!("http://127.0.0.1:{port}/api/file/out/{rel}?token={TOKEN}");
+    wait_for(Duration::from_secs(30), "zflow ui to answer", || {
+        get(&file("host.txt")).is_some()
+    });
+    assert_eq!(
+        get(&file("host.txt")).unwrap(),
+        (200, "the host file\n".to_string())
+    );
+    // The host file changes: the store's copy does not.
+    std::fs::write(&host, "changed on the host\n").unwrap();
+    assert_eq!(get(&file("host.txt")).unwrap().1, "the host file\n");
+
+    // 8 downloads of 100 MB at once, in bounded memory.
+    let before = peak_rss_kib(pid);
+    let downloads: Vec<_> = (0..8)
+        .map(|_| {
+            let url = file("big.bin");
+            std::thread::spawn(move || download(&url))
+        })
+        .collect();
+    for d in downloads {
+        assert_eq!(d.join().unwrap(), (200, 100_000_000));
+    }
+    let grown_mib = (peak_rss_kib(pid) - before) as f64 / 1024.0;
+    eprintln!("8 x 100 MB downloads: peak RSS grew {grown_mib:.1} MiB");
+    assert!(grown_mib < 64.0, "peak RSS grew {grown_mib:.1} MiB");
+
+    // A committed file changed in place, or swapped for a link to a host file: refused.
+    std::fs::write(out.join("dir/inner.txt"), "edited in the store\n").unwrap();
+    let (code, body) = get(&file("dir/inner.txt")).unwrap();
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("changed since"), "{body}");
+    std::fs::remove_file(out.join("host.txt")).unwrap();
+    std::os::unix::fs::symlink(&host, out.join("host.txt")).unwrap();
+    let (code, body) = get(&file("host.txt")).unwrap();
+    assert_eq!(code, 403, "{body}");
+    assert!(!body.contains("changed on the host"), "{body}");
 }

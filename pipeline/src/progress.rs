@@ -63,6 +63,17 @@ impl Progress {
         }
     }
 
+    /// Prints a line the user needs whatever the mode (where the page is served, a record
+    /// that could not be written): above the bars, or plainly on stderr, `--quiet` included.
+    pub fn notice(&self, line: &str) {
+        match self.mode {
+            Mode::Bars => {
+                let _ = self.multi.println(line);
+            }
+            Mode::Plain | Mode::Quiet => eprintln!("{line}"),
+        }
+    }
+
     /// Runs `f` with the bars hidden, so other output does not tear them.
     pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
         self.multi.suspend(f)

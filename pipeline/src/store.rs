@@ -19,7 +19,7 @@ use std::fs;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 use zflow_files::atomic;
 
@@ -78,8 +78,26 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating if needed) the store at `root`.
+    /// Opens (creating if needed) the store at `root`. A store zflow creates is private to
+    /// its owner (mode 0700): it holds logs, configs, run records and data that other users
+    /// of the machine have no business reading, whatever the umask. A folder that exists
+    /// keeps the permissions its owner gave it (how a team shares a store: SECURITY.md).
     pub fn open(root: &Path) -> Result<Store> {
+        if !root.exists() {
+            use std::os::unix::fs::DirBuilderExt;
+            if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+                fs::create_dir_all(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
+            }
+            match fs::DirBuilder::new().mode(0o700).create(root) {
+                Ok(()) => {}
+                // Another run created it first: it is a store folder all the same.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(e).with_context(|| format!("creating store {}", root.display()));
+                }
+            }
+        }
         for sub in ["logs", "leases", "index", "records", "cache"] {
             fs::create_dir_all(root.join(".zflow").join(sub))
                 .with_context(|| format!("creating store folders in {}", root.display()))?;
@@ -156,8 +174,10 @@ impl Store {
     }
 
     /// Makes `work` (an attempt or partial folder) the complete output of `name` at the
-    /// manifest's identity: hashes every file, writes the manifest last, fsyncs, renames.
+    /// manifest's identity: replaces its symbolic links by what they point at
+    /// ([`resolve_links`]), hashes every file, writes the manifest last, fsyncs, renames.
     pub fn commit(&self, name: &str, work: &Path, mut manifest: Manifest) -> Result<Manifest> {
+        resolve_links(work)?;
         let files = hash_tree(work)?;
         manifest.content_hash = content_hash(&files);
         manifest.files = files;
@@ -240,6 +260,91 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Replaces every symbolic link under `dir` by a copy of what it points at (a file, or a
+/// folder copied whole, links inside it resolved the same way), so that a committed output
+/// holds only its own files: what the manifest hashed is what is served and read later,
+/// never a host file a link reaches outside the store, nor one that changed since. A link
+/// that points nowhere, at a folder holding it (a cycle), or at something that is neither a
+/// file nor a folder is refused by name.
+pub fn resolve_links(dir: &Path) -> Result<()> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
+            let entry = entry?;
+            let path = entry.path();
+            let ty = entry.file_type()?;
+            if ty.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if !ty.is_symlink() {
+                continue;
+            }
+            let target = fs::canonicalize(&path).with_context(|| {
+                format!(
+                    "{}: a symbolic link to {}, which cannot be followed",
+                    path.display(),
+                    fs::read_link(&path)
+                        .map(|t| t.display().to_string())
+                        .unwrap_or_default()
+                )
+            })?;
+            let meta = fs::metadata(&target)?;
+            tracing::info!(
+                "{}: a symbolic link; committed as a copy of {}",
+                path.display(),
+                target.display()
+            );
+            fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+            let mut chain = vec![fs::canonicalize(&d)?];
+            copy_resolved(&target, &meta, &path, &mut chain)?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies `src` (described by `meta`, links followed) to `dst`; `chain` holds the folders
+/// being copied into, to refuse a link back into one of them.
+fn copy_resolved(
+    src: &Path,
+    meta: &fs::Metadata,
+    dst: &Path,
+    chain: &mut Vec<PathBuf>,
+) -> Result<()> {
+    if meta.is_file() {
+        fs::copy(src, dst)
+            .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+        return Ok(());
+    }
+    ensure!(
+        meta.is_dir(),
+        "{}: neither a file nor a folder; a stage output holds only files and folders",
+        src.display()
+    );
+    let canonical = fs::canonicalize(src)?;
+    ensure!(
+        !chain.iter().any(|c| c.starts_with(&canonical)),
+        "{}: a symbolic link to a folder holding it ({}): it cannot be committed as a copy",
+        dst.display(),
+        canonical.display()
+    );
+    fs::create_dir(dst).with_context(|| format!("creating {}", dst.display()))?;
+    chain.push(canonical);
+    for entry in fs::read_dir(src).with_context(|| format!("listing {}", src.display()))? {
+        let from = entry?.path();
+        let meta = fs::metadata(&from).with_context(|| {
+            format!(
+                "{}: a symbolic link that cannot be followed",
+                from.display()
+            )
+        })?;
+        let to = dst.join(from.file_name().expect("a listed entry has a name"));
+        copy_resolved(&from, &meta, &to, chain)?;
+    }
+    chain.pop();
+    Ok(())
+}
+
 /// Relative paths of all regular files under `dir`, sorted, manifest excluded.
 fn walk(dir: &Path) -> Result<Vec<String>> {
     let mut out = Vec::new();
@@ -267,7 +372,7 @@ fn walk(dir: &Path) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Hashes every file under `dir` (symlinks are followed: their target's bytes count).
+/// Hashes every file under `dir` (a committed output has no links: [`resolve_links`]).
 pub fn hash_tree(dir: &Path) -> Result<Vec<FileEntry>> {
     walk(dir)?
         .into_iter()

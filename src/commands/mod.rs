@@ -128,7 +128,8 @@ pub async fn run(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Resu
     let engine = Arc::new(engine);
     if let Some(ui) = &flags.ui {
         let server = start_ui(engine.clone(), ui).await?;
-        progress.println(&format!("zflow ui: {}", server.url()));
+        // Printed under --quiet too: the page is useless without its address and token.
+        progress.notice(&format!("zflow ui: {}", server.url()));
         tokio::spawn(async move {
             if let Err(e) = server.run().await {
                 tracing::warn!("{e:#}");
@@ -140,6 +141,11 @@ pub async fn run(args: &RecipeArgs, flags: RunFlags, progress: Progress) -> Resu
         progress.println(&format!(
             "the run is over, and its page with it: `zflow ui {}` shows the store",
             args.recipe.display()
+        ));
+    }
+    for (stage, why) in &summary.unrecorded {
+        progress.notice(&format!(
+            "warning: the run record of `{stage}`'s attempt could not be written ({why}); `zflow status` and `zflow query` will not show that attempt"
         ));
     }
     let secs = started.elapsed().as_secs_f64();

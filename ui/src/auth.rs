@@ -22,10 +22,15 @@ impl Access {
     /// server on `port` (each port has its own cookie).
     pub fn new(token: Option<String>, port: u16) -> anyhow::Result<Access> {
         let token = match token {
-            Some(t) if t.len() < 16 => {
+            Some(t) if !(16..=256).contains(&t.len()) => {
                 anyhow::bail!(
-                    "the ui token must be at least 16 characters (it is {})",
+                    "the ui token must be 16 to 256 characters (it is {})",
                     t.len()
+                )
+            }
+            Some(t) if !t.bytes().all(url_safe) => {
+                anyhow::bail!(
+                    "the ui token may hold only letters, digits and `-._~` (characters a URL carries as they are), so that the printed address works as printed"
                 )
             }
             Some(t) => t,
@@ -71,6 +76,11 @@ impl Access {
 enum Carried {
     Query,
     Cookie,
+}
+
+/// A byte a URL's query carries unencoded (RFC 3986's unreserved characters).
+fn url_safe(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
 }
 
 /// Compares in time independent of where the strings differ.
@@ -138,5 +148,13 @@ mod tests {
         assert_eq!(a.token().len(), 32);
         assert_ne!(a.token(), b.token());
         assert!(Access::new(Some("short".into()), 1).is_err());
+        for bad in [
+            "0123456789 abcdef",
+            "0123456789&abcdef",
+            "0123456789%20bcdef",
+        ] {
+            assert!(Access::new(Some(bad.into()), 1).is_err(), "{bad}");
+        }
+        assert!(Access::new(Some("0123456789-._~abcDEF".into()), 1).is_ok());
     }
 }

@@ -400,19 +400,71 @@ pub fn markdown_html(md: &str, base: &str) -> String {
     html
 }
 
-/// The path of output file `rel` of stage `name` when the stage is complete and the file is
-/// in its manifest (so nothing outside the store's outputs is ever served).
-pub fn output_file(engine: &Engine, name: &str, rel: &str) -> Result<Option<PathBuf>> {
+/// An output file opened for serving, checked against its stage's manifest.
+pub struct ServedFile {
+    /// The file, at its start.
+    pub file: std::fs::File,
+    /// Its size in bytes (the manifest's).
+    pub len: u64,
+    /// Where it is.
+    pub path: PathBuf,
+}
+
+/// Output file `rel` of stage `name`, opened, when the stage is complete and the file is in
+/// its manifest (`Ok(None)` otherwise): nothing outside the store's outputs is ever served.
+/// No symbolic link is followed on the way (a committed output has none,
+/// [`zflow_pipeline::store::resolve_links`]; a store written before that may), and the file
+/// must still have the size and blake3 its manifest recorded: a file changed since the commit
+/// is refused (`Err`), not served. The check streams the file, so memory stays bounded.
+pub fn output_file(engine: &Engine, name: &str, rel: &str) -> Result<Option<ServedFile>> {
+    use std::os::unix::fs::OpenOptionsExt;
     let Some(i) = engine.graph.position(name) else {
         return Ok(None);
     };
     let states = engine.plan(&BTreeSet::new())?;
-    Ok(match &states[i] {
-        StageState::Cached { manifest } if manifest.files.iter().any(|f| f.path == rel) => {
-            Some(engine.output_dir(name, &manifest.identity).join(rel))
-        }
-        _ => None,
-    })
+    let StageState::Cached { manifest } = &states[i] else {
+        return Ok(None);
+    };
+    let Some(entry) = manifest.files.iter().find(|f| f.path == rel) else {
+        return Ok(None);
+    };
+    let mut path = engine.output_dir(name, &manifest.identity);
+    for part in Path::new(rel).components() {
+        let std::path::Component::Normal(part) = part else {
+            anyhow::bail!("`{rel}` is not a plain relative path");
+        };
+        path.push(part);
+        let meta = std::fs::symlink_metadata(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        anyhow::ensure!(
+            !meta.file_type().is_symlink(),
+            "{} is a symbolic link; the page serves only the store's own files",
+            path.display()
+        );
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let len = file.metadata()?.len();
+    anyhow::ensure!(
+        len == entry.size,
+        "{} is {len} bytes, but {} bytes were committed: it changed since, so it is not served",
+        path.display(),
+        entry.size
+    );
+    let mut hasher = blake3::Hasher::new();
+    hasher
+        .update_reader(&mut file)
+        .with_context(|| format!("reading {}", path.display()))?;
+    anyhow::ensure!(
+        hasher.finalize().to_hex().as_str() == entry.blake3,
+        "{} changed since its stage committed it (its blake3 differs from the manifest's), so it is not served",
+        path.display()
+    );
+    file.seek(SeekFrom::Start(0))?;
+    Ok(Some(ServedFile { file, len, path }))
 }
 
 #[cfg(test)]
