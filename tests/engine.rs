@@ -692,3 +692,89 @@ fn queries_are_read_only() {
     let q = sb.ok(&["query", "zflow-store", "SELECT count(*) AS n FROM runs"]);
     assert!(q.stdout.contains("| 6 "), "{}", q.stdout);
 }
+
+/// A full disk under the run records (a 4 KiB tmpfs, filled, in a mount namespace of the
+/// test's own): the stage's output still commits, the run says its record is missing, and no
+/// temporary stays behind; a temporary that a killed writer left is swept by the next run.
+#[test]
+fn a_run_record_that_cannot_be_written_is_reported_and_leaves_no_temporary() {
+    let sb = Sandbox::new();
+    sb.write(
+        "r.yaml",
+        "stages:\n  - name: a\n    kind: shell\n    run: echo hi > \"$ZFLOW_OUT/x\"\n",
+    );
+    sb.ok(&["status", "r.yaml"]); // creates the store's folders
+    let records = sb.path().join("zflow-store/.zflow/records");
+    let script = format!(
+        "mount -t tmpfs -o size=4k zflow-test-full '{r}' && (head -c 8192 /dev/zero > '{r}/fill' || true) && '{zflow}' run r.yaml; echo \"rc=$?\"; ls -A '{r}'",
+        r = records.display(),
+        zflow = env!("CARGO_BIN_EXE_zflow")
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "sh", "-c", &script])
+        .current_dir(sb.path())
+        .env_remove("ZFLOW_STORE")
+        .output()
+        .expect("unshare (util-linux) starts a mount namespace");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(stdout.contains("rc=0"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("warning: the run record of `a`'s attempt could not be written")
+            && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
+    let left: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("rc="))
+        .skip(1)
+        .collect();
+    assert_eq!(left, ["fill"], "the full records folder holds: {left:?}");
+    assert!(sb.output("a").join("x").exists(), "the output committed");
+
+    // A temporary of a writer killed long ago goes at the next run's start; a fresh one (a
+    // concurrent run's write in flight) stays.
+    let stale = records.join(".1-2-a.3.tmp");
+    let fresh = records.join(".4-5-a.6.tmp");
+    std::fs::write(&stale, b"").unwrap();
+    std::fs::write(&fresh, b"").unwrap();
+    let touched = std::process::Command::new("touch")
+        .args(["-d", "2 hours ago"])
+        .arg(&stale)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    sb.ok(&["run", "r.yaml"]);
+    assert!(!stale.exists() && fresh.exists());
+}
+
+/// A store zflow creates is its owner's alone (logs, configs and run records included); one
+/// that exists keeps the permissions its owner gave it.
+#[test]
+fn a_new_store_is_private_to_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let sb = Sandbox::new();
+    sb.write(
+        "r.yaml",
+        "stages:\n  - name: a\n    kind: shell\n    run: echo hi > \"$ZFLOW_OUT/x\"\n",
+    );
+    sb.ok(&["run", "r.yaml"]);
+    let mode = |p: &str| {
+        std::fs::metadata(sb.path().join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("zflow-store"), 0o700);
+    std::fs::create_dir(sb.path().join("shared")).unwrap();
+    std::fs::set_permissions(
+        sb.path().join("shared"),
+        std::fs::Permissions::from_mode(0o750),
+    )
+    .unwrap();
+    sb.ok(&["run", "r.yaml", "--store", "shared"]);
+    assert_eq!(mode("shared"), 0o750);
+}

@@ -121,16 +121,45 @@ pub fn append(records_dir: &Path, record: &RunRecord) -> Result<()> {
     let name = format!("{}-{}-{}", r.start_ms, r.pid, sanitize(&r.stage));
     let tmp = records_dir.join(format!(".{name}.{}.tmp", now_ms()));
     let dest = records_dir.join(format!("{name}.parquet"));
-    {
+    let written = (|| -> Result<()> {
         let file =
-            std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut writer = ArrowWriter::try_new(file, schema(), None)?;
         writer.write(&batch)?;
         let file = writer.into_inner()?;
         file.sync_all()?;
+        zflow_files::atomic::rename(&tmp, &dest)
+    })();
+    if let Err(e) = written {
+        // A full disk leaves nothing behind (a half-written temporary would stay forever).
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing the run record {}", dest.display()));
     }
-    zflow_files::atomic::rename(&tmp, &dest)?;
     zflow_files::atomic::sync_dir(records_dir)
+}
+
+/// How old a record's temporary file must be before a run takes it for a crashed writer's
+/// (a record is written in milliseconds; a live writer's temporary is never this old).
+const STALE_TEMPORARY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes the temporary files that writers killed mid-write left in `records_dir` (`.*.tmp`,
+/// older than [`STALE_TEMPORARY`], so a concurrent run's write in flight is never touched).
+pub fn remove_stale_temporaries(records_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(records_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > STALE_TEMPORARY);
+        if name.starts_with('.') && name.ends_with(".tmp") && old {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 fn sanitize(s: &str) -> String {

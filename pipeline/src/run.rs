@@ -57,6 +57,9 @@ pub struct RunSummary {
     pub skipped: Vec<String>,
     /// Whether the run was cancelled.
     pub cancelled: bool,
+    /// Attempts whose run record could not be written: (stage, why). `zflow status` and
+    /// `zflow query` do not see them, so the caller must say so.
+    pub unrecorded: Vec<(String, String)>,
 }
 
 impl RunSummary {
@@ -86,6 +89,8 @@ struct Finished {
     index: usize,
     result: Result<Manifest>,
     log: PathBuf,
+    /// Why the attempt's run record could not be written, if it could not.
+    unrecorded: Option<String>,
 }
 
 /// Selects stages by the `--only/--from/--until` flags (by name).
@@ -133,6 +138,7 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
     let run_id = format!("{}-{}", now_ms(), std::process::id());
     let mut states: Vec<NodeState> = vec![NodeState::Pending; nodes.len()];
     let mut summary = RunSummary::default();
+    records::remove_stale_temporaries(&engine.store.records_dir());
 
     // Inputs outside the selection must already be complete: resolve them first.
     let plan = engine.plan(&BTreeSet::new())?;
@@ -402,10 +408,19 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
             f = rx.recv() => f,
             _ = tokio::time::sleep(sleep_for) => None,
         };
-        let Some(Finished { index, result, log }) = finished else {
+        let Some(Finished {
+            index,
+            result,
+            log,
+            unrecorded,
+        }) = finished
+        else {
             continue;
         };
         running -= 1;
+        if let Some(why) = unrecorded {
+            summary.unrecorded.push((nodes[index].name.clone(), why));
+        }
         if let Some(r) = held.remove(&index) {
             free.cpus += r.cpus;
             free.gpus += r.gpus;
@@ -597,13 +612,14 @@ fn spawn_attempt(
             log: log_path.display().to_string(),
             job: job.into_inner().unwrap_or_else(|e| e.into_inner()),
         };
-        if let Err(e) = records::append(&engine.store.records_dir(), &record) {
-            tracing::warn!("could not write the run record of {}: {e:#}", node.name);
-        }
+        let unrecorded = records::append(&engine.store.records_dir(), &record)
+            .err()
+            .map(|e| format!("{e:#}"));
         let _ = tx.send(Finished {
             index,
             result,
             log: log_path,
+            unrecorded,
         });
     });
 }
