@@ -66,7 +66,21 @@ fn repo_root() -> PathBuf {
 /// The Python the torch engine runs: [`TORCH_PYTHON`], else `target/torch-venv/bin/python`.
 pub fn torch_python() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(TORCH_PYTHON) {
-        return Ok(PathBuf::from(p));
+        let p = PathBuf::from(p);
+        // Checked here, so the error names the variable, not only "No such file" at spawn.
+        let runnable = std::fs::metadata(&p).is_ok_and(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.is_file() && m.permissions().mode() & 0o111 != 0
+        });
+        if !runnable {
+            bail!(
+                "{TORCH_PYTHON}={}: no such program, or not executable (it names the torch \
+                 engine's Python, one with torch==2.15.0 and transformers==5.23.0: fix the \
+                 path, or unset it to use the one scripts/setup.sh installs)",
+                p.display()
+            );
+        }
+        return Ok(p);
     }
     let venv = repo_root().join("target/torch-venv/bin/python");
     if venv.exists() {

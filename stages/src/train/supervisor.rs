@@ -47,6 +47,8 @@ struct Rank {
     /// The class its `error` message gave.
     class: Option<Failure>,
     probe: Option<zflow_runtime::dist::preflight::Probe>,
+    /// When its output ended (1 = the first rank to leave): the order the ranks left in.
+    left: Option<usize>,
 }
 
 impl Rank {
@@ -106,8 +108,13 @@ impl Train {
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(ctx.log().stdio()?);
-            let mut child = spawn_supervised(&mut cmd)
-                .with_context(|| format!("starting training worker rank {}", p.rank))?;
+            let mut child = spawn_supervised(&mut cmd).with_context(|| {
+                format!(
+                    "starting training worker rank {}: {}",
+                    p.rank,
+                    cmd.get_program().to_string_lossy()
+                )
+            })?;
             let stdout = child.stdout.take().expect("piped stdout");
             let (tx, rank) = (tx.clone(), p.rank);
             std::thread::spawn(move || {
@@ -127,10 +134,13 @@ impl Train {
                 error: None,
                 class: None,
                 probe: None,
+                left: None,
             });
         }
         drop(tx);
         tracing::info!("attempt {attempt}: {world} worker rank(s) started");
+        // Ranks' ends of output counted in the order they came ([`Rank::left`]).
+        let mut left = 0usize;
 
         let stop_all = |ranks: &mut Vec<Rank>| {
             for r in ranks.iter_mut().filter(|r| r.exited.is_none()) {
@@ -188,13 +198,16 @@ impl Train {
                     }
                 }
                 Ok((rank, None)) => {
+                    left += 1;
+                    ranks[rank].left = Some(left);
                     let r = &mut ranks[rank];
                     let status = r.child.wait()?;
                     r.exited = Some(status);
                     if !(status.success() && r.done) {
-                        // When one rank dies, its ring neighbours fail too ("receiving from the
-                        // previous rank"): give them a moment, then blame a rank that was killed
-                        // by a signal or failed on its own, not the ones that lost a peer.
+                        // When one rank leaves, the others fail in their next collective
+                        // ("Connection closed by peer"): give them a moment, read what they
+                        // said, then blame the rank that left first among those that did not
+                        // merely lose a peer.
                         let deadline = Instant::now() + Duration::from_secs(1);
                         while Instant::now() < deadline && ranks.iter().any(|r| r.exited.is_none())
                         {
@@ -203,12 +216,22 @@ impl Train {
                             }
                             std::thread::sleep(Duration::from_millis(20));
                         }
-                        while let Ok((rank, Some(line))) = rx.try_recv() {
-                            if let Some(WorkerMessage::Error { message, class }) =
-                                WorkerMessage::parse(&line)
-                            {
-                                ranks[rank].error = Some(message);
-                                ranks[rank].class = Some(class);
+                        // Every line and end of output still queued, in the order they came:
+                        // an end of output is when that rank left.
+                        while let Ok((rank, line)) = rx.try_recv() {
+                            match line {
+                                Some(line) => {
+                                    if let Some(WorkerMessage::Error { message, class }) =
+                                        WorkerMessage::parse(&line)
+                                    {
+                                        ranks[rank].error = Some(message);
+                                        ranks[rank].class = Some(class);
+                                    }
+                                }
+                                None => {
+                                    left += 1;
+                                    ranks[rank].left.get_or_insert(left);
+                                }
                             }
                         }
                         let failed: Vec<usize> = (0..ranks.len())
@@ -218,19 +241,8 @@ impl Train {
                                     .is_some_and(|s| !(s.success() && ranks[i].done))
                             })
                             .collect();
-                        let class = |i: &usize| ranks[*i].failure();
-                        let culprit = failed
-                            .iter()
-                            .copied()
-                            .find(|i| class(i) == Failure::Fatal)
-                            .or_else(|| {
-                                failed
-                                    .iter()
-                                    .copied()
-                                    .find(|i| class(i) != Failure::LostPeer)
-                            })
-                            .unwrap_or(rank);
-                        let fatal = class(&culprit) == Failure::Fatal;
+                        let culprit = culprit(&ranks, &failed).unwrap_or(rank);
+                        let fatal = ranks[culprit].failure() == Failure::Fatal;
                         let r = &ranks[culprit];
                         let status = r.exited.expect("exited");
                         let why = r.error.clone().unwrap_or_else(|| {
@@ -241,9 +253,19 @@ impl Train {
                             }
                         });
                         let step = r.step;
+                        let others: Vec<String> = failed
+                            .iter()
+                            .filter(|&&i| i != culprit)
+                            .map(|i| i.to_string())
+                            .collect();
+                        let then = if others.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; rank(s) {} failed after it", others.join(", "))
+                        };
                         stop_all(&mut ranks);
                         return Ok(Outcome::Failed {
-                            cause: format!("rank {culprit} failed after step {step}: {why}"),
+                            cause: format!("rank {culprit} failed after step {step}: {why}{then}"),
                             step,
                             fatal,
                         });
@@ -404,6 +426,25 @@ impl Train {
         }
         Ok(())
     }
+}
+
+/// The rank to blame among the `failed` ones: one whose failure no relaunch can fix, else the
+/// first to leave of those that did not merely lose a peer, else the first to leave. A rank
+/// still running (or whose end of output never came) counts as leaving last.
+fn culprit(ranks: &[Rank], failed: &[usize]) -> Option<usize> {
+    let mut by_leaving = failed.to_vec();
+    by_leaving.sort_by_key(|&i| (ranks[i].left.unwrap_or(usize::MAX), i));
+    by_leaving
+        .iter()
+        .copied()
+        .find(|&i| ranks[i].failure() == Failure::Fatal)
+        .or_else(|| {
+            by_leaving
+                .iter()
+                .copied()
+                .find(|&i| ranks[i].failure() != Failure::LostPeer)
+        })
+        .or_else(|| by_leaving.first().copied())
 }
 
 fn describe(status: &std::process::ExitStatus) -> String {

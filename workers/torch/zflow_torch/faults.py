@@ -1,6 +1,7 @@
 """Fault injection (``ZFLOW_FAULTS``), as ``runtime/src/trainer/faults.rs`` defines it: real
 crashes, hangs, slow steps, deaths in the middle of a checkpoint write, corrupted files and
-garbage batches, each ``kind@step`` with ``:rank=R``, ``:attempt=N`` and ``:ms=M`` options.
+garbage batches, each ``kind@step`` with ``:rank=R``, ``:attempt=N`` and ``:ms=M`` options;
+and here only, ``exit`` (status 0 without finishing, which the native engine never needed).
 A fault fires on its rank (default 0) in its attempt (default 1, ``ZFLOW_ATTEMPT``) only.
 """
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from zflow_torch.contract import ATTEMPT, FAULTS
 
-KINDS = ["crash", "hang", "slow", "kill-in-checkpoint", "corrupt-checkpoint", "spike"]
+KINDS = ["crash", "exit", "hang", "slow", "kill-in-checkpoint", "corrupt-checkpoint", "spike"]
 
 # Set once a hang fault fires: the worker then sends nothing more (heartbeats included).
 HUNG = threading.Event()
@@ -94,6 +95,12 @@ def abort(why: str) -> None:
     """Dies at once (SIGABRT, no cleanup), as a crash would."""
     print(f"fault injection: {why}", file=sys.stderr, flush=True)
     os.abort()
+
+
+def leave(why: str) -> None:
+    """Exits with status 0 at once, without finishing the phase (a rank that left early)."""
+    print(f"fault injection: {why}", file=sys.stderr, flush=True)
+    os._exit(0)
 
 
 def hang(why: str) -> None:

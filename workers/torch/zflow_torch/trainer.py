@@ -721,6 +721,8 @@ class Trainer:
                 saved_step = state.step
             if self.faults.at("crash", state.step):
                 faults.abort(f"aborting after step {state.step}")
+            if self.faults.at("exit", state.step):
+                faults.leave(f"exiting with status 0 after step {state.step}")
             if self.faults.at("hang", state.step):
                 faults.hang(f"hanging after step {state.step}")
         if saved_step != state.step:
@@ -741,7 +743,16 @@ def failure_class(e: BaseException) -> str:
         return "fatal"
     if isinstance(e, PeerLost | dist.DistBackendError | dist.DistNetworkError):
         return "lost_peer"
+    if isinstance(e, RuntimeError) and any(words in str(e) for words in PEER_GONE):
+        return "lost_peer"
     return "retry"
+
+
+# gloo raises a peer that left mid-collective as a plain RuntimeError: no type tells it apart
+# from any other failure, so its transport's own words do (torch 2.15's gloo; pinned in
+# workers/torch/requirements.lock). Without this the rank that noticed was blamed for the
+# one that left.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
 def prepare() -> None:
