@@ -389,3 +389,55 @@ fn vars_that_grow_exponentially_are_refused() {
         "grow exponentially",
     );
 }
+
+#[test]
+fn sizes_and_counts_out_of_range_are_named_at_load() {
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &common::tiny_train_recipe(1, 0));
+    for (set, field, msg) in [
+        (
+            "model.vocab_size=1",
+            "model.vocab_size",
+            "`vocab_size` must be at least 2",
+        ),
+        (
+            "model.vocab_size=300",
+            "model.vocab_size",
+            "smaller than the tokenizer's",
+        ),
+        (
+            "model.num_blocks=100000000",
+            "model.num_blocks",
+            "`num_blocks` must be at most 4096, got 100000000",
+        ),
+        (
+            "model={hidden_size: 1048576, expert_ffn: 1048576, vocab_size: 512}",
+            "model",
+            "zflow refuses more than 1e13",
+        ),
+        ("model={}", "model", "`model` is empty"),
+        (
+            "train.checkpoint_every=0",
+            "train.checkpoint_every",
+            "`checkpoint_every` must be at least 1",
+        ),
+        (
+            "train.keep_checkpoints=0",
+            "train.keep_checkpoints",
+            "`keep_checkpoints` must be at least 1",
+        ),
+    ] {
+        let err = plan_error(&sb, "r.yaml", &["--set", set]);
+        // Located at the value: the override's own text when --set gave it.
+        assert!(
+            err.contains(msg)
+                && (err.contains("r.yaml:") || err.contains(&format!("--set {set}:"))),
+            "--set {set}: expected a location and `{msg}` in:\n{err}"
+        );
+        assert!(err.contains(field), "--set {set}: `{field}` in:\n{err}");
+    }
+    assert!(
+        !sb.path().join("zflow-store").exists(),
+        "a bad recipe must not create the store"
+    );
+}

@@ -83,9 +83,9 @@ pub struct TrainSettings {
     pub rope_base: Option<f64>,
     /// Carry the optimizer state over from the previous phase (else it restarts).
     pub carry_optimizer: bool,
-    /// Checkpoint every N steps (0 = only at the end).
+    /// Checkpoint every N steps (at least 1; the phase's end is always checkpointed).
     pub checkpoint_every: u64,
-    /// Checkpoints kept (newest); the phase's final one is always kept.
+    /// Checkpoints kept (newest; at least 1); the phase's final one is always kept.
     pub keep_checkpoints: usize,
     /// Held-out loss every N steps (0 = only at the end).
     pub eval_every: u64,

@@ -122,7 +122,7 @@ mod tests {
         let with = |export: Value, model: bool| {
             let mut r = json!({"sources": sources, "phases": phases, "export": export});
             if model {
-                r["model"] = json!({});
+                r["model"] = json!({"num_blocks": 2});
             }
             expand_export(&r)
         };

@@ -50,8 +50,12 @@ impl RecipeDoc {
         let sources = sources::parse(recipe.get("sources"), recipe.pointer("/model/vocab_size"))?;
         let tokenizer = tokenizer::parse(recipe.get("tokenizer"))?;
         let model = model::parse(recipe.get("model"))?;
+        if let (Some(m), Some(t)) = (&model, &tokenizer) {
+            tokenizer::check_fits(t, m)?;
+        }
         let train = train::parse(recipe.get("train"))?;
         let phases = phases::parse(recipe.get("phases"), &sources, &train)?;
+        model::check_trainable(recipe.get("model"), !phases.is_empty())?;
         let mut doc = RecipeDoc {
             name,
             sources,

@@ -17,6 +17,20 @@ pub fn parse(value: Option<&Value>) -> Result<Option<ModelConfig>, ConfigError> 
     Ok(Some(config))
 }
 
+/// Refuses an empty `model:` in a recipe whose phases train it: every size would fall back to
+/// ZAYA1-base's, 8.3B parameters, which is never what a `--set model={}` or a forgotten section
+/// means. Name the sizes (recipes/zaya1.yaml spells out ZAYA1-base's). A recipe that only
+/// exports or evaluates may still say `model: {}`.
+pub fn check_trainable(value: Option<&Value>, trains: bool) -> Result<(), ConfigError> {
+    match value {
+        Some(Value::Object(m)) if m.is_empty() && trains => Err(ConfigError::new(
+            "model",
+            "`model` is empty, so every size would be ZAYA1-base's (8.3B parameters) and the phases would train that; give the sizes you mean (recipes/zaya1.yaml spells out ZAYA1-base)",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Sizes no model can have, named by their recipe path at load (they failed, or panicked,
 /// only once training started).
 fn check_ranges(c: &ModelConfig) -> Result<(), ConfigError> {
@@ -40,6 +54,55 @@ fn check_ranges(c: &ModelConfig) -> Result<(), ConfigError> {
                 format!("`{field}` must be > 0, got 0"),
             ));
         }
+    }
+    // Upper bounds far beyond any model that trains, so that a typo (`num_blocks: 1e8`) is
+    // named here, not found by the allocator once a stage starts.
+    let bounded = [
+        ("hidden_size", c.hidden_size, 1 << 20),
+        ("num_blocks", c.num_blocks, 4096),
+        ("vocab_size", c.vocab_size, 1 << 24),
+        ("num_query_heads", c.num_query_heads, 1 << 16),
+        ("num_kv_heads", c.num_kv_heads, 1 << 16),
+        ("head_dim", c.head_dim, 1 << 16),
+        ("conv_kernel", c.conv_kernel, 64),
+        ("num_experts", c.num_experts, 1 << 16),
+        ("top_k", c.top_k, c.num_experts),
+        ("expert_ffn", c.expert_ffn, 1 << 20),
+        ("router_dim", c.router_dim, 1 << 20),
+        ("router_mlp_layers", c.router_mlp_layers, 64),
+    ];
+    for (field, value, most) in bounded {
+        if value > most {
+            return Err(ConfigError::new(
+                format!("model.{field}"),
+                format!("`{field}` must be at most {most}, got {value}"),
+            ));
+        }
+    }
+    if c.vocab_size < 2 {
+        return Err(ConfigError::new(
+            "model.vocab_size",
+            format!(
+                "`vocab_size` must be at least 2 (a model predicts one token among several), got {}",
+                c.vocab_size
+            ),
+        ));
+    }
+    // The weights, roughly (f64: no overflow): each block's attention and experts, and the
+    // embedding. Above this no machine holds the model.
+    const MOST_PARAMETERS: f64 = 1e13;
+    let f = |x: usize| x as f64;
+    let latent = f(c.num_query_heads + 2 * c.num_kv_heads) * f(c.head_dim);
+    let block = f(c.hidden_size) * (2.0 * latent + f(c.num_experts) * 3.0 * f(c.expert_ffn))
+        + f(c.router_dim) * (f(c.hidden_size) + f(c.router_dim) * f(c.router_mlp_layers));
+    let parameters = f(c.num_blocks) * block + f(c.vocab_size) * f(c.hidden_size);
+    if parameters > MOST_PARAMETERS {
+        return Err(ConfigError::new(
+            "model",
+            format!(
+                "these sizes give a model of about {parameters:.1e} parameters; zflow refuses more than {MOST_PARAMETERS:.0e}"
+            ),
+        ));
     }
     if !(0.0..=1.0).contains(&c.rope_fraction) || !c.rope_dims().is_multiple_of(2) {
         return Err(ConfigError::new(

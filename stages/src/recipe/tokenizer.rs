@@ -18,6 +18,30 @@ pub struct TokenizerSpec {
     pub settings: Map<String, Value>,
 }
 
+/// Refuses a model whose vocabulary is smaller than the one the recipe's tokenizer trains
+/// (`train: {vocab_size: N}`): its token ids would fall outside the embedding. A fetched
+/// tokenizer's size is known only once fetched; the train stage checks the ids then.
+pub fn check_fits(
+    spec: &TokenizerSpec,
+    model: &zflow_runtime::model::config::ModelConfig,
+) -> Result<(), ConfigError> {
+    let trained = spec
+        .settings
+        .get("train")
+        .and_then(|t| t.get("vocab_size"))
+        .and_then(Value::as_u64);
+    match trained {
+        Some(n) if (model.vocab_size as u64) < n => Err(ConfigError::new(
+            "model.vocab_size",
+            format!(
+                "the model's vocabulary ({}) is smaller than the tokenizer's (`tokenizer.train.vocab_size`: {n}): token ids would fall outside the embedding",
+                model.vocab_size
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The `tokenizer:` section, if the recipe has one.
 pub fn parse(value: Option<&Value>) -> Result<Option<TokenizerSpec>, ConfigError> {
     let Some(value) = value else {

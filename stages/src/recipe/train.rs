@@ -53,9 +53,22 @@ fn split(mut value: Value, path: &str) -> Result<PhaseTrain, ConfigError> {
         .as_object_mut()
         .and_then(|m| m.remove("launch"))
         .unwrap_or_else(|| Value::Object(Default::default()));
+    let settings: TrainSettings = parse_config(value, path)?;
+    if settings.checkpoint_every == 0 {
+        return Err(ConfigError::new(
+            format!("{path}.checkpoint_every"),
+            "`checkpoint_every` must be at least 1 (steps between checkpoints; without them a failure loses the whole phase); a phase always checkpoints at its end too",
+        ));
+    }
+    if settings.keep_checkpoints == 0 {
+        return Err(ConfigError::new(
+            format!("{path}.keep_checkpoints"),
+            "`keep_checkpoints` must be at least 1 (a restart resumes from the newest kept checkpoint)",
+        ));
+    }
     Ok(PhaseTrain {
         launch: parse_config(launch, &format!("{path}.launch"))?,
-        settings: parse_config(value, path)?,
+        settings,
     })
 }
 
