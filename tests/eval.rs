@@ -109,6 +109,24 @@ fn eval_of_a_zflow_checkpoint_resumes_after_sigkill_without_rescoring() {
     // Identical requests (the same context and choice twice) are scored once and counted as cached.
     let requests = counts(&whole.stderr).0 + counts(&whole.stderr).1;
     assert!(requests > 500, "{}", whole.stderr);
+    // `--out` naming a folder is refused before anything is scored (nothing lost, nothing
+    // written into the folder).
+    std::fs::create_dir(sb.path().join("a-folder")).unwrap();
+    let to_folder = eval_args(&sb, "cache-c", "a-folder");
+    let to_folder: Vec<&str> = to_folder.iter().map(String::as_str).collect();
+    let refused = sb.zflow(&to_folder);
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(refused.stderr.contains("a folder"), "{}", refused.stderr);
+    assert!(
+        !sb.path().join("cache-c").exists(),
+        "it scored before refusing"
+    );
+    assert_eq!(
+        std::fs::read_dir(sb.path().join("a-folder"))
+            .unwrap()
+            .count(),
+        0
+    );
 
     // The same evaluation, SIGKILLed once part of it is in the cache.
     let args_b = eval_args(&sb, "cache-b", "b.json");

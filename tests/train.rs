@@ -299,7 +299,12 @@ fn two_phases(engine: &str) {
     let last = bytes.len() - 1;
     bytes[last] ^= 1;
     std::fs::write(copy.join("optim-adamw.rank-0.bin"), bytes).unwrap();
-    let shown = a.ok(&["ckpt", "inspect", copy.to_str().unwrap()]).stdout;
+    let inspected = a.zflow(&["ckpt", "inspect", copy.to_str().unwrap()]);
+    assert_eq!(
+        inspected.code, 1,
+        "a checkpoint that does not verify exits 1"
+    );
+    let shown = inspected.stdout;
     assert!(
         shown.contains("DOES NOT VERIFY")
             && shown.contains("optim-adamw.rank-0.bin: checksum mismatch"),

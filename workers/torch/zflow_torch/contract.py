@@ -14,7 +14,7 @@ from typing import Any, TextIO
 # A message field: what json.dumps writes (numbers, strings, None, lists and mappings of them).
 Json = int | float | str | None | list[Any] | dict[str, Any]
 
-# The environment a rank gets (contract/env.rs).
+# The environment a rank gets (runtime/src/contract/env.rs).
 RANK = "ZFLOW_RANK"
 WORLD = "ZFLOW_WORLD"
 RENDEZVOUS = "ZFLOW_RENDEZVOUS"
@@ -26,7 +26,7 @@ FAULTS = "ZFLOW_FAULTS"
 ATTEMPT = "ZFLOW_ATTEMPT"
 ENV = [RANK, WORLD, RENDEZVOUS, DATA_ADDRESS, SECRET, HEARTBEAT_S, PREFLIGHT, FAULTS, ATTEMPT]
 
-# Exit codes by failure class (contract/exit.rs): what the supervisor does next.
+# Exit codes by failure class (runtime/src/contract/exit.rs): what the supervisor does next.
 EXIT_DONE = 0
 EXIT_RETRY = 1
 EXIT_FATAL = 3
@@ -38,7 +38,7 @@ EXIT_CODES = {
     "lost_peer": EXIT_LOST_PEER,
 }
 
-# The train job version this worker reads (contract/job.rs).
+# The train job version this worker reads (runtime/src/contract/job.rs).
 JOB_VERSION = 2
 
 
