@@ -9,7 +9,7 @@ from pathlib import Path
 
 from zflow_torch.megatron import DatasetError, IndexedDataset
 from zflow_torch.mixture import DataCursor, MixtureError, MixtureReader
-from zflow_torch.rng import SplitMix64, epoch_order, shuffle
+from zflow_torch.rng import SplitMix64, WindowOrder, epoch_order, shuffle
 
 
 def write_dataset(prefix: Path, docs: list[list[int]]) -> None:
@@ -48,6 +48,15 @@ class Rng(unittest.TestCase):
         shuffle(one, SplitMix64(5))
         self.assertEqual(one, [7])
 
+    def test_window_orders_are_bijections_for_every_size(self) -> None:
+        for n in [1, 2, 3, 5, 17, 100, 1000]:
+            order = WindowOrder(7, 1, 0, n)
+            self.assertEqual(sorted(order.get(k) for k in range(n)), list(range(n)), n)
+        self.assertNotEqual(
+            [WindowOrder(7, 1, 0, 1000).get(k) for k in range(8)],
+            [WindowOrder(7, 1, 1, 1000).get(k) for k in range(8)],
+        )
+
 
 class Datasets(unittest.TestCase):
     def test_documents_read_back_and_bad_files_are_named(self) -> None:
@@ -78,8 +87,11 @@ class Mixtures(unittest.TestCase):
     def test_a_truncated_index_and_a_foreign_cursor_are_refused(self) -> None:
         with tempfile.TemporaryDirectory() as d:
             index = Path(d) / "samples.idx"
-            index.write_bytes(b"ZFMIXIDX" + struct.pack("<IIQQQQ", 1, 1, 4, 8, 1, 16) + b"\x00" * 8)
+            index.write_bytes(b"ZFMIXIDX" + struct.pack("<IIQQQQ", 2, 1, 4, 8, 1, 16) + b"\x00" * 8)
             with self.assertRaisesRegex(MixtureError, "for 4 samples"):
+                MixtureReader(index, [])
+            index.write_bytes(b"ZFMIXIDX" + struct.pack("<IIQQQQ", 1, 1, 0, 8, 1, 16))
+            with self.assertRaisesRegex(MixtureError, "version 1, .* run its mix stage again"):
                 MixtureReader(index, [])
         cursor = DataCursor("p", 10, "f").advance(2, 3)
         self.assertEqual(cursor.sample, 16)

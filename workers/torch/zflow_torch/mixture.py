@@ -2,13 +2,13 @@
 ``runtime/src/data/mixture`` reads them (``tests/torch_data.rs`` checks the two against each
 other for several world sizes over many steps).
 
-``samples.idx``, little-endian: magic ``b"ZFMIXIDX"``, version u32 (= 1), sources u32, N u64,
+``samples.idx``, little-endian: magic ``b"ZFMIXIDX"``, version u32 (= 2), sources u32, N u64,
 seq_len u64, seed u64, block_size u64, then one u64 per sample: ``source << 48 | k``, the
 source-local sample ``k``. ``samples.idx.json`` beside it holds the spec and the report (with
 the mixture's fingerprint). Source-local sample ``k`` of source ``s`` is the window
-``[k' * seq_len, k' * seq_len + seq_len + 1)`` of epoch ``k // per_epoch`` of the source's
-documents concatenated in that epoch's seeded order, ``k' = k % per_epoch`` and
-``per_epoch = (tokens_s - 1) // seq_len``.
+``[w * seq_len, w * seq_len + seq_len + 1)`` of epoch ``e = k // per_epoch`` of the source's
+documents concatenated in that epoch's seeded order, ``w = WindowOrder(seed, s, e,
+per_epoch).get(k % per_epoch)`` and ``per_epoch = (tokens_s - 1) // seq_len``.
 """
 
 import bisect
@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .megatron import TokenSource, open_concat
-from .rng import epoch_order
+from .rng import WindowOrder, epoch_order
 
 MAGIC = b"ZFMIXIDX"
+INDEX_VERSION = 2
 HEADER = struct.Struct("<8sIIQQQQ")
 K_BITS = 48
 K_MASK = (1 << K_BITS) - 1
@@ -56,10 +57,12 @@ class Batch:
 
 
 class _Epoch:
-    """One epoch of a source: its document order and each document's start in the stream."""
+    """One epoch of a source: its document order, each document's start in the stream, and
+    the order its windows are read in."""
 
-    def __init__(self, order: list[int], dataset: TokenSource) -> None:
+    def __init__(self, order: list[int], dataset: TokenSource, windows: WindowOrder) -> None:
         self.order = order
+        self.windows = windows
         self.starts = [0]
         for doc in order:
             self.starts.append(self.starts[-1] + dataset.doc_len(doc))
@@ -79,8 +82,12 @@ class MixtureReader:
         magic, version, num_sources, n, seq_len, seed, _block = HEADER.unpack_from(self._map, 0)
         if magic != MAGIC:
             raise MixtureError(f"{index_path}: not a mixture index (bad magic)")
-        if version != 1:
-            raise MixtureError(f"{index_path}: mixture index version {version}, expected 1")
+        if version != INDEX_VERSION:
+            raise MixtureError(
+                f"{index_path}: mixture index version {version}, this reader reads "
+                f"{INDEX_VERSION} (an older one was made before windows were read in a shuffled "
+                "order: run its mix stage again)"
+            )
         if len(self._map) != HEADER.size + 8 * n:
             raise MixtureError(f"{index_path}: {len(self._map)} bytes for {n} samples")
         self.entries = memoryview(self._map)[HEADER.size :].cast("Q")
@@ -126,7 +133,9 @@ class MixtureReader:
                 cache.append(cache.pop(at))
                 return layout
         dataset = self.sources[source]
-        layout = _Epoch(epoch_order(self.seed, source, epoch, dataset.num_docs()), dataset)
+        order = epoch_order(self.seed, source, epoch, dataset.num_docs())
+        windows = WindowOrder(self.seed, source, epoch, self.per_epoch[source])
+        layout = _Epoch(order, dataset, windows)
         if len(cache) == 2:
             cache.pop(0)
         cache.append((epoch, layout))
@@ -138,7 +147,7 @@ class MixtureReader:
         per_epoch = self.per_epoch[s]
         layout = self._layout(s, k // per_epoch)
         dataset = self.sources[s]
-        pos = (k % per_epoch) * self.seq_len
+        pos = layout.windows.get(k % per_epoch) * self.seq_len
         # The document holding `pos`: the last one starting at or before it.
         j = bisect.bisect_right(layout.starts, pos) - 1
         out: list[int] = []

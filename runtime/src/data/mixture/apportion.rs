@@ -7,9 +7,11 @@ use crate::rng::SplitMix64;
 use anyhow::{Result, ensure};
 use std::collections::HashSet;
 
-/// Domain tags, so the block shuffles and the document shuffles never share a stream.
+/// Domain tags, so the block shuffles, the document shuffles and the window orders
+/// ([`super::permutation`]) never share a stream.
 pub(super) const TAG_BLOCK: u64 = 1;
 pub(super) const TAG_DOCS: u64 = 2;
+pub(super) const TAG_WINDOWS: u64 = 3;
 
 /// A generator seeded from several numbers (e.g. seed, tag, block): each part is mixed in
 /// through one SplitMix64 step, so nearby inputs give unrelated streams.

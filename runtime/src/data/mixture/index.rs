@@ -6,7 +6,10 @@ use memmap2::Mmap;
 use std::path::Path;
 
 pub(super) const MAGIC: &[u8; 8] = b"ZFMIXIDX";
-pub(super) const VERSION: u32 = 1;
+/// Version 2 reads each epoch's windows in a keyed order (`super::permutation`); an index of
+/// version 1 was made for reading them front to back, and is refused rather than read
+/// differently from how it was made.
+pub(super) const VERSION: u32 = 2;
 pub(super) const HEADER_LEN: usize = 48;
 
 /// The index file's header (layout in the module docs).
@@ -43,8 +46,14 @@ impl Header {
         let version = u32_at(8);
         ensure!(
             version == VERSION,
-            "{}: mixture index version {version}, this build reads version {VERSION}",
-            path.display()
+            "{}: mixture index version {version}, this build reads version {VERSION}{}",
+            path.display(),
+            if version < VERSION {
+                " (an older index, made before a source's windows were read in a shuffled \
+                 order: run its mix stage again)"
+            } else {
+                ""
+            }
         );
         Ok(Header {
             num_sources: u32_at(12),

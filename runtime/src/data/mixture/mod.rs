@@ -20,11 +20,15 @@
 //!    by Fisher–Yates seeded with `(seed, block index)`. A source's samples are numbered
 //!    `k = 0, 1, 2, ...` in the order they appear, so every source is read front to back.
 //! 4. **Windows.** Source-local sample `k` of source `s` is the window
-//!    `[k' * seq_len, k' * seq_len + seq_len + 1)` of epoch `e` of the source's token stream,
-//!    with `spe = floor((tokens_s - 1) / seq_len)` samples per epoch, `e = k / spe` and
-//!    `k' = k % spe`. The stream of epoch `e` is the source's documents concatenated in an
-//!    order shuffled with `(seed, s, e)`. Documents are packed: a window may span several
-//!    documents (their EOD tokens are already in the data). Windows never cross an epoch.
+//!    `[w * seq_len, w * seq_len + seq_len + 1)` of epoch `e` of the source's token stream,
+//!    with `spe = floor((tokens_s - 1) / seq_len)` windows per epoch, `e = k / spe` and
+//!    `w = p(k % spe)`, `p` the epoch's window order: a keyed bijection on `0..spe` seeded
+//!    with `(seed, s, e)` ([`permutation`]), so that a source's consecutive samples come from
+//!    unrelated places in its stream and a long document is spread over the epoch instead of
+//!    filling a global batch ([`batches`] measures this). The stream of epoch `e` is the
+//!    source's documents concatenated in an order shuffled with `(seed, s, e)`. Documents are
+//!    packed: a window may span several documents (their EOD tokens are already in the
+//!    data). Windows never cross an epoch, and every window of an epoch is read once.
 //!
 //! # Files
 //! [`MixPlan::write`] writes two files; the reader needs both.
@@ -33,7 +37,8 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic  b"ZFMIXIDX"
-//!      8     4  version u32 (= 1)
+//!      8     4  version u32 (= 2: windows in their epoch's window order; version 1 read
+//!                them front to back)
 //!     12     4  number of sources u32
 //!     16     8  N, number of samples u64
 //!     24     8  seq_len u64
@@ -60,12 +65,15 @@ use serde::{Deserialize, Serialize};
 use super::TokenSource;
 
 mod apportion;
+pub mod batches;
 mod index;
+pub mod permutation;
 mod reader;
 
 use apportion::{
     Apportioner, SourceStats, TAG_BLOCK, encode, rng_for, scan_sources, shuffle, validate,
 };
+pub use batches::BatchReport;
 pub use index::MixIndex;
 pub use reader::{Batch, DataCursor, MixtureReader, advance};
 
@@ -298,7 +306,7 @@ impl MixPlan {
 
         let mut fingerprint = blake3::Hasher::new();
         let spec_json = serde_json::to_vec(&self.spec)?;
-        fingerprint.update(b"zflow-mixture-v1");
+        fingerprint.update(b"zflow-mixture-v2");
         fingerprint.update(&(spec_json.len() as u64).to_le_bytes());
         fingerprint.update(&spec_json);
         fingerprint.update(self.data_digest.as_bytes());

@@ -4,6 +4,7 @@
 use super::super::TokenSource;
 use super::apportion::{epoch_order, scan_sources};
 use super::index::MixIndex;
+use super::permutation::WindowOrder;
 use super::{MixManifest, MixReport, MixSpec, manifest_path};
 use anyhow::{Context, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
@@ -50,11 +51,14 @@ pub struct Batch {
     pub first_sample: u64,
 }
 
-/// One epoch of a source: its document order and where each document starts in the stream.
+/// One epoch of a source: its document order, where each document starts in the stream, and
+/// the order its windows are read in.
 pub(super) struct EpochLayout {
     pub(super) order: Vec<u32>,
     /// `starts[j]` = stream offset of the j-th document in `order`; one extra entry = total.
     pub(super) starts: Vec<u64>,
+    /// Window `windows.get(k')` is the one the epoch's `k'`-th sample reads.
+    pub(super) windows: WindowOrder,
 }
 
 /// Epoch layouts kept per source. A batch touches at most two epochs of a source (sources
@@ -193,29 +197,58 @@ impl MixtureReader {
             out.len(),
             self.seq_len() + 1
         );
+        let src = self.sources[self.lookup(i)?.0 as usize].clone();
+        let mut filled = 0;
+        self.walk(i, |doc, offset, take| {
+            src.read(
+                doc as usize,
+                offset as usize,
+                &mut out[filled..filled + take],
+            )?;
+            filled += take;
+            Ok(())
+        })
+    }
+
+    /// The document that gives sample `i` most of its tokens (the first of those tied), as
+    /// (source id, document number in the source).
+    pub fn main_document(&self, i: u64) -> Result<(u16, u32)> {
+        let mut best = (0u32, 0usize);
+        let source = self.walk(i, |doc, _, take| {
+            if take > best.1 {
+                best = (doc, take);
+            }
+            Ok(())
+        })?;
+        Ok((source, best.0))
+    }
+
+    /// Calls `piece(document, offset, tokens)` for each document piece of sample `i`'s
+    /// window, in order (empty documents skipped); returns the sample's source id.
+    ///
+    /// Source-local sample `k` reads window `w` of epoch `k / per_epoch`, `w` being the
+    /// epoch's [`WindowOrder`] at `k % per_epoch`: tokens `[w * seq_len, w * seq_len +
+    /// seq_len + 1)` of the epoch's stream (module docs, step 4).
+    fn walk(&self, i: u64, mut piece: impl FnMut(u32, u64, usize) -> Result<()>) -> Result<u16> {
         let (s, k) = self.lookup(i)?;
         let source = s as usize;
         let per_epoch = self.per_epoch[source];
         let layout = self.layout(source, k / per_epoch);
-        let src = &self.sources[source];
-        let mut pos = (k % per_epoch) * self.seq_len() as u64;
+        let want = self.seq_len() as u64 + 1;
+        let mut pos = layout.windows.get(k % per_epoch) * self.seq_len() as u64;
         // The document holding `pos`: the last one starting at or before it (empty documents
         // start where the next one does, so this skips them).
         let mut j = layout.starts.partition_point(|&start| start <= pos) - 1;
-        let mut filled = 0;
-        while filled < out.len() {
+        let mut filled = 0u64;
+        while filled < want {
             let offset = pos - layout.starts[j];
             let len = layout.starts[j + 1] - layout.starts[j];
-            let take = (len - offset).min((out.len() - filled) as u64) as usize;
+            let take = (len - offset).min(want - filled);
             if take > 0 {
-                src.read(
-                    layout.order[j] as usize,
-                    offset as usize,
-                    &mut out[filled..filled + take],
-                )?;
+                piece(layout.order[j], offset, take as usize)?;
             }
             filled += take;
-            pos += take as u64;
+            pos += take;
             j += 1;
         }
         Ok(s)
@@ -292,7 +325,12 @@ impl MixtureReader {
             total += src.doc_len(d as usize) as u64;
             starts.push(total);
         }
-        let layout = Arc::new(EpochLayout { order, starts });
+        let windows = WindowOrder::new(self.index.seed(), source, epoch, self.per_epoch[source]);
+        let layout = Arc::new(EpochLayout {
+            order,
+            starts,
+            windows,
+        });
         if entries.len() == EPOCHS_CACHED {
             entries.remove(0);
         }
