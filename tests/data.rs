@@ -168,6 +168,21 @@ fn data_stages_run_deterministically_and_mix_as_requested() {
             &stage_dir(&sb.path().join("a"), phase).join("report.json"),
         );
     }
+    // Beside the shares, how many documents a global batch mixes.
+    let report: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(stage_dir(&sb.path().join("a"), "mix.p1").join("report.json")).unwrap(),
+    )
+    .unwrap();
+    let batches = &report["batches"];
+    let global = batches["global_batch"].as_f64().unwrap();
+    let distinct = batches["mean_distinct_docs"].as_f64().unwrap();
+    let share = batches["max_doc_share"].as_f64().unwrap();
+    assert!(
+        batches["measured_batches"].as_u64().unwrap() > 0,
+        "{batches}"
+    );
+    assert!(distinct >= 1.0 && distinct <= global, "{batches}");
+    assert!(share > 0.0 && share <= 1.0, "{batches}");
     let q = sb.ok(&[
         "query",
         "a",

@@ -302,6 +302,16 @@ fn the_page_draws_the_graph_and_a_growing_curve_while_a_recipe_trains() {
     let later = loss_points(&b, "train.p1");
     b.screenshot("2-training-later.png");
     assert_eq!(running, "running", "train.p1 while its curve grew");
+    // The phase's section says how many documents its global batches mix (mix.p1's report).
+    let batches = || {
+        b.eval("return document.querySelector('.phase[data-stage=\"train.p1\"] .batches').textContent;")
+    };
+    wait_for(Duration::from_secs(20), "the phase's batch measure", || {
+        batches()
+            .as_str()
+            .unwrap()
+            .starts_with("global batches of ")
+    });
     eprintln!("loss curve: {first} points, then {later}");
 
     // The run ends; `zflow ui` shows its store: every stage done, a stage's details on a click.

@@ -2,8 +2,9 @@
 //! deterministic block-staged mixture (`zflow_runtime::data::mixture`).
 //!
 //! Outputs `samples.idx` (memory-mappable: sample -> source, source-local sample),
-//! `samples.idx.json` (spec, data digest, report), `report.json` and `report.parquet`
-//! (requested vs realised share, epochs, tokens per source).
+//! `samples.idx.json` (spec, data digest, report), `report.json` (the mixture's report, and
+//! under `batches` how many documents the phase's global batches mix, [`BatchReport`]) and
+//! `report.parquet` (requested vs realised share, epochs, tokens per source).
 //!
 //! The `phases:` section (`crate::phases`) makes one per phase.
 
@@ -19,7 +20,7 @@ use zflow_pipeline::{ConfigError, Stage, StageContext};
 use zflow_runtime::data::TokenSource;
 use zflow_runtime::data::concat::Concat;
 use zflow_runtime::data::megatron::IndexedDataset;
-use zflow_runtime::data::mixture::{self, MixSpec};
+use zflow_runtime::data::mixture::{self, BatchReport, MixSpec, MixtureReader};
 
 /// The `mix` stage kind.
 pub struct Mix;
@@ -36,12 +37,23 @@ pub struct MixConfig {
     /// shards' tokens in shard order ([`names::token_stages`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub shards: BTreeMap<String, usize>,
+    /// The phase's `global_batch` (samples per optimizer step), for the batch measure.
+    pub global_batch: u64,
+}
+
+/// `report.json`: the mixture's report with the batch measure beside it.
+#[derive(Serialize)]
+struct StageReport<'a> {
+    #[serde(flatten)]
+    mixture: &'a mixture::MixReport,
+    batches: BatchReport,
 }
 
 impl Stage for Mix {
     type Config = MixConfig;
     const KIND: &'static str = "mix";
-    const VERSION: u32 = 1;
+    // 2: each epoch's windows are read in a keyed order (mixture index version 2).
+    const VERSION: u32 = 2;
 
     fn validate(&self, c: &MixConfig, needs: &[String]) -> Result<(), ConfigError> {
         for s in &c.spec.sources {
@@ -74,10 +86,30 @@ impl Stage for Mix {
         let plan = mixture::plan(&c.spec, &refs).with_context(|| format!("phase `{}`", c.phase))?;
         ctx.progress()
             .set_message(format!("{} samples", c.spec.num_samples()));
-        let report = plan.write(&ctx.out_dir().join("samples.idx"))?;
+        let index = ctx.out_dir().join("samples.idx");
+        let report = plan.write(&index)?;
+        ctx.progress().set_message("measuring the global batches");
+        let batches = mixture::batches::measure(
+            &MixtureReader::open(&index, sources.clone())?,
+            c.global_batch,
+        )?;
+        tracing::info!(
+            "{}: global batches of {} mix {:.1} documents on average; one document fills at \
+             most {:.0}% of one ({} of {} batches measured)",
+            c.phase,
+            batches.global_batch,
+            batches.mean_distinct_docs,
+            100.0 * batches.max_doc_share,
+            batches.measured_batches,
+            batches.batches
+        );
+        let stage_report = StageReport {
+            mixture: &report,
+            batches,
+        };
         std::fs::write(
             ctx.out_dir().join("report.json"),
-            serde_json::to_vec_pretty(&report)?,
+            serde_json::to_vec_pretty(&stage_report)?,
         )?;
         write_report_parquet(ctx, &c.phase, &report)?;
         for s in &report.sources {

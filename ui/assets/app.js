@@ -9,7 +9,7 @@ const COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b'
   '#7f7f7f', '#bcbd22', '#17becf'];
 const NODE_W = 176, NODE_H = 38, COL_W = 214, ROW_H = 52, PAD = 8;
 
-const page = { graph: null, status: null, curves: {}, selected: null, reportShown: false };
+const page = { graph: null, status: null, curves: {}, batches: {}, selected: null, reportShown: false };
 
 function $(id) { return document.getElementById(id); }
 
@@ -251,7 +251,8 @@ function drawCurves() {
       let section = box.querySelector(`.phase[data-stage="${CSS.escape(t.name)}"]`);
       if (!section) {
         section = html('div', undefined, { class: 'phase', 'data-stage': t.name });
-        section.append(html('h3', t.name), html('div', undefined, { class: 'charts' }));
+        section.append(html('h3', t.name), html('p', '', { class: 'batches' }),
+          html('div', undefined, { class: 'charts' }));
         box.append(section);
       }
       const steps = records.filter(r => r.type === 'step');
@@ -260,9 +261,38 @@ function drawCurves() {
         ? `${t.name}: step ${last.step}, ${last.tokens.toLocaleString()} tokens, loss ${last.loss.toFixed(3)}`
         : `${t.name}: starting`;
       section.querySelector('.charts').replaceChildren(...phaseCharts(records));
+      section.querySelector('.batches').textContent = batchLine(page.batches[mixOf(t.name)]);
     }
     $('no-training').hidden = any;
   });
+}
+
+// The mix stage of a train stage (stages/src/names.rs: `train.P` reads `mix.P`).
+function mixOf(train) { return train.replace(/^train\./, 'mix.'); }
+
+// How correlated the phase's global batches are (the mix stage's report.json, `batches`).
+function batchLine(b) {
+  if (!b) return '';
+  return `global batches of ${b.global_batch}: ${b.mean_distinct_docs.toFixed(1)} documents ` +
+    `each on average; one document fills at most ${(100 * b.max_doc_share).toFixed(0)}% of one ` +
+    `(${b.measured_batches} of ${b.batches} batches measured)`;
+}
+
+// Reads the batch measure of every mix stage that is done, once per run of the stage.
+async function loadBatches(s) {
+  for (const st of s.stages) {
+    if (st.kind !== 'mix') continue;
+    if (st.word !== 'done') { delete page.batches[st.name]; continue; }
+    if (st.name in page.batches) continue;
+    page.batches[st.name] = null;
+    try {
+      const report = await getJSON(`api/file/${encodeURIComponent(st.name)}/report.json`);
+      page.batches[st.name] = report.batches || null;
+    } catch (e) {
+      delete page.batches[st.name];
+    }
+    drawCurves();
+  }
 }
 
 function onMetrics(m) {
@@ -305,6 +335,7 @@ function onStatus(s) {
     pre.append(table);
     for (const o of v.outliers) pre.append(html('p', o));
   }
+  loadBatches(s);
   const reportDone = s.stages.some(st => st.kind === 'report' && st.word === 'done');
   if (reportDone && !page.reportShown) loadReport();
   if (!reportDone && page.reportShown) { page.reportShown = false; $('report').replaceChildren(); $('no-report').hidden = false; }

@@ -278,7 +278,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
         nodes.push(NodeSpec {
             name: names::mix(phase),
             kind: "mix".into(),
-            config: json!({"phase": phase, "spec": entry.mix, "shards": shards}),
+            config: json!({"phase": phase, "spec": entry.mix, "shards": shards, "global_batch": entry.train.settings.global_batch}),
             needs: token_stages.clone(),
             resources: None,
             path: path.clone(),
