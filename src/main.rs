@@ -317,7 +317,7 @@ enum CkptCommand {
 
 fn main() -> ExitCode {
     // Started as the process reaper, this process serves as one and exits here.
-    zflow_pipeline::reaper::install();
+    zflow_pipeline::supervise::install();
     // Die quietly on a closed pipe (`zflow size ... | head`) like other Unix tools.
     // SAFETY: setting a signal disposition before any thread starts.
     unsafe {

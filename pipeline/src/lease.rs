@@ -35,7 +35,7 @@ pub struct LeaseInfo {
     /// lease lives, whichever recipe it was told about.
     #[serde(default)]
     pub inputs: Vec<String>,
-    /// The owner's process reaper ([`crate::reaper`]), which outlives the owner until the
+    /// The owner's process reaper ([`crate::supervise`]), which outlives the owner until the
     /// owner's stage processes are gone.
     #[serde(default)]
     pub reaper_pid: Option<u32>,
@@ -60,7 +60,7 @@ pub fn hostname() -> String {
 /// parent has not reaped it yet, which kill(2) still finds).
 pub fn pid_alive(pid: u32) -> bool {
     if let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) {
-        return crate::reaper::stat_state_and_group(&stat).0 != Some('Z');
+        return crate::supervise::stat_state_and_group(&stat).0 != Some('Z');
     }
     // SAFETY: signal 0 only checks for existence and permission.
     let rc = unsafe { libc::kill(pid as i32, 0) };
@@ -121,7 +121,7 @@ pub fn try_acquire(path: &Path, run_id: &str, inputs: &[String]) -> Result<Acqui
         run_id: run_id.to_string(),
         heartbeat_ms: now_ms(),
         inputs: inputs.to_vec(),
-        reaper_pid: crate::reaper::pid(),
+        reaper_pid: crate::supervise::pid(),
     };
     for _ in 0..3 {
         match fs::OpenOptions::new()

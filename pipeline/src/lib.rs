@@ -16,7 +16,6 @@ pub mod lease;
 pub mod logging;
 pub mod plan;
 pub mod progress;
-pub mod reaper;
 pub mod recipe;
 pub mod records;
 pub mod registry;
@@ -25,6 +24,7 @@ pub mod slurm;
 pub mod stage;
 pub mod status;
 pub mod store;
+pub mod supervise;
 
 pub use plan::{Engine, Reason, StageState};
 pub use recipe::{LoadOptions, Recipe, RecipeError};

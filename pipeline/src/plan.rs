@@ -345,7 +345,7 @@ fn why_into(
         StageState::Cached { manifest } => lines.push(format!(
             "{pad}{}: cached ({}), output {}",
             node.name,
-            crate::status::ago(now_ms, manifest.finished_ms),
+            ago(now_ms, manifest.finished_ms),
             engine.output_dir(&node.name, &manifest.identity).display()
         )),
         StageState::WillRun {
@@ -382,5 +382,15 @@ fn why_into(
                 }
             }
         }
+    }
+}
+/// "12s ago", "3m ago", "2h ago", "4d ago".
+pub fn ago(now_ms: i64, ms: i64) -> String {
+    let s = (now_ms - ms).max(0) / 1000;
+    match s {
+        0..=59 => format!("{s}s ago"),
+        60..=3599 => format!("{}m ago", s / 60),
+        3600..=86399 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86400),
     }
 }

@@ -19,6 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::progress::StageProgress;
+use crate::supervise::{spawn_supervised, terminate_group};
 
 /// What a stage needs from the machine while it runs. The scheduler only starts a stage when
 /// its resources fit in what is free, so independent stages run side by side within `-j`.
@@ -139,7 +140,7 @@ pub fn parse_config<T: DeserializeOwned>(
     at: &str,
 ) -> Result<T, ConfigError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
-        let inner = crate::recipe::serde_path(e.path());
+        let inner = serde_path(e.path());
         let path = match (at.is_empty(), inner.is_empty()) {
             (true, _) => inner,
             (false, true) => at.to_string(),
@@ -411,97 +412,23 @@ pub fn input_env_var(name: &str) -> String {
     var
 }
 
-/// A stage's child process, leader of its own process group. The group dies with zflow,
-/// however zflow dies (the direct child by its parent-death signal, the rest through the
-/// [`crate::reaper`]), and with this value: dropping it kills what is left of the group.
-pub struct Supervised {
-    child: std::process::Child,
-}
-
-impl std::ops::Deref for Supervised {
-    type Target = std::process::Child;
-    fn deref(&self) -> &std::process::Child {
-        &self.child
-    }
-}
-
-impl std::ops::DerefMut for Supervised {
-    fn deref_mut(&mut self) -> &mut std::process::Child {
-        &mut self.child
-    }
-}
-
-impl Drop for Supervised {
-    fn drop(&mut self) {
-        let pgid = self.child.id();
-        if matches!(self.child.try_wait(), Ok(None)) {
-            terminate_group(pgid as i32, Duration::from_secs(5), &mut self.child);
-        } else {
-            // The leader is gone; what it left running in its group goes too. (Its pid is not
-            // handed out again this soon: Linux allocates pids in sequence.)
-            // SAFETY: kill(2) on the process group this value created.
-            unsafe { libc::kill(-(pgid as i32), libc::SIGKILL) };
-        }
-        crate::reaper::forget(pgid);
-    }
-}
-
-/// Spawns `cmd` in its own process group, arranged to die with zflow: the direct child by
-/// SIGKILL when zflow dies, the whole group by the [`crate::reaper`].
-pub fn spawn_supervised(cmd: &mut Command) -> std::io::Result<Supervised> {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: only async-signal-safe calls (setpgid, prctl, getppid) between fork and exec.
-    unsafe {
-        let parent = libc::getpid();
-        cmd.pre_exec(move || {
-            libc::setpgid(0, 0);
-            #[cfg(target_os = "linux")]
-            {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                // The parent may have died between fork and prctl.
-                if libc::getppid() != parent {
-                    libc::_exit(1);
+/// Renders a serde_path_to_error path in our `a.b[1].c` form.
+pub fn serde_path(path: &serde_path_to_error::Path) -> String {
+    let mut out = String::new();
+    for seg in path.iter() {
+        match seg {
+            serde_path_to_error::Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            serde_path_to_error::Segment::Map { key }
+            | serde_path_to_error::Segment::Enum { variant: key } => {
+                if !out.is_empty() {
+                    out.push('.');
                 }
+                out.push_str(key);
             }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn()?;
-    crate::reaper::watch(child.id());
-    Ok(Supervised { child })
-}
-
-/// SIGTERM to the process group, then SIGKILL after `grace`, then reaps the child.
-pub fn terminate_group(pgid: i32, grace: Duration, child: &mut std::process::Child) {
-    // SAFETY: plain kill(2) on a process group we created.
-    unsafe {
-        libc::kill(-pgid, libc::SIGTERM);
-    }
-    let deadline = std::time::Instant::now() + grace;
-    while std::time::Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            break;
+            serde_path_to_error::Segment::Unknown => {}
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
-    // SAFETY: as above; also reaps stragglers in the group that ignored SIGTERM.
-    unsafe {
-        libc::kill(-pgid, libc::SIGKILL);
-    }
-    let _ = child.wait();
-}
-
-/// The running zflow binary, for the processes a stage starts (workers, probes).
-///
-/// When the file was replaced while zflow runs (a rebuild during a long run), Linux reports
-/// `<path> (deleted)`; the binary this process runs is still there as `/proc/self/exe`, and
-/// starting that keeps the supervisor and its workers on one version.
-pub fn zflow_exe() -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating the zflow binary")?;
-    if !exe.exists() && Path::new("/proc/self/exe").exists() {
-        return Ok(PathBuf::from("/proc/self/exe"));
-    }
-    Ok(exe)
+    out
 }
 
 #[cfg(test)]

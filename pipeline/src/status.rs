@@ -10,7 +10,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::lease;
-use crate::plan::{Engine, StageState, names_list};
+use crate::plan::{Engine, StageState, ago, names_list};
 use crate::records::{self, Status};
 
 /// What a stage is doing, with what `zflow status` says of it.
@@ -94,17 +94,6 @@ impl State {
             State::Pending { reason } => reason.clone(),
             State::Error { error } => error.clone(),
         }
-    }
-}
-
-/// "12s ago", "3m ago", "2h ago", "4d ago".
-pub fn ago(now_ms: i64, ms: i64) -> String {
-    let s = (now_ms - ms).max(0) / 1000;
-    match s {
-        0..=59 => format!("{s}s ago"),
-        60..=3599 => format!("{}m ago", s / 60),
-        3600..=86399 => format!("{}h ago", s / 3600),
-        _ => format!("{}d ago", s / 86400),
     }
 }
 

@@ -212,7 +212,7 @@ impl Stage for Dedup {
             .collect::<Result<_>>()?;
         let mut shards = Vec::with_capacity(c.shards);
         for dir in &dirs {
-            let stats: crate::ingest::IngestStats =
+            let stats: crate::ingest_stats::IngestStats =
                 serde_json::from_slice(&std::fs::read(dir.join("stats.json"))?)
                     .with_context(|| format!("reading {}", dir.join("stats.json").display()))?;
             shards.push(ShardTally {

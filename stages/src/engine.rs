@@ -118,7 +118,7 @@ fn rank_command(engine: &str, args: Vec<OsString>) -> Result<EngineCommand> {
     match engine {
         // zflow's own trainer (burn): `zflow worker`.
         "native" => Ok(EngineCommand {
-            program: zflow_pipeline::stage::zflow_exe()?,
+            program: zflow_pipeline::supervise::zflow_exe()?,
             args: std::iter::once(OsString::from("worker"))
                 .chain(args)
                 .collect(),

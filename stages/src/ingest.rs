@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use unicode_normalization::UnicodeNormalization;
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 
+use crate::ingest_stats::IngestStats;
 use crate::minhash::{MinHasher, NearDedup};
 use crate::shard::Shard;
 
@@ -105,21 +106,6 @@ fn default_text() -> String {
 }
 fn yes() -> bool {
     true
-}
-
-/// Counts of documents and bytes per rule.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct IngestStats {
-    /// Documents read.
-    pub docs_in: u64,
-    /// Bytes of text read.
-    pub bytes_in: u64,
-    /// Documents written.
-    pub docs_out: u64,
-    /// Bytes written.
-    pub bytes_out: u64,
-    /// (rule, documents dropped, bytes dropped), in the order rules apply.
-    pub dropped: Vec<(String, u64, u64)>,
 }
 
 impl Stage for Ingest {
@@ -247,7 +233,7 @@ impl Stage for Ingest {
             crate::dedup::write_records(&ctx.out_dir().join(crate::dedup::NEAR), bands)?;
         }
         let stats = cleaner.stats;
-        write_stats(ctx.out_dir(), &c.source, &stats)?;
+        crate::ingest_stats::write(ctx.out_dir(), &c.source, &stats)?;
         ctx.progress().set_message(format!(
             "{} of {} documents kept",
             stats.docs_out, stats.docs_in
@@ -758,43 +744,4 @@ impl DocWriter {
         self.writer.close()?;
         Ok(())
     }
-}
-
-fn write_stats(out: &Path, source: &str, stats: &IngestStats) -> Result<()> {
-    let stat_schema = Arc::new(Schema::new(vec![
-        Field::new("source", DataType::Utf8, false),
-        Field::new("rule", DataType::Utf8, false),
-        Field::new("documents", DataType::UInt64, false),
-        Field::new("bytes", DataType::UInt64, false),
-    ]));
-    let mut rows: Vec<(String, u64, u64)> = vec![
-        ("read".into(), stats.docs_in, stats.bytes_in),
-        ("kept".into(), stats.docs_out, stats.bytes_out),
-    ];
-    rows.extend(
-        stats
-            .dropped
-            .iter()
-            .map(|(r, d, b)| (format!("dropped:{r}"), *d, *b)),
-    );
-    let batch = RecordBatch::try_new(
-        stat_schema.clone(),
-        vec![
-            Arc::new(StringArray::from(vec![source; rows.len()])),
-            Arc::new(StringArray::from_iter_values(
-                rows.iter().map(|r| r.0.as_str()),
-            )),
-            Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.1))),
-            Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.2))),
-        ],
-    )?;
-    let mut w = ArrowWriter::try_new(
-        std::fs::File::create(out.join("stats.parquet"))?,
-        stat_schema,
-        None,
-    )?;
-    w.write(&batch)?;
-    w.close()?;
-    std::fs::write(out.join("stats.json"), serde_json::to_vec_pretty(stats)?)?;
-    Ok(())
 }

@@ -14,6 +14,7 @@ pub mod eval;
 pub mod export;
 pub mod fetch;
 pub mod ingest;
+pub mod ingest_stats;
 mod jsonl;
 pub mod launch;
 pub mod megatron_source;

@@ -28,7 +28,7 @@ use anyhow::{Context, Result, bail};
 use arrow::array::{ArrayRef, BooleanArray, Float64Array, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
-use zflow_pipeline::stage::spawn_supervised;
+use zflow_pipeline::supervise::spawn_supervised;
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 use zflow_runtime::contract::protocol::WorkerMessage;
 use zflow_runtime::dist::preflight::{Probe, outliers};

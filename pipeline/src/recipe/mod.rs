@@ -16,7 +16,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::registry::{NodeSpec, Registry};
-use crate::stage::{PreparedStage, Resources};
+use crate::stage::{PreparedStage, Resources, serde_path};
 pub use tree::{Loc, LocMap};
 
 /// A recipe error with the location it is about.
@@ -383,25 +383,6 @@ pub fn typed<T: serde::de::DeserializeOwned>(
             format!("`{inner}`: {message}"),
         )
     })
-}
-
-/// Renders a serde_path_to_error path in our `a.b[1].c` form.
-pub fn serde_path(path: &serde_path_to_error::Path) -> String {
-    let mut out = String::new();
-    for seg in path.iter() {
-        match seg {
-            serde_path_to_error::Segment::Seq { index } => out.push_str(&format!("[{index}]")),
-            serde_path_to_error::Segment::Map { key }
-            | serde_path_to_error::Segment::Enum { variant: key } => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(key);
-            }
-            serde_path_to_error::Segment::Unknown => {}
-        }
-    }
-    out
 }
 
 fn join(path: &str, child: &str) -> String {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use zflow_pipeline::StageContext;
-use zflow_pipeline::stage::{spawn_supervised, terminate_group};
+use zflow_pipeline::supervise::{spawn_supervised, terminate_group};
 use zflow_runtime::contract::env;
 use zflow_runtime::contract::exit::Failure;
 use zflow_runtime::contract::protocol::WorkerMessage;
@@ -38,7 +38,7 @@ const SUPERVISOR_PAUSE: Duration = Duration::from_secs(2);
 
 /// One rank's process as the supervisor sees it.
 struct Rank {
-    child: zflow_pipeline::stage::Supervised,
+    child: zflow_pipeline::supervise::Supervised,
     last_message: Instant,
     step: u64,
     done: bool,

@@ -1,13 +1,16 @@
-//! The reaper: a stage's whole process tree dies with zflow, even on SIGKILL.
+//! Process supervision: how a stage's processes start, end, and die with zflow.
 //!
-//! Every process a stage starts ([`crate::stage::spawn_supervised`]) leads its own process
-//! group and gets SIGKILL when zflow dies (`PR_SET_PDEATHSIG`). That signal reaches only the
-//! direct child: what it started (a shell's pipeline, a worker's helpers) would live on and
-//! race the next attempt on the same files. So zflow starts one small helper process, the
-//! reaper, the first time a stage starts a process: zflow tells it each process group it
-//! starts and ends, one line each on a pipe; when that pipe closes without a goodbye (zflow is
-//! gone, however it died), the reaper SIGKILLs every group still listed, waits until they are
-//! empty, and exits.
+//! Every process a stage starts ([`spawn_supervised`]) leads its own process group and gets
+//! SIGKILL when zflow dies (`PR_SET_PDEATHSIG`); [`terminate_group`] ends a group (SIGTERM,
+//! then SIGKILL after a grace period), and dropping the [`Supervised`] handle ends what is left
+//! of it.
+//!
+//! The parent-death signal reaches only the direct child: what it started (a shell's pipeline,
+//! a worker's helpers) would live on and race the next attempt on the same files. So zflow
+//! starts one small helper process, the reaper, the first time a stage starts a process: zflow
+//! tells it each process group it starts and ends, one line each on a pipe; when that pipe
+//! closes without a goodbye (zflow is gone, however it died), the reaper SIGKILLs every group
+//! still listed, waits until they are empty, and exits.
 //!
 //! The reaper is the zflow binary itself, started as `zflow __zflow-reaper` (see
 //! [`install`]); it sits in its own process group so a terminal's Ctrl-C, meant for zflow,
@@ -19,10 +22,13 @@
 //! a terminal's job control; stages have no reason to.
 
 use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
 
 /// The argument that starts the binary as a reaper.
 const ARG: &str = "__zflow-reaper";
@@ -70,7 +76,7 @@ pub fn pid() -> Option<u32> {
 
 fn start() -> std::io::Result<(Child, ChildStdin)> {
     use std::os::unix::process::CommandExt;
-    let exe = crate::stage::zflow_exe().map_err(std::io::Error::other)?;
+    let exe = zflow_exe().map_err(std::io::Error::other)?;
     let mut child = Command::new(exe)
         .arg(ARG)
         .stdin(Stdio::piped())
@@ -171,6 +177,99 @@ pub(crate) fn stat_state_and_group(stat: &str) -> (Option<char>, Option<i32>) {
     let state = fields.next().and_then(|s| s.chars().next());
     let group = fields.nth(1).and_then(|g| g.parse().ok());
     (state, group)
+}
+
+/// A stage's child process, leader of its own process group. The group dies with zflow,
+/// however zflow dies (the direct child by its parent-death signal, the rest through the
+/// reaper), and with this value: dropping it kills what is left of the group.
+pub struct Supervised {
+    child: std::process::Child,
+}
+
+impl std::ops::Deref for Supervised {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.child
+    }
+}
+
+impl std::ops::DerefMut for Supervised {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.child
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        let pgid = self.child.id();
+        if matches!(self.child.try_wait(), Ok(None)) {
+            terminate_group(pgid as i32, Duration::from_secs(5), &mut self.child);
+        } else {
+            // The leader is gone; what it left running in its group goes too. (Its pid is not
+            // handed out again this soon: Linux allocates pids in sequence.)
+            // SAFETY: kill(2) on the process group this value created.
+            unsafe { libc::kill(-(pgid as i32), libc::SIGKILL) };
+        }
+        forget(pgid);
+    }
+}
+
+/// Spawns `cmd` in its own process group, arranged to die with zflow: the direct child by
+/// SIGKILL when zflow dies, the whole group by the reaper.
+pub fn spawn_supervised(cmd: &mut Command) -> std::io::Result<Supervised> {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls (setpgid, prctl, getppid) between fork and exec.
+    unsafe {
+        let parent = libc::getpid();
+        cmd.pre_exec(move || {
+            libc::setpgid(0, 0);
+            #[cfg(target_os = "linux")]
+            {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // The parent may have died between fork and prctl.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    watch(child.id());
+    Ok(Supervised { child })
+}
+
+/// SIGTERM to the process group, then SIGKILL after `grace`, then reaps the child.
+pub fn terminate_group(pgid: i32, grace: Duration, child: &mut std::process::Child) {
+    // SAFETY: plain kill(2) on a process group we created.
+    unsafe {
+        libc::kill(-pgid, libc::SIGTERM);
+    }
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: as above; also reaps stragglers in the group that ignored SIGTERM.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+    let _ = child.wait();
+}
+
+/// The running zflow binary, for the processes a stage starts (workers, probes).
+///
+/// When the file was replaced while zflow runs (a rebuild during a long run), Linux reports
+/// `<path> (deleted)`; the binary this process runs is still there as `/proc/self/exe`, and
+/// starting that keeps the supervisor and its workers on one version.
+pub fn zflow_exe() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the zflow binary")?;
+    if !exe.exists() && Path::new("/proc/self/exe").exists() {
+        return Ok(PathBuf::from("/proc/self/exe"));
+    }
+    Ok(exe)
 }
 
 #[cfg(test)]
