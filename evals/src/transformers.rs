@@ -7,7 +7,8 @@
 //! The model may be a zflow checkpoint (exported first, into a temporary folder, in
 //! transformers' layout) or a Hugging Face folder in either layout (a legacy one is converted
 //! the same way). Tokenization, batching, caching and metrics stay the harness's: the child
-//! sees token ids, and each [`LanguageModel::loglikelihood`] call is one batched forward pass.
+//! sees token ids, and each [`LanguageModel::loglikelihood`] call is one message; the child runs
+//! each group's shared prefix once.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -21,7 +22,7 @@ use crate::model::{LanguageModel, Score, TokenRequest};
 use crate::tokenizer::Tokenizer;
 
 /// Bumped when the way scores are computed changes (part of the identity).
-const ADAPTER_VERSION: u32 = 1;
+const ADAPTER_VERSION: u32 = 2;
 
 /// A ZAYA1 scored through transformers, as a [`LanguageModel`].
 pub struct TransformersModel {
@@ -162,29 +163,31 @@ impl LanguageModel for TransformersModel {
     }
 
     fn loglikelihood(&mut self, groups: &[Vec<TokenRequest>]) -> Result<Vec<Vec<Score>>> {
-        let requests: Vec<Value> = groups
-            .iter()
-            .flatten()
-            .map(|r| json!({"context": r.context, "continuation": r.continuation}))
-            .collect();
-        if requests.is_empty() {
+        if groups.iter().all(Vec::is_empty) {
             return Ok(groups.iter().map(|_| Vec::new()).collect());
         }
-        let reply = self.ask(&json!({"op": "loglikelihood", "requests": requests}))?;
-        let flat: Vec<(f64, bool)> = serde_json::from_value(reply["scores"].clone())
+        let request =
+            |r: &TokenRequest| json!({"context": r.context, "continuation": r.continuation});
+        let groups_json: Vec<Vec<Value>> = groups
+            .iter()
+            .map(|g| g.iter().map(request).collect())
+            .collect();
+        let reply = self.ask(&json!({"op": "loglikelihood", "groups": groups_json}))?;
+        let scores: Vec<Vec<(f64, bool)>> = serde_json::from_value(reply["scores"].clone())
             .with_context(|| format!("the scorer's scores: {reply}"))?;
         ensure!(
-            flat.len() == requests.len(),
-            "the scorer returned {} scores for {} requests",
-            flat.len(),
-            requests.len()
+            scores.len() == groups.len()
+                && scores.iter().zip(groups).all(|(s, g)| s.len() == g.len()),
+            "the scorer's scores do not match the {} groups asked for",
+            groups.len()
         );
-        let mut scores = flat
+        Ok(scores
             .into_iter()
-            .map(|(logprob, is_greedy)| Score { logprob, is_greedy });
-        Ok(groups
-            .iter()
-            .map(|g| scores.by_ref().take(g.len()).collect())
+            .map(|g| {
+                g.into_iter()
+                    .map(|(logprob, is_greedy)| Score { logprob, is_greedy })
+                    .collect()
+            })
             .collect())
     }
 

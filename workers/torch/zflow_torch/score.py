@@ -4,11 +4,10 @@ transformers 5.23's layout with ``AutoModelForCausalLM.from_pretrained`` (float3
 ``DEVICE`` (``cpu``, ``cuda:N``; a ROCm build of PyTorch names its GPUs ``cuda`` too), then
 answers one JSON line on stdout per JSON line on stdin:
 
-- ``{"op": "loglikelihood", "requests": [{"context": [ids], "continuation": [ids]}, ...]}``
-  -> ``{"scores": [[logprob, is_greedy], ...]}``: each request's summed log-probability of its
-  continuation and whether every continuation token was the argmax. All requests of a line go
-  through one batched forward pass, right-padded: the model is causal (attention and the CCA
-  convolutions), so padding after a row's tokens changes none of its positions.
+- ``{"op": "loglikelihood", "groups": [[{"context": [ids], "continuation": [ids]}, ...], ...]}``
+  -> ``{"scores": [[[logprob, is_greedy], ...], ...]}``: each request's summed log-probability
+  of its continuation and whether every continuation token was the argmax, group by group. A
+  group is one document's requests; their shared prefix runs once (``hidden_states``).
 - ``{"op": "generate", "context": [ids], "max_new_tokens": n}`` -> ``{"tokens": [ids]}``: greedy
   decoding with transformers' cache (the harness applies its stop rules to the result).
 
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 import transformers
 from torch import nn
-from transformers import AutoModelForCausalLM, ZayaForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache, ZayaForCausalLM
 from transformers.models.zaya import modeling_zaya
 
 _ORIGINAL_FORWARD = modeling_zaya.ZayaSparseMoeBlock.forward
@@ -62,24 +61,85 @@ def load(folder: Path, device: str) -> ZayaForCausalLM:
     return net
 
 
-def loglikelihood(net: ZayaForCausalLM, requests: list[dict[str, list[int]]]) -> list[list[Any]]:
-    rows = [r["context"] + r["continuation"][:-1] for r in requests]
-    width = max(len(r) for r in rows)
+def shared_prefix(rows: list[list[int]]) -> int:
+    """How many leading tokens every row shares, leaving each row at least one token after
+    them (the pass that continues from the prefix's cache needs one)."""
+    limit = min(len(r) for r in rows) - 1
+    n = 0
+    while n < limit and all(r[n] == rows[0][n] for r in rows):
+        n += 1
+    return n
+
+
+def hidden_states(net: ZayaForCausalLM, rows: list[list[int]]) -> list[torch.Tensor]:
+    """The last hidden state at every position of every row, ``[len(row), hidden]`` each.
+
+    The rows' shared prefix runs once, batch 1, filling transformers' cache (attention keys
+    and values, and the CCA convolution and delayed-value states); the cache is copied to every
+    row and the rest of each row runs after it, right-padded. Padding after a row's tokens
+    changes none of its positions: the model is causal."""
+    device = next(net.parameters()).device
+    p = shared_prefix(rows) if len(rows) > 1 else 0
+    cache = None
+    prefix = None
+    if p > 0:
+        cache = DynamicCache(config=net.config)
+        out = net.model(
+            input_ids=torch.tensor([rows[0][:p]], device=device),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        prefix = out.last_hidden_state[0]
+        cache = out.past_key_values
+        cache.reorder_cache(torch.zeros(len(rows), dtype=torch.long, device=device))
+    width = max(len(r) for r in rows) - p
     ids = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-    device = next(net.parameters()).device
-    with torch.no_grad():
-        logp = torch.log_softmax(net(input_ids=ids.to(device)).logits.float(), dim=-1).cpu()
+        ids[i, : len(row) - p] = torch.tensor(row[p:])
+    positions = torch.arange(p, p + width, device=device)[None].expand(len(rows), -1)
+    rest = net.model(
+        input_ids=ids.to(device),
+        past_key_values=cache,
+        use_cache=cache is not None,
+        position_ids=positions,
+    ).last_hidden_state
+    return [
+        torch.cat([prefix, rest[i, : len(row) - p]]) if prefix is not None else rest[i, : len(row)]
+        for i, row in enumerate(rows)
+    ]
+
+
+def score_group(net: ZayaForCausalLM, requests: list[dict[str, list[int]]]) -> list[list[Any]]:
+    """``[logprob, is_greedy]`` for each request of one group (one document's choices).
+
+    Only the positions that predict a continuation token go through the output layer and the
+    log-softmax, so no ``[rows, length, vocabulary]`` tensor is ever made."""
+    rows = [r["context"] + r["continuation"][:-1] for r in requests]
+    states = hidden_states(net, rows)
+    picked = torch.cat(
+        [
+            h[len(r["context"]) - 1 : len(r["context"]) - 1 + len(r["continuation"])]
+            for h, r in zip(states, requests, strict=True)
+        ]
+    )
+    logp = torch.log_softmax(net.lm_head(picked).float(), dim=-1).cpu()
+    targets = torch.tensor([t for r in requests for t in r["continuation"]])
+    chosen = logp.gather(1, targets[:, None])[:, 0].double()
+    hits = logp.argmax(dim=-1) == targets
     out = []
-    for i, r in enumerate(requests):
-        at = len(r["context"]) - 1
-        cont = torch.tensor(r["continuation"])
-        dist = logp[i, at : at + len(cont)]
-        total = float(dist.gather(1, cont[:, None]).double().sum())
-        greedy = bool((dist.argmax(dim=-1) == cont).all())
-        out.append([total, greedy])
+    at = 0
+    for r in requests:
+        n = len(r["continuation"])
+        out.append([float(chosen[at : at + n].sum()), bool(hits[at : at + n].all())])
+        at += n
     return out
+
+
+def loglikelihood(
+    net: ZayaForCausalLM, groups: list[list[dict[str, list[int]]]]
+) -> list[list[list[Any]]]:
+    with torch.inference_mode():
+        return [score_group(net, g) if g else [] for g in groups]
 
 
 def generate(net: ZayaForCausalLM, context: list[int], max_new_tokens: int) -> list[int]:
@@ -105,7 +165,7 @@ def serve(folder: Path, device: str) -> None:
     for line in sys.stdin:
         msg = json.loads(line)
         if msg["op"] == "loglikelihood":
-            reply: dict[str, Any] = {"scores": loglikelihood(net, msg["requests"])}
+            reply: dict[str, Any] = {"scores": loglikelihood(net, msg["groups"])}
         elif msg["op"] == "generate":
             reply = {"tokens": generate(net, msg["context"], msg["max_new_tokens"])}
         else:
