@@ -43,17 +43,17 @@ pub struct EvalArgs {
     /// Longest model input in tokens.
     #[arg(long, default_value_t = 2048)]
     pub max_length: usize,
-    /// Where a zflow / Hugging Face ZAYA1 model runs: cpu, cuda or rocm (a build with that
-    /// feature), on device --device.
+    /// Where a zflow / Hugging Face ZAYA1 model runs: cpu, cuda or rocm (PyTorch's devices),
+    /// on device --device.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// The GPU index for --backend cuda|rocm.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
-    /// Who scores a zflow / Hugging Face ZAYA1 model: `native` (zflow's forward pass) or
-    /// `torch` (transformers 5.23 in the torch engine's environment; GPUs through PyTorch).
-    #[arg(long, default_value = "native", value_parser = ["native", "torch"])]
-    pub engine: String,
+    /// Who scores a zflow / Hugging Face ZAYA1 model: `torch` (transformers 5.23 in the torch
+    /// engine's environment), the one there is and the default.
+    #[arg(long)]
+    pub engine: Option<String>,
     /// Packed model inputs per forward pass (changes speed and memory, not scores).
     #[arg(long, default_value_t = 2048)]
     pub batch_tokens: usize,
@@ -76,20 +76,23 @@ pub fn open_model(
     max_length: usize,
     backend: &str,
     device: usize,
-    engine: &str,
+    engine: Option<&str>,
 ) -> Result<Box<dyn LanguageModel>> {
+    match engine {
+        None | Some("torch") => {}
+        Some("native") => anyhow::bail!(
+            "--engine native: {}",
+            zflow_stages::eval::NATIVE_SCORER_RETIRED
+        ),
+        Some(other) => anyhow::bail!("--engine {other}: unknown scoring engine (engines: torch)"),
+    }
     if path.is_dir() {
         let tokenizer = tokenizer.context("a zflow checkpoint is scored with its recipe's tokenizer: give --tokenizer (the tokenizer stage's tokenizer.json)")?;
-        if engine == "torch" {
-            return Ok(Box::new(zflow_stages::eval::open_transformers(
-                path, tokenizer, eos, max_length, backend, device,
-            )?));
-        }
-        return Ok(zflow_evals::checkpoint::open_checkpoint(
+        return Ok(Box::new(zflow_stages::eval::open_transformers(
             path, tokenizer, eos, max_length, backend, device,
-        )?);
+        )?));
     }
-    if engine == "torch" {
+    if engine.is_some() {
         anyhow::bail!(
             "{}: GGUF files are scored by candle; --engine torch applies to zflow and Hugging Face ZAYA1 folders",
             path.display()
@@ -134,7 +137,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         a.max_length,
         &a.backend,
         a.device,
-        &a.engine,
+        a.engine.as_deref(),
     )?;
     eprintln!(
         "loaded {} in {:.1} s ({})",

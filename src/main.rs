@@ -222,22 +222,6 @@ enum Command {
         #[command(subcommand)]
         what: CkptCommand,
     },
-    /// Run one training rank. Train stages start workers; they speak JSON lines on stdout
-    /// (hello, step metrics, checkpoints, done, error) and log to stderr.
-    Worker {
-        /// The train job (JSON) written by the train stage.
-        #[arg(long, required_unless_present = "probe")]
-        job: Option<PathBuf>,
-        /// Only probe the device (the preflight GEMM and bandwidth) and report it.
-        #[arg(long)]
-        probe: bool,
-        /// Backend: cpu, cuda or rocm.
-        #[arg(long, default_value = "cpu")]
-        backend: String,
-        /// Device index.
-        #[arg(long, default_value_t = 0)]
-        device: usize,
-    },
     /// Run one stage attempt inside a Slurm job (the Slurm executor's batch scripts call it).
     #[command(hide = true)]
     ExecStage {
@@ -249,18 +233,6 @@ enum Command {
         #[command(subcommand)]
         what: bench::Bench,
     },
-}
-
-/// Training allocates and frees the same large tensors (logits, activations) every step. By
-/// default mimalloc hands freed memory back to the OS after 10 ms, and every step then pays for
-/// the kernel zeroing fresh pages (a third of a nano training step). Workers and benchmarks
-/// keep it mapped instead.
-fn keep_freed_memory_mapped() {
-    // mimalloc v2's `mi_option_purge_delay` (libmimalloc-sys 0.1.49 has no constant for it);
-    // -1 = never purge.
-    const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-    // SAFETY: setting an allocator option; mimalloc documents it as callable at any time.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
 }
 
 #[derive(Subcommand)]
@@ -324,28 +296,6 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Worker { .. } | Command::Bench { .. }) {
-        keep_freed_memory_mapped();
-    }
-    if let Command::Worker {
-        job,
-        probe,
-        backend,
-        device,
-    } = &cli.command
-    {
-        // A worker is a plain process: no async runtime, logs to stderr for the supervisor.
-        tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_target(false)
-            .without_time()
-            .init();
-        let code = match job {
-            Some(job) if !probe => zflow_runtime::trainer::worker::run(job, backend, *device),
-            _ => zflow_runtime::trainer::worker::probe(backend, *device),
-        };
-        return ExitCode::from(code as u8);
-    }
     let quiet = matches!(
         cli.command,
         Command::Run { quiet: true, .. } | Command::Report { quiet: true, .. }
@@ -436,7 +386,6 @@ fn main() -> ExitCode {
             } => commands::size(&recipe, dp, micro_batch, hardware.as_deref(), gpus),
             Command::Bench { what } => bench::bench(what).await,
             Command::ExecStage { spec } => commands::exec_stage(&spec).await,
-            Command::Worker { .. } => unreachable!("handled before the runtime starts"),
             Command::Ckpt {
                 what: CkptCommand::Inspect { path },
             } => {

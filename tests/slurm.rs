@@ -2,8 +2,8 @@
 //! slurmctld and slurmd on this machine). A tiny ZAYA1 phase on 2 ranks runs as a batch job
 //! whose ranks are `srun` steps; it ends byte-identical to the same recipe run locally, also
 //! after the job is `scancel`led mid-phase and resumed, and after Slurm requeues it mid-phase;
-//! the per-source data stages that become ready together go out as one job array. The torch
-//! engine's ranks run as `srun` steps too, and end as its local run does.
+//! the per-source data stages that become ready together go out as one job array. The ranks
+//! are the torch engine's.
 //!
 //! They run where `scripts/test.sh` set them up (it starts the daemons and sets `SLURM_CONF`)
 //! and always under CI; elsewhere they are ignored (see `build.rs`). A Slurm that does not
@@ -42,7 +42,7 @@ fn slurm_conf() -> PathBuf {
 
 /// The tiny training recipe on the Slurm executor.
 fn slurm_recipe(ranks: usize) -> String {
-    tiny_train_recipe_on("native", ranks, 3).replace(
+    tiny_train_recipe_on("torch", ranks, 3).replace(
         "name: faults-test",
         "name: faults-test\nexecutor: {kind: slurm, poll_s: 0.3}",
     )
@@ -98,13 +98,13 @@ fn job_past_checkpoint(sb: &Sandbox, step: u32) -> String {
 
 #[test]
 #[cfg_attr(
-    not(zflow_slurm),
-    ignore = "needs the local Slurm: scripts/test.sh starts it and sets SLURM_CONF"
+    not(all(zflow_slurm, zflow_torch)),
+    ignore = "needs the local Slurm and the torch engine's Python: scripts/test.sh sets them up"
 )]
 fn a_recipe_runs_on_slurm_and_scancel_then_rerun_resumes_to_the_same_weights() {
     let conf = slurm_conf();
     let reference = Sandbox::new();
-    reference.write("r.yaml", &tiny_train_recipe_on("native", 2, 3));
+    reference.write("r.yaml", &tiny_train_recipe_on("torch", 2, 3));
     reference.ok(&["run", "r.yaml"]);
 
     let sb = Sandbox::new();
@@ -188,39 +188,10 @@ fn a_recipe_runs_on_slurm_and_scancel_then_rerun_resumes_to_the_same_weights() {
     not(all(zflow_slurm, zflow_torch)),
     ignore = "needs the local Slurm and the torch engine's Python: scripts/test.sh sets them up"
 )]
-fn torch_engine_ranks_run_as_srun_steps_and_end_as_the_local_run() {
-    let conf = slurm_conf();
-    let reference = Sandbox::new();
-    reference.write("r.yaml", &tiny_train_recipe_on("torch", 2, 3));
-    reference.ok(&["run", "r.yaml"]);
-    let sb = Sandbox::new();
-    sb.write(
-        "r.yaml",
-        &tiny_train_recipe_on("torch", 2, 3).replace(
-            "name: faults-test",
-            "name: faults-test\nexecutor: {kind: slurm, poll_s: 0.3}",
-        ),
-    );
-    let out = run(&sb, &conf);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let log = sb.ok(&["logs", "r.yaml", "train.p1"]).stdout;
-    assert!(log.contains("torch 2.15.0"), "{log}");
-    assert!(
-        final_weights(&sb) == final_weights(&reference),
-        "the torch engine on Slurm differs from its local run"
-    );
-}
-
-#[test]
-#[cfg_attr(
-    not(zflow_slurm),
-    ignore = "needs the local Slurm: scripts/test.sh starts it and sets SLURM_CONF"
-)]
 fn a_job_requeued_mid_phase_resumes_within_the_same_run() {
     let conf = slurm_conf();
     let reference = Sandbox::new();
-    reference.write("r.yaml", &tiny_train_recipe_on("native", 1, 3));
+    reference.write("r.yaml", &tiny_train_recipe_on("torch", 1, 3));
     reference.ok(&["run", "r.yaml"]);
 
     let sb = Sandbox::new();

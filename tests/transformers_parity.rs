@@ -1,24 +1,24 @@
-//! zflow and the transformers release (5.23.0, `transformers.models.zaya`) score the same
-//! model alike, in both directions, for both skip semantics (`skip_output`) and both layouts.
-//! The transformers side is `workers/torch/zflow_torch/parity.py`, run in the torch engine's
-//! environment; zflow's is its evaluation adapter (`zflow_evals::checkpoint`), which reads
-//! zflow checkpoints and Hugging Face folders.
+//! zflow's Hugging Face export and import and its evaluation adapter keep transformers' own
+//! scores (5.23.0, `transformers.models.zaya`), for both skip semantics (`skip_output`) and both
+//! layouts. The plain transformers side is `workers/torch/zflow_torch/parity.py`; zflow's is
+//! its evaluation adapter (`zflow_evals::transformers`: a zflow checkpoint exported, a legacy
+//! folder converted, each group's shared prefix run once through transformers' cache, only the
+//! scored positions through the output layer).
 //!
 //! - transformers -> zflow: a random tiny `ZayaForCausalLM` (every parameter perturbed,
 //!   balancing biases that send tokens to every route, skip included; RoPE base 1e6; contexts
-//!   longer than the convolution kernels), saved with `save_pretrained`, scored by
-//!   transformers and by zflow from the folder.
+//!   longer than the convolution kernels), saved with `save_pretrained`, scored by plain
+//!   transformers and by zflow's adapter from the folder.
 //! - zflow -> transformers: that model imported (`zflow ckpt import`), its biases moved by a
-//!   constant per router (the skip bias no longer -1.0, which the export must undo), exported
-//!   (`zflow ckpt export`), and scored by transformers' `from_pretrained`.
+//!   constant per router (the skip bias no longer -1.0, which the export must undo), scored by
+//!   the adapter (bit for bit as before the move), exported (`zflow ckpt export`), and scored
+//!   by plain transformers' `from_pretrained`.
 //! - the legacy layout: the same checkpoint exported with `--layout legacy` and read back by
-//!   zflow scores bit for bit the same (the independent check of that layout against the
-//!   reference's code is `runtime/tests/hf_reference.rs`).
-//! - the evaluation harness's transformers adapter (`engine: torch`) on the checkpoint.
+//!   zflow scores bit for bit the same.
 //!
 //! The model with the current skip semantics has a sliding-window layer (transformers'
-//! `hybrid_sliding`: a 6-token window, its own RoPE base), so zflow's sliding attention and
-//! per-layer-type RoPE are checked against transformers' too.
+//! `hybrid_sliding`: a 6-token window, its own RoPE base), so the export's sliding attention
+//! and per-layer-type RoPE are checked against transformers' too.
 
 mod common;
 
@@ -73,13 +73,15 @@ fn tokenizer(dir: &Path, vocab: usize) -> PathBuf {
     path
 }
 
-/// zflow's scores of the requests, and its 8 greedy tokens after the first context.
+/// zflow's scores of the requests (its evaluation adapter: a zflow checkpoint exported, a
+/// legacy folder converted, each group's shared prefix run once), and its 8 greedy tokens
+/// after the first context.
 fn zflow_scores(
     model: &Path,
     tokenizer: &Path,
     groups: &[Vec<TokenRequest>],
 ) -> (Vec<Score>, Vec<u32>) {
-    let mut m = zflow_evals::checkpoint::CheckpointModel::open(model, tokenizer, "t0", 64)
+    let mut m = zflow_stages::eval::open_transformers(model, tokenizer, "t0", 64, "cpu", 0)
         .unwrap_or_else(|e| panic!("{}: {e:#}", model.display()));
     let scores = m.loglikelihood(groups).unwrap().concat();
     let generated = m
@@ -186,7 +188,7 @@ fn parity(skip_output: &str, sliding: bool) {
         }
     }
     std::fs::write(&state_path, serde_json::to_vec_pretty(&state).unwrap()).unwrap();
-    reseal(&ck);
+    common::reseal(&ck, "trainer.json");
     let (moved, _) = zflow_scores(&ck, &tok, &groups);
     assert_eq!(
         moved, ours,
@@ -205,26 +207,6 @@ fn parity(skip_output: &str, sliding: bool) {
         &groups,
     );
 
-    // The evaluation harness's transformers adapter (`eval` stages and `zflow eval` with
-    // engine torch) on the zflow checkpoint: one batched forward per call, the same scores.
-    let mut torch = zflow_stages::eval::open_transformers(&ck, &tok, "t0", 64, "cpu", 0).unwrap();
-    let batched = torch.loglikelihood(&groups).unwrap().concat();
-    let c = compare(
-        &format!("{skip_output}: zflow's transformers adapter"),
-        &batched,
-        &exported,
-        &groups,
-    );
-    assert_eq!(
-        torch
-            .generate_greedy(&groups[0][0].context, 8, &mut |_| false)
-            .unwrap(),
-        generated,
-        "{skip_output}: the adapter's greedy decoding"
-    );
-    assert_ne!(torch.identity(), "", "{skip_output}");
-    drop(torch);
-
     // The legacy layout reads back to the same scores, bit for bit; it has no sliding-window
     // layers, and the export says so.
     let legacy_export = sb.zflow(&["ckpt", "export", "ck", "legacy", "--layout", "legacy"]);
@@ -240,19 +222,9 @@ fn parity(skip_output: &str, sliding: bool) {
         assert_eq!(legacy, ours, "{skip_output}: legacy layout");
     }
     eprintln!(
-        "skip_output {skip_output}, sliding layer {sliding}: worst relative log-likelihood difference, transformers -> zflow {a:.1e}, zflow -> transformers {b:.1e}, batched transformers adapter {c:.1e}; routes {:?}",
+        "skip_output {skip_output}, sliding layer {sliding}: worst relative log-likelihood difference, transformers -> zflow {a:.1e}, zflow -> transformers {b:.1e}; routes {:?}",
         theirs.routes
     );
-}
-
-/// Rewrites `ck`'s manifest after a test edited its trainer.json.
-fn reseal(ck: &Path) {
-    let path = ck.join("manifest.json");
-    let mut manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    let entry = zflow_files::hash::file(&ck.join("trainer.json")).unwrap();
-    manifest["files"]["trainer.json"] = serde_json::to_value(entry).unwrap();
-    std::fs::write(&path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
 }
 
 #[test]

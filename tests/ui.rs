@@ -216,15 +216,15 @@ fn node_states(b: &Browser) -> Vec<(String, String)> {
 
 #[test]
 #[cfg_attr(
-    not(zflow_browser),
-    ignore = "needs Chromium and ChromeDriver: scripts/test.sh installs them (scripts/browser.sh) and sets ZFLOW_CHROMEDRIVER"
+    not(all(zflow_browser, zflow_torch)),
+    ignore = "needs Chromium, ChromeDriver and the torch engine's Python: scripts/test.sh installs them"
 )]
 fn the_page_draws_the_graph_and_a_growing_curve_while_a_recipe_trains() {
     let sb = Sandbox::new();
-    // ~230 steps of the native engine: long enough to watch the curve grow. The worker
+    // ~230 steps of the torch engine: long enough to watch the curve grow. The worker
     // crashes at step 40 once and is relaunched: a restart for the events table.
     let recipe =
-        common::tiny_train_recipe_on("native", 1, 1).replace("tokens: 30000", "tokens: 120000");
+        common::tiny_train_recipe_on("torch", 1, 1).replace("tokens: 30000", "tokens: 120000");
     sb.write("r.yaml", &recipe);
     let port = free_port();
     let run = sb

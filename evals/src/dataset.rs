@@ -9,9 +9,34 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::task::{DatasetFormat, DatasetSpec};
+/// The on-disk layout of a dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetFormat {
+    /// A Hugging Face `save_to_disk` shard: Arrow IPC *stream* format, one row per document.
+    ArrowStream,
+    /// AllenAI oe-eval `requests.jsonl(.gz)`: each line's `doc` is a document; lines sharing a
+    /// `doc_id` (one per choice) are one document.
+    OeEvalRequests,
+    /// JSON lines (optionally gzipped), one object per document.
+    Jsonl,
+}
+
+/// Where a task's documents come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSpec {
+    /// The file layout.
+    pub format: DatasetFormat,
+    /// Path relative to the data root; `{split}` is replaced by the split's name.
+    pub path: String,
+    /// A built-in document preprocessor applied to every row ([`crate::process`]).
+    #[serde(default)]
+    pub process_docs: Option<String>,
+}
 
 /// One document: column name -> value.
 pub type Doc = Map<String, Value>;

@@ -15,13 +15,12 @@
 //! - [`results`]: the results document (in the spirit of lm-eval's `results.json`) and its table;
 //! - [`evaluate`]: the entry point that ties them together;
 //! - [`gguf`]: the GGUF adapter (candle's quantized CPU kernels; Gemma 3 and Llama);
-//! - [`checkpoint`]: the zflow checkpoint adapter (the runtime's ZAYA1 in burn; Hugging Face
-//!   ZAYA1 folders through the import).
+//! - [`transformers`]: the ZAYA1 adapter (zflow checkpoints and Hugging Face folders scored by
+//!   transformers in the torch engine's Python).
 
 #![warn(missing_docs)]
 
 pub mod cache;
-pub mod checkpoint;
 pub mod dataset;
 pub mod engine;
 pub mod evaluate;

@@ -2,27 +2,12 @@
 //!
 //! Adapters work on token ids only; tokenization (lm-eval's rules, [`crate::tokenizer`]),
 //! batching, caching and metrics are the harness's, so a new adapter (the zflow checkpoint's
-//! burn model, say) needs a forward pass and little else.
+//! transformers scorer, say) needs a forward pass and little else.
 
 use anyhow::Result;
 
+pub use crate::tokenizer::TokenRequest;
 use crate::tokenizer::Tokenizer;
-
-/// Score `continuation` after `context` (both token ids; `context` is never empty).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TokenRequest {
-    /// What the model reads first (BOS included when the model wants one).
-    pub context: Vec<u32>,
-    /// The tokens whose log-probabilities are summed.
-    pub continuation: Vec<u32>,
-}
-
-impl TokenRequest {
-    /// Tokens the model reads: the context and all but the last continuation token.
-    pub fn input_len(&self) -> usize {
-        self.context.len() + self.continuation.len().saturating_sub(1)
-    }
-}
 
 /// The result of one [`TokenRequest`].
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]

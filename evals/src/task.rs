@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use zflow_files::json::merge;
 
+use crate::dataset::DatasetSpec;
+
 /// How a task turns documents into requests and scores (lm-eval's `output_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -63,32 +65,6 @@ impl Metric {
             Metric::BytePerplexity => "byte_perplexity",
         }
     }
-}
-
-/// The on-disk layout of a dataset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DatasetFormat {
-    /// A Hugging Face `save_to_disk` shard: Arrow IPC *stream* format, one row per document.
-    ArrowStream,
-    /// AllenAI oe-eval `requests.jsonl(.gz)`: each line's `doc` is a document; lines sharing a
-    /// `doc_id` (one per choice) are one document.
-    OeEvalRequests,
-    /// JSON lines (optionally gzipped), one object per document.
-    Jsonl,
-}
-
-/// Where a task's documents come from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DatasetSpec {
-    /// The file layout.
-    pub format: DatasetFormat,
-    /// Path relative to the data root; `{split}` is replaced by the split's name.
-    pub path: String,
-    /// A built-in document preprocessor applied to every row ([`crate::process`]).
-    #[serde(default)]
-    pub process_docs: Option<String>,
 }
 
 /// A value of `doc_to_text`, `doc_to_target` or `doc_to_choice`, as lm-eval writes them: an

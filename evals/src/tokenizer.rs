@@ -14,7 +14,21 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
-use crate::model::TokenRequest;
+/// Score `continuation` after `context` (both token ids; `context` is never empty).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TokenRequest {
+    /// What the model reads first (BOS included when the model wants one).
+    pub context: Vec<u32>,
+    /// The tokens whose log-probabilities are summed.
+    pub continuation: Vec<u32>,
+}
+
+impl TokenRequest {
+    /// Tokens the model reads: the context and all but the last continuation token.
+    pub fn input_len(&self) -> usize {
+        self.context.len() + self.continuation.len().saturating_sub(1)
+    }
+}
 
 /// A Hugging Face tokenizer plus the special tokens scoring needs.
 pub struct Tokenizer {

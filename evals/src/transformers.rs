@@ -1,8 +1,8 @@
 //! The transformers adapter: a ZAYA1 scored by the transformers release (5.23, the torch
 //! engine's environment) in a child process, `python -m zflow_torch.score FOLDER DEVICE`
-//! (`workers/torch/zflow_torch/score.py` documents its JSON-lines protocol). This is how an
-//! 8.3B model is scored on GPUs (CUDA, or ROCm through PyTorch's ROCm build), where the native
-//! adapter ([`crate::checkpoint`]) is burn on the CPU.
+//! (`workers/torch/zflow_torch/score.py` documents its JSON-lines protocol): how zflow scores a
+//! zflow checkpoint or a Hugging Face ZAYA1 folder, on the CPU or on GPUs (CUDA, or ROCm through
+//! PyTorch's ROCm build).
 //!
 //! The model may be a zflow checkpoint (exported first, into a temporary folder, in
 //! transformers' layout) or a Hugging Face folder in either layout (a legacy one is converted
@@ -79,7 +79,7 @@ impl TransformersModel {
         device: &str,
     ) -> Result<TransformersModel> {
         let (folder, converted) = transformers_folder(dir)?;
-        let (tokenizer, tok_hash) = crate::checkpoint::zflow_tokenizer(tokenizer, eos)?;
+        let (tokenizer, tok_hash) = zflow_tokenizer(tokenizer, eos)?;
         let hash = |name: &str| -> Result<String> {
             let path = folder.join(name);
             let bytes =
@@ -203,8 +203,8 @@ impl LanguageModel for TransformersModel {
         }))?;
         let tokens: Vec<u32> = serde_json::from_value(reply["tokens"].clone())
             .with_context(|| format!("the scorer's tokens: {reply}"))?;
-        // Greedy decoding is deterministic, so stopping early is cutting the result where
-        // the native adapter would have stopped.
+        // Greedy decoding is deterministic, so cutting the result at the first stop is what
+        // stopping there would have given.
         let mut generated = Vec::new();
         for t in tokens {
             generated.push(t);
@@ -214,4 +214,23 @@ impl LanguageModel for TransformersModel {
         }
         Ok(generated)
     }
+}
+
+/// A zflow model's tokenizer (a `tokenizer.json` whose `eos` token doubles as the prefix of
+/// empty contexts) and the short hash of its file, for model identities.
+fn zflow_tokenizer(tokenizer: &Path, eos: &str) -> Result<(Tokenizer, String)> {
+    let inner = tokenizers::Tokenizer::from_file(tokenizer)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
+    let eos_id = inner
+        .token_to_id(eos)
+        .with_context(|| format!("{}: no token `{eos}`", tokenizer.display()))?;
+    let tok_hash = blake3::hash(&std::fs::read(tokenizer)?).to_hex()[..16].to_string();
+    let tokenizer = Tokenizer::new(
+        inner,
+        None,
+        vec![eos_id],
+        false,
+        format!("zflow tokenizer {tok_hash}"),
+    );
+    Ok((tokenizer, tok_hash))
 }

@@ -20,7 +20,6 @@ fn the_python_contract_has_the_rust_names_numbers_and_messages() {
         env::RANK,
         env::WORLD,
         env::RENDEZVOUS,
-        env::DATA_ADDRESS,
         env::SECRET,
         env::HEARTBEAT_S,
         env::PREFLIGHT,

@@ -1,7 +1,7 @@
-//! `zflow bench checkpoint`: checkpoint I/O of a recipe's model on each training engine (the
-//! native one, and the torch engine's own code: `zflow_torch.bench checkpoint`), against `dd`
-//! writing the same number of bytes to the same disk in the same run, and the cost of
-//! checkpointing on the step time, written in the background (as training does) and inline.
+//! `zflow bench checkpoint`: checkpoint I/O of a recipe's model through the torch engine's own
+//! code (`zflow_torch.bench checkpoint`), against `dd` writing the same number of bytes to the
+//! same disk in the same run, and the cost of checkpointing on the step time, written in the
+//! background (as training does) and inline.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -49,9 +49,14 @@ pub fn run(args: &RecipeArgs, dir: Option<&Path>, shape: Shape) -> Result<ExitCo
         tmp.path().display()
     );
 
-    let io = zflow_runtime::bench::checkpoint_io(&model, &tmp.path().join("io"), 3)?;
-    let dd_s = dd(&tmp.path().join("dd.bin"), io.bytes, 3)?;
-    let mb = io.bytes as f64 / 1e6;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let t = crate::bench::train::torch_engine_bench(
+        "checkpoint",
+        serde_json::json!({"model": model, "batch": batch, "seq_len": seq_len, "steps": steps, "rounds": rounds, "every": every, "threads": threads, "dir": tmp.path().join("torch")}),
+    )?;
+    let f = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
+    let (mb, write_s) = (f("bytes") / 1e6, f("write_s"));
+    let dd_s = dd(&tmp.path().join("dd.bin"), f("bytes") as u64, 3)?;
     println!();
     println!(
         "{:<48} {:>10} {:>10} {:>10}",
@@ -61,63 +66,21 @@ pub fn run(args: &RecipeArgs, dir: Option<&Path>, shape: Shape) -> Result<ExitCo
         "{:<48} {:>10.1} {:>10.3} {:>10.0}",
         "zflow checkpoint (files, blake3, manifest, rename)",
         mb,
-        io.write_s,
-        mb / io.write_s
+        write_s,
+        mb / write_s
     );
     println!(
         "{:<48} {:>10.1} {:>10.3} {:>10.0}",
-        "dd bs=1M conv=fsync",
+        "dd bs=1M conv=fsync (same bytes)",
         mb,
         dd_s,
         mb / dd_s
     );
     println!(
         "zflow / dd: {:.0}%   (snapshot into host memory: {:.3} s)",
-        100.0 * dd_s / io.write_s,
-        io.snapshot_s
+        100.0 * dd_s / write_s,
+        f("snapshot_s")
     );
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let torch = crate::bench::train::torch_engine_bench(
-        "checkpoint",
-        serde_json::json!({"model": model, "batch": batch, "seq_len": seq_len, "steps": steps, "rounds": rounds, "every": every, "threads": threads, "dir": tmp.path().join("torch")}),
-    );
-    match &torch {
-        Ok(t) => {
-            let f = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
-            let (tmb, write_s) = (f("bytes") / 1e6, f("write_s"));
-            let torch_dd = dd(&tmp.path().join("dd.bin"), f("bytes") as u64, 3)?;
-            println!(
-                "{:<48} {:>10.1} {:>10.3} {:>10.0}",
-                "torch engine checkpoint (same format)",
-                tmb,
-                write_s,
-                tmb / write_s
-            );
-            println!(
-                "{:<48} {:>10.1} {:>10.3} {:>10.0}",
-                "dd bs=1M conv=fsync (same bytes)",
-                tmb,
-                torch_dd,
-                tmb / torch_dd
-            );
-            println!(
-                "torch engine / dd: {:.0}%   (snapshot into host memory: {:.3} s)",
-                100.0 * torch_dd / write_s,
-                f("snapshot_s")
-            );
-        }
-        Err(e) => println!("torch engine: not run ({e:#})"),
-    }
-
-    let native = zflow_runtime::bench::checkpoint_overhead(
-        &model,
-        batch,
-        seq_len,
-        steps,
-        every,
-        rounds,
-        tmp.path(),
-    )?;
     println!();
     println!(
         "step time over {steps} steps of {batch} x {seq_len} tokens, a checkpoint every {every} steps"
@@ -130,16 +93,13 @@ pub fn run(args: &RecipeArgs, dir: Option<&Path>, shape: Shape) -> Result<ExitCo
         "background writer (as training)",
         "synchronous (inline)",
     ];
-    print_modes("", &native, &labels);
-    if let Ok(t) = &torch {
-        let rounds = ["plain", "background", "inline"].map(|m| {
-            t[format!("{m}_rounds_s")]
-                .as_array()
-                .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
-                .unwrap_or_default()
-        });
-        print_modes("torch engine, ", &rounds, &labels);
-    }
+    let rounds = ["plain", "background", "inline"].map(|m| {
+        t[format!("{m}_rounds_s")]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
+            .unwrap_or_default()
+    });
+    print_modes("", &rounds, &labels);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -16,13 +16,15 @@ use crate::RecipeArgs;
 
 /// GEMM throughput over the recipe model's shapes for `tokens` tokens, and the same shapes
 /// off alignment; writes `out/gemm.parquet`.
-pub fn gemm(args: &RecipeArgs, backend: &str, tokens: usize, out: &Path) -> Result<ExitCode> {
+pub fn gemm(args: &RecipeArgs, tokens: usize, out: &Path) -> Result<ExitCode> {
     let engine = crate::commands::open(args)?;
     let model = crate::commands::recipe_doc(&engine)?.model_or_default();
     let shapes = micro::model_shapes(&model, tokens);
     let sweep = micro::dimension_sweep(tokens, model.hidden_size, 64, 8);
     let all: Vec<_> = shapes.iter().chain(&sweep).cloned().collect();
-    let (device, mut gflops) = micro::gemm_sweep(backend, 0, &all, 3)?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let device = format!("cpu ({threads} threads)");
+    let mut gflops = micro::gemm_sweep(&all, 3);
     let swept = gflops.split_off(shapes.len());
     println!("GEMM on {device}, f32, {tokens} tokens, best of 3:");
     println!(

@@ -2,7 +2,6 @@
 //! that dispatches to them.
 
 mod checkpoint;
-mod collectives;
 mod hw;
 mod tokenize;
 mod train;
@@ -43,28 +42,12 @@ pub enum Bench {
         #[arg(long)]
         source: String,
     },
-    /// All-reduce, reduce-scatter, all-gather and broadcast of the trainer's collectives
-    /// between worker processes: time, algorithm and bus bandwidth per message size and rank
-    /// count (nccl-tests' definitions); `collectives.parquet` in `--out`.
-    Collectives {
-        /// Rank counts, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "2,4")]
-        ranks: Vec<usize>,
-        /// Largest message in bytes (sizes are powers of two from 1 KiB).
-        #[arg(long, default_value_t = 256 << 20)]
-        max_bytes: u64,
-        /// Where `collectives.parquet` goes.
-        #[arg(long, default_value = "zflow-bench")]
-        out: PathBuf,
-    },
     /// GEMM throughput over the recipe model's matrix shapes, and the same shapes off
-    /// 64-alignment, on the worker backend; `gemm.parquet` in `--out`.
+    /// 64-alignment, on this machine's cores (GPUs: `scripts/gpu_check.sh`, through torch);
+    /// `gemm.parquet` in `--out`.
     Gemm {
         #[command(flatten)]
         recipe: RecipeArgs,
-        /// Backend: cpu, cuda or rocm.
-        #[arg(long, default_value = "cpu")]
-        backend: String,
         /// Tokens per GEMM (the m dimension).
         #[arg(long, default_value_t = 2048)]
         tokens: usize,
@@ -81,12 +64,6 @@ pub enum Bench {
         /// Where `membw.parquet` goes.
         #[arg(long, default_value = "zflow-bench")]
         out: PathBuf,
-    },
-    /// One rank of `bench collectives` (started by it).
-    #[command(hide = true)]
-    CollectiveRank {
-        #[arg(long)]
-        max_bytes: u64,
     },
     /// Checkpoint write throughput against `dd` on the same disk, and the step-time cost of
     /// checkpointing in the background and inline, in one run.
@@ -126,7 +103,7 @@ pub enum Bench {
         /// Timed steps (the best one is reported).
         #[arg(long, default_value_t = 3)]
         steps: usize,
-        /// Rounds, each timing zflow's step and then PyTorch's.
+        /// Rounds, each timing the torch engine's step and then plain PyTorch's.
         #[arg(long, default_value_t = 2)]
         rounds: usize,
     },
@@ -143,18 +120,11 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
             steps,
             rounds,
         } => train::run(&recipe, batch, seq_len, steps, rounds),
-        Bench::Collectives {
-            ranks,
-            max_bytes,
-            out,
-        } => collectives::run(&ranks, max_bytes, &out),
-        Bench::CollectiveRank { max_bytes } => collectives::rank(max_bytes),
         Bench::Gemm {
             recipe,
-            backend,
             tokens,
             out,
-        } => hw::gemm(&recipe, &backend, tokens, &out),
+        } => hw::gemm(&recipe, tokens, &out),
         Bench::Membw { mib, out } => hw::membw(mib, &out),
         Bench::Checkpoint {
             recipe,

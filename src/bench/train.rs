@@ -1,8 +1,8 @@
-//! `zflow bench train`: the training step of a recipe's model on each of zflow's engines, the
-//! native one (burn) and the torch engine (its worker's own step, `zflow_torch.bench`), against
-//! this machine's matmul peak and against the same model and step in plain PyTorch
-//! (`scripts/bench_train_torch.py`), in one run, the three alternating for `--rounds` rounds so
-//! that a change in the machine's load shows as a spread, not as a ratio. The torch rows run
+//! `zflow bench train`: the training step of a recipe's model on the torch engine (its worker's
+//! own step, `zflow_torch.bench`), against this machine's matmul peak and against the same
+//! model trained by plain transformers + PyTorch (`scripts/bench_train_torch.py`), in one run,
+//! the two alternating for `--rounds` rounds so that a change in the machine's load shows as a
+//! spread, not as a ratio. The torch rows run
 //! in the torch engine's Python (`stages/src/engine.rs`: `ZFLOW_TORCH_PYTHON`, else the one
 //! `scripts/setup.sh` made); `scripts/bench_train_vs_torch.sh` runs this.
 
@@ -42,7 +42,7 @@ pub fn run(
     );
     println!(
         "{:<42} {:>12} {:>12} {:>14.1} {:>9.0}%",
-        "matmul 1024^3 (burn flex, f32)", "", "", peak, 100.0
+        "matmul 1024^3 (gemm crate, f32)", "", "", peak, 100.0
     );
     let row = |label: &str, step_s: f64, tokens_per_s: f64, flops_per_token: u64| {
         let gflops = tokens_per_s * flops_per_token as f64 / 1e9;
@@ -52,17 +52,8 @@ pub fn run(
         );
     };
     let mut ratios = Vec::new();
-    let mut engine_ratios = Vec::new();
-    let mut flops_per_token = 0;
+    let flops_per_token = model.flops(seq_len).total;
     for round in 1..=rounds {
-        let zflow = zflow_runtime::bench::train_step_throughput(&model, batch, seq_len, steps);
-        flops_per_token = zflow.flops_per_token;
-        row(
-            &format!("zflow native engine (burn flex), round {round}"),
-            zflow.step_s,
-            zflow.tokens_per_s,
-            flops_per_token,
-        );
         let engine_tps = match torch_engine_step(&model, batch, seq_len, steps, threads) {
             Ok(t) => {
                 let tps = t["tokens_per_s"].as_f64().unwrap_or(0.0);
@@ -83,7 +74,8 @@ pub fn run(
             Ok(t) => {
                 let tps = t["tokens_per_s"].as_f64().unwrap_or(0.0);
                 let label = format!(
-                    "PyTorch {} ({}), round {round}",
+                    "transformers {} + PyTorch {} ({}), round {round}",
+                    t["transformers"].as_str().unwrap_or("?"),
                     t["torch"].as_str().unwrap_or("?"),
                     t["optimizer"].as_str().unwrap_or("?")
                 );
@@ -93,25 +85,20 @@ pub fn run(
                     tps,
                     flops_per_token,
                 );
-                ratios.push(zflow.tokens_per_s / tps);
                 if let Some(e) = engine_tps {
-                    engine_ratios.push((e / tps, e / zflow.tokens_per_s));
+                    ratios.push(e / tps);
                 }
             }
-            Err(e) => println!("PyTorch: not run ({e:#})"),
+            Err(e) => println!("plain PyTorch: not run ({e:#})"),
         }
     }
     if !ratios.is_empty() {
         let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}x")).collect();
         println!();
-        println!("native / PyTorch, per round: {}", shown.join(", "));
-    }
-    if !engine_ratios.is_empty() {
-        let shown: Vec<String> = engine_ratios
-            .iter()
-            .map(|(p, n)| format!("{p:.2}x of PyTorch, {n:.2}x native"))
-            .collect();
-        println!("torch engine, per round: {}", shown.join("; "));
+        println!(
+            "torch engine / plain PyTorch, per round: {}",
+            shown.join(", ")
+        );
     }
     println!(
         "model FLOPs per token (forward + backward): {:.1} M",
@@ -177,16 +164,18 @@ fn torch_step(
     steps: usize,
     threads: usize,
 ) -> Result<serde_json::Value> {
-    let python = zflow_stages::engine::torch_python()?;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench_train_torch.py");
     let dir = tempfile::tempdir()?;
     let cfg = dir.path().join("bench.json");
     let config = serde_json::json!({"model": model, "batch": batch, "seq_len": seq_len, "steps": steps, "threads": threads});
     std::fs::write(&cfg, serde_json::to_vec(&config)?)?;
-    let out = Command::new(&python)
+    // The torch engine's Python, with `zflow_torch` on the path for its config mapping.
+    let python = zflow_stages::engine::torch_module("zflow_torch", Vec::new())?;
+    let out = Command::new(&python.program)
         .arg(script)
         .arg(&cfg)
+        .envs(python.env.iter().map(|(k, v)| (k, v)))
         .output()
-        .with_context(|| format!("running {}", python.display()))?;
+        .with_context(|| format!("running {}", python.program.display()))?;
     last_json_line(&out, script)
 }

@@ -59,7 +59,7 @@ pub fn ckpt_import(hf: &Path, out: &Path) -> Result<ExitCode> {
 
 /// `zflow ckpt reshape IN OUT --dp N`.
 pub fn ckpt_reshape(input: &Path, out: &Path, dp: usize) -> Result<ExitCode> {
-    let layout = zflow_runtime::dist::zero::reshape(input, out, dp)?;
+    let layout = zflow_runtime::checkpoint::layout::reshape(input, out, dp)?;
     let load: Vec<String> = layout
         .load()
         .iter()

@@ -123,11 +123,10 @@ fn project(
     Ok(())
 }
 
-/// This machine as a [`Hardware`]: burn's f32 matmul peak (as the "bf16" throughput, with the
-/// efficiency applied on top), STREAM triad, and the ring's all-reduce bus bandwidth between
-/// two threads over loopback.
+/// This machine as a [`Hardware`]: the f32 matmul peak of its cores (as the "bf16"
+/// throughput, with the efficiency applied on top), STREAM triad, and the bandwidth of one TCP
+/// stream over loopback (what two ranks on this machine would exchange gradients over).
 fn measure_this_machine() -> Result<zflow_runtime::size::projection::Hardware> {
-    use zflow_runtime::dist::collective::{Group, Placement};
     let gflops = zflow_runtime::bench::matmul_gflops(1024, 3);
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -138,37 +137,43 @@ fn measure_this_machine() -> Result<zflow_runtime::size::projection::Hardware> {
         threads,
         3,
     );
-    let bytes = 64usize << 20;
-    let handles: Vec<_> = Placement::local(2)?
-        .into_iter()
-        .map(|p| {
-            std::thread::spawn(move || -> Result<f64> {
-                let mut g = Group::join(&p)?;
-                let mut buf = vec![1.0f32; bytes / 4];
-                g.all_reduce_sum(&mut buf)?;
-                let t = Instant::now();
-                for _ in 0..3 {
-                    g.all_reduce_sum(&mut buf)?;
-                }
-                Ok(t.elapsed().as_secs_f64() / 3.0)
-            })
-        })
-        .collect();
-    let mut secs = 0.0;
-    for h in handles {
-        secs = h
-            .join()
-            .map_err(|_| anyhow::anyhow!("a measuring thread panicked"))??;
-    }
-    // Bus bandwidth of a 2-rank all-reduce: bytes / time x 2(n-1)/n = bytes / time.
-    let busbw = bytes as f64 / secs / 1e9;
+    let link = loopback_gbps(64 << 20)?;
     Ok(zflow_runtime::size::projection::Hardware {
         name: "this machine".into(),
         bf16_tflops: gflops / 1e3,
         hbm_gbps: membw,
-        link_gbps: busbw,
+        link_gbps: link,
         source: format!(
-            "measured now: matmul {gflops:.1} GFLOP/s f32, STREAM triad {membw:.1} GB/s, ring all-reduce {busbw:.2} GB/s"
+            "measured now: matmul {gflops:.1} GFLOP/s f32, STREAM triad {membw:.1} GB/s, loopback TCP {link:.2} GB/s"
         ),
     })
+}
+
+/// GB/s of `bytes` sent over one loopback TCP connection to a reading thread (best of 3).
+fn loopback_gbps(bytes: usize) -> Result<f64> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let reader = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut conn, _) = listener.accept()?;
+        let mut buf = vec![0u8; 1 << 20];
+        while conn.read(&mut buf)? > 0 {}
+        Ok(())
+    });
+    let mut conn = std::net::TcpStream::connect(addr)?;
+    let chunk = vec![1u8; 1 << 20];
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for _ in 0..bytes / chunk.len() {
+            conn.write_all(&chunk)?;
+        }
+        conn.flush()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    drop(conn);
+    reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("the reading thread panicked"))??;
+    Ok(bytes as f64 / best / 1e9)
 }

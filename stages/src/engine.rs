@@ -9,7 +9,8 @@
 //!   CPU, NCCL on CUDA, RCCL through PyTorch's `nccl` backend on ROCm builds). The Python is
 //!   [`TORCH_PYTHON`] if set, else the environment `scripts/setup.sh` creates
 //!   (`target/torch-venv`).
-//! - `native`: zflow's own burn trainer, `zflow worker`.
+//!
+//! `native` (zflow's own burn trainer) was retired: a recipe naming it is refused at load.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 
 /// The engines `train.engine` may name.
-pub const ENGINES: &[&str] = &["torch", "native"];
+pub const ENGINES: &[&str] = &["torch"];
 
 /// Names the Python interpreter the torch engine runs (one with torch and transformers; on
 /// ROCm, PyTorch's ROCm build).
@@ -43,6 +44,13 @@ pub struct EngineCommand {
 pub fn check(engine: &str) -> std::result::Result<(), String> {
     if ENGINES.contains(&engine) {
         Ok(())
+    } else if engine == "native" {
+        Err(
+            "the native engine (zflow's burn trainer) was retired: use `engine: torch` (the \
+             default, so the line can go), which trains transformers' ZayaForCausalLM with \
+             torch.distributed and resumes native checkpoints"
+                .into(),
+        )
     } else {
         Err(unknown(engine))
     }
@@ -116,14 +124,6 @@ pub fn torch_module(module: &str, args: Vec<OsString>) -> Result<EngineCommand> 
 /// One rank of `engine` with the worker arguments `args`.
 fn rank_command(engine: &str, args: Vec<OsString>) -> Result<EngineCommand> {
     match engine {
-        // zflow's own trainer (burn): `zflow worker`.
-        "native" => Ok(EngineCommand {
-            program: zflow_pipeline::supervise::zflow_exe()?,
-            args: std::iter::once(OsString::from("worker"))
-                .chain(args)
-                .collect(),
-            env: Vec::new(),
-        }),
         "torch" => torch_module("zflow_torch.worker", args),
         other => bail!(unknown(other)),
     }

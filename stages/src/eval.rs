@@ -118,30 +118,27 @@ pub struct EvalConfig {
     /// Threads (default: every core).
     #[serde(default, skip_serializing)]
     pub threads: Option<u32>,
-    /// Where a zflow model runs: `cpu`, `cuda` or `rocm` (a build with that feature). GPU
-    /// kernels round differently, so the backend is part of the identity.
+    /// Where a zflow model runs: `cpu`, `cuda` or `rocm` (PyTorch's devices). GPU kernels round
+    /// differently, so the backend is part of the identity.
     #[serde(default = "cpu")]
     pub backend: String,
-    /// Who scores a zflow or Hugging Face ZAYA1 model: `native` (zflow's own forward pass,
-    /// `zflow_evals::checkpoint`) or `torch` (transformers 5.23 in the torch engine's
-    /// environment, `zflow_evals::transformers`: GPUs through PyTorch). Scores differ in
-    /// rounding, so a torch score is cached apart and the engine is part of the identity.
-    #[serde(default = "native", skip_serializing_if = "is_native")]
-    pub engine: String,
+    /// Who scores a zflow or Hugging Face ZAYA1 model: `torch` (transformers 5.23 in the torch
+    /// engine's environment, `zflow_evals::transformers`), the one there is and the default.
+    /// `native` (the retired burn forward pass) is refused at load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 fn cpu() -> String {
     "cpu".into()
 }
-fn native() -> String {
-    "native".into()
-}
-fn is_native(engine: &str) -> bool {
-    engine == "native"
-}
-
 /// The scoring engines `engine` may name.
-pub const SCORING_ENGINES: &[&str] = &["native", "torch"];
+pub const SCORING_ENGINES: &[&str] = &["torch"];
+
+/// Why `native` is refused, wherever a scoring engine is named.
+pub const NATIVE_SCORER_RETIRED: &str = "the native scorer was retired with the native engine; \
+     zflow checkpoints and Hugging Face ZAYA1 folders are scored by `torch` (transformers), the \
+     default: remove `engine` or write `engine: torch`";
 
 fn default_max_length() -> usize {
     2048
@@ -167,7 +164,9 @@ impl EvalConfig {
 impl Stage for Eval {
     type Config = EvalConfig;
     const KIND: &'static str = "eval";
-    const VERSION: u32 = 1;
+    // 2: zflow models are scored by transformers (the native scorer retired), whatever the
+    // config says.
+    const VERSION: u32 = 2;
 
     fn validate(&self, c: &EvalConfig, needs: &[String]) -> Result<(), ConfigError> {
         if c.tasks.is_empty() {
@@ -204,20 +203,24 @@ impl Stage for Eval {
                 ));
             }
         }
-        if let Err(e) = zflow_runtime::backend::BackendKind::parse(&c.backend) {
-            return Err(ConfigError::new("backend", e.to_string()));
+        if let Err(e) = zflow_runtime::contract::backend::check_backend(&c.backend) {
+            return Err(ConfigError::new("backend", e));
         }
-        if !SCORING_ENGINES.contains(&c.engine.as_str()) {
-            return Err(ConfigError::new(
-                "engine",
-                format!(
-                    "unknown scoring engine `{}` (engines: {})",
-                    c.engine,
-                    SCORING_ENGINES.join(", ")
-                ),
-            ));
+        match c.engine.as_deref() {
+            None => {}
+            Some("native") => return Err(ConfigError::new("engine", NATIVE_SCORER_RETIRED)),
+            Some(e) if !SCORING_ENGINES.contains(&e) => {
+                return Err(ConfigError::new(
+                    "engine",
+                    format!(
+                        "unknown scoring engine `{e}` (engines: {})",
+                        SCORING_ENGINES.join(", ")
+                    ),
+                ));
+            }
+            Some(_) => {}
         }
-        if c.engine != "native" && c.model.format == ModelFormat::Gguf {
+        if c.engine.is_some() && c.model.format == ModelFormat::Gguf {
             return Err(ConfigError::new(
                 "engine",
                 "GGUF models are scored by candle; `engine` applies to zflow and Hugging Face ZAYA1 models",
@@ -282,7 +285,6 @@ impl Stage for Eval {
             tokenizer_dir.as_deref(),
             c.max_length,
             &c.backend,
-            &c.engine,
         )?;
         tracing::info!("scoring {} ({})", model_path.display(), model.identity());
 
@@ -369,15 +371,14 @@ pub fn open_transformers(
     )
 }
 
-/// Opens a model for scoring; a zflow model on `backend` (device 0: under a scheduler, the
-/// device the stage was given), scored by `engine` (`native` or `torch`).
+/// Opens a model for scoring; a zflow model through transformers on `backend` (device 0:
+/// under a scheduler, the device the stage was given).
 pub fn open_model(
     format: ModelFormat,
     path: &Path,
     tokenizer_dir: Option<&Path>,
     max_length: usize,
     backend: &str,
-    engine: &str,
 ) -> Result<Box<dyn LanguageModel + Send>> {
     let tokenizer = tokenizer_dir.map(|d| d.join("tokenizer.json"));
     Ok(match format {
@@ -390,14 +391,9 @@ pub fn open_model(
                 ),
             };
             let eos = eos_token(dir, tokenizer)?;
-            match engine {
-                "torch" => Box::new(open_transformers(
-                    path, tokenizer, &eos, max_length, backend, 0,
-                )?),
-                _ => zflow_evals::checkpoint::open_checkpoint(
-                    path, tokenizer, &eos, max_length, backend, 0,
-                )?,
-            }
+            Box::new(open_transformers(
+                path, tokenizer, &eos, max_length, backend, 0,
+            )?)
         }
         ModelFormat::Gguf => Box::new(zflow_evals::gguf::GgufModel::load(
             path,

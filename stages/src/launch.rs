@@ -7,7 +7,7 @@
 use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
-use zflow_runtime::dist::collective::{Placement, free_port};
+use zflow_runtime::dist::placement::{Placement, free_port};
 
 /// The job this stage runs in, when it runs under the Slurm executor.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,21 +60,18 @@ impl SlurmJob {
     }
 
     /// Placements for `world` ranks on the job's nodes. Rank 0's rendezvous is on the first
-    /// node (where this supervisor runs); ring ports on other nodes are derived from the job
-    /// id and attempt (they cannot be probed from here).
-    pub fn placements(&self, world: usize, attempt: u32) -> Result<Vec<Placement>> {
+    /// node (where this supervisor runs).
+    pub fn placements(&self, world: usize) -> Result<Vec<Placement>> {
         if self.hosts.len() == 1 {
             return Placement::local(world);
         }
         let rendezvous = format!("{}:{}", self.hosts[0], free_port()?);
-        let base = 20_000 + ((self.id * 7 + attempt as u64 * 131) % 20_000) as usize;
-        let secret = zflow_runtime::dist::handshake::generate_secret()?;
+        let secret = zflow_runtime::dist::secret::generate_secret()?;
         Ok((0..world)
             .map(|rank| Placement {
                 rank,
                 world,
                 rendezvous: rendezvous.clone(),
-                data_address: format!("{}:{}", self.hosts[self.node_of(rank, world)], base + rank),
                 secret: secret.clone(),
             })
             .collect())
@@ -118,9 +115,9 @@ pub fn rank_command(
 }
 
 /// Placements for `world` ranks: on this machine, or on the Slurm job's nodes.
-pub fn placements(job: Option<&SlurmJob>, world: usize, attempt: u32) -> Result<Vec<Placement>> {
+pub fn placements(job: Option<&SlurmJob>, world: usize) -> Result<Vec<Placement>> {
     match job {
-        Some(job) => job.placements(world, attempt),
+        Some(job) => job.placements(world),
         None => Placement::local(world),
     }
 }
@@ -137,9 +134,9 @@ mod tests {
         };
         let nodes: Vec<usize> = (0..4).map(|r| job.node_of(r, 4)).collect();
         assert_eq!(nodes, [0, 0, 1, 1]);
-        let p = job.placements(4, 1).unwrap();
+        let p = job.placements(4).unwrap();
         assert!(
-            p[0].rendezvous.starts_with("a:") && p[3].data_address.starts_with("b:"),
+            p.iter().all(|p| p.rendezvous.starts_with("a:")) && p[3].rank == 3,
             "{p:?}"
         );
         let cmd = job.step(std::path::Path::new("/bin/zflow"), 3, 4, "train.p1");

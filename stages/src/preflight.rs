@@ -8,8 +8,8 @@
 //!   min_ratio: 0.5      # a rank below min_ratio x the median GEMM or bandwidth is an outlier
 //!   on_outlier: fail    # fail (name the ranks and hosts) | report (warn, record, go on)
 //! ```
-//! Each rank is its engine's probe (`zflow worker --probe` for the native engine: an `srun`
-//! step on its node under Slurm) running the same GEMM and memory-bandwidth probe, and the same
+//! Each rank is its engine's probe (the torch worker's `--probe`: an `srun` step on its node
+//! under Slurm) running the same GEMM and memory-bandwidth probe, and the same
 //! median test, as the train stage's own health check at every launch
 //! (`train.launch.preflight`, `zflow_runtime::dist::preflight`). The output holds `preflight.parquet`
 //! (rank, host, device, GFLOP/s, GB/s, outlier) and `preflight.json` (the verdict and the

@@ -1,6 +1,6 @@
 //! Token ids against the model's vocabulary, checked before any rank starts: an id at or
-//! beyond `model.vocab_size` would index past the embedding (burn panics there, on every
-//! relaunch).
+//! beyond `model.vocab_size` would index past the embedding (an index error in the worker,
+//! on every relaunch).
 //!
 //! A tokenized source's bound comes from its `stats.json`: the tokenizer's vocabulary for a
 //! `tokenize` stage (`vocab_size`), the largest id found for a `megatron` one (`max_token_id`).

@@ -1,4 +1,5 @@
 use super::*;
+use crate::dataset::DatasetFormat;
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);

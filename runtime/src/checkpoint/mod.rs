@@ -3,7 +3,7 @@
 //! ```text
 //! checkpoints/step-00000120/
 //!   model.safetensors       weights, f32, named by module path (`blocks.0.self_attn.qkv.linear_q.weight`)
-//!   optim-muon.rank-R.bin   rank R's shard of the Muon momentum (ZeRO-1, see `zero`)
+//!   optim-muon.rank-R.bin   rank R's shard of the Muon momentum (ZeRO-1, see [`layout`])
 //!   optim-adamw.rank-R.bin  rank R's shard of the AdamW moments
 //!   trainer.json            step, data cursor, balancing-controller state, seed, spike-guard state
 //!   layout.json             which rank owns which parameter's optimizer state; expert placement
@@ -18,8 +18,8 @@
 //! manifest; a checkpoint that fails is quarantined (moved to `quarantine/`) with a warning and
 //! the next older one is used.
 
+pub mod layout;
 pub mod optimizer;
-pub mod saver;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -27,15 +27,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail, ensure};
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
+use crate::contract::balance::BalanceState;
 use crate::data::mixture::DataCursor;
-use crate::model::Zaya;
 use crate::model::config::ModelConfig;
-use crate::trainer::balance::BalanceState;
 
 /// Everything besides tensors that a resumed run needs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -55,11 +51,6 @@ pub struct TrainerState {
     /// The run's seed (data order is a function of the mixture; the trainer draws no other
     /// random numbers, so the seed is the whole RNG state).
     pub seed: u64,
-    /// The RoPE base that checkpoints before `model.json` held the effective model config
-    /// recorded here; read (by [`model_config`]) but never written. The model config lives in
-    /// `model.json` alone.
-    #[serde(default, rename = "rope_base", skip_serializing)]
-    pub legacy_rope_base: Option<f64>,
     /// The last losses, which the loss-spike guard judges the next one against.
     #[serde(default)]
     pub loss_history: Vec<f64>,
@@ -88,7 +79,6 @@ impl TrainerState {
             balance,
             tokens: 0,
             seed,
-            legacy_rope_base: None,
             loss_history: Vec::new(),
             skipped_batches: Vec::new(),
             rollbacks: 0,
@@ -100,12 +90,11 @@ impl TrainerState {
 /// the phase's settings, such as its RoPE base, applied), else the `model` of the train job
 /// that wrote it (`../job.json`, as a train stage leaves `final/` next to its `job.json`).
 /// This is the one reader of a checkpoint's model config: evaluation, export, import and
-/// `ckpt inspect` all build the model from it. A checkpoint written before `model.json` held
-/// the effective config records the phase's RoPE base in `trainer.json`, which then wins.
+/// `ckpt inspect` all build the model from it.
 pub fn model_config(dir: &Path) -> Result<ModelConfig> {
     let own = dir.join("model.json");
     let job = dir.join("..").join("job.json");
-    let mut config: ModelConfig = if own.exists() {
+    let config: ModelConfig = if own.exists() {
         serde_json::from_slice(&fs::read(&own)?)
             .with_context(|| format!("parsing {}", own.display()))?
     } else if job.exists() {
@@ -123,14 +112,6 @@ pub fn model_config(dir: &Path) -> Result<ModelConfig> {
             dir.display()
         )
     };
-    let state_path = dir.join("trainer.json");
-    if let Ok(bytes) = fs::read(&state_path) {
-        let state: TrainerState = serde_json::from_slice(&bytes)
-            .with_context(|| format!("parsing {}", state_path.display()))?;
-        if let Some(rope_base) = state.legacy_rope_base {
-            config.rope_base = rope_base;
-        }
-    }
     Ok(config)
 }
 
@@ -152,149 +133,31 @@ pub fn dir_name(step: u64) -> String {
     format!("step-{step:08}")
 }
 
-/// The parameters of a model as (path, id) in visiting order.
-pub fn param_names<B: Backend, M: Module<B>>(model: &M) -> Vec<(String, ParamId)> {
-    struct Names {
-        stack: Vec<String>,
-        out: Vec<(String, ParamId)>,
-    }
-    impl<B: Backend> ModuleVisitor<B> for Names {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.stack.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.stack.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-            self.out.push((self.stack.join("."), p.id));
-        }
-    }
-    let mut v = Names {
-        stack: Vec::new(),
-        out: Vec::new(),
-    };
-    model.visit(&mut v);
-    v.out
-}
-
-/// The model's weights as (name, shape, f32 values), in visiting order.
-pub fn weights<B: Backend>(model: &Zaya<B>) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    struct Collect {
-        stack: Vec<String>,
-        out: Vec<(String, Vec<usize>, Vec<f32>)>,
-    }
-    impl<B: Backend> ModuleVisitor<B> for Collect {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.stack.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.stack.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-            let t = p.val();
-            let shape = t.dims().to_vec();
-            let values = t
-                .into_data()
-                .convert::<f32>()
-                .into_vec::<f32>()
-                .expect("f32 weights");
-            self.out.push((self.stack.join("."), shape, values));
-        }
-    }
-    let mut v = Collect {
-        stack: Vec::new(),
-        out: Vec::new(),
-    };
-    model.visit(&mut v);
-    v.out
-}
-
-/// Serialises the model's weights as safetensors bytes (f32, little endian). Give at most one
-/// metadata entry: safetensors orders metadata by a randomly seeded hash map.
-pub fn weights_to_safetensors<B: Backend>(
-    model: &Zaya<B>,
+/// Serialises weights given as (name, shape, f32 values) as safetensors bytes (f32, little
+/// endian). Give at most one metadata entry: safetensors orders metadata by a randomly seeded
+/// hash map.
+pub fn weights_to_safetensors(
+    weights: &[(String, Vec<usize>, Vec<f32>)],
     metadata: BTreeMap<String, String>,
 ) -> Result<Vec<u8>> {
-    let tensors = weights(model);
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .into_iter()
-        .map(|(name, shape, values)| {
-            (
-                name,
-                shape,
-                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            )
-        })
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
+    let bytes: Vec<Vec<u8>> = weights
         .iter()
-        .map(|(name, shape, data)| {
+        .map(|(_, _, values)| values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    let views = weights
+        .iter()
+        .zip(&bytes)
+        .map(|((name, shape, _), data)| {
             let view =
                 safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data)
-                    .expect("shape matches data");
-            (name.clone(), view)
+                    .with_context(|| {
+                        format!("tensor `{name}`: {shape:?} does not fit its values")
+                    })?;
+            Ok((name.clone(), view))
         })
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     let metadata: std::collections::HashMap<String, String> = metadata.into_iter().collect();
     Ok(safetensors::serialize(views, Some(metadata))?)
-}
-
-/// Loads weights from safetensors bytes into `model`, by name; every parameter must be present
-/// with its shape. `origin` names the file in errors.
-pub fn load_weights<B: Backend>(model: Zaya<B>, bytes: &[u8], origin: &Path) -> Result<Zaya<B>> {
-    let st = safetensors::SafeTensors::deserialize(bytes)
-        .with_context(|| format!("{}: not a safetensors file", origin.display()))?;
-    let names: BTreeMap<ParamId, String> = param_names::<B, _>(&model)
-        .into_iter()
-        .map(|(n, id)| (id, n))
-        .collect();
-    struct Load<'a> {
-        st: &'a safetensors::SafeTensors<'a>,
-        names: &'a BTreeMap<ParamId, String>,
-        error: Option<String>,
-    }
-    impl<B: Backend> ModuleMapper<B> for Load<'_> {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-            let name = &self.names[&param.id];
-            let view = match self.st.tensor(name) {
-                Ok(v) => v,
-                Err(_) => {
-                    self.error
-                        .get_or_insert(format!("tensor `{name}` is missing"));
-                    return param;
-                }
-            };
-            let (id, old, _) = param.consume();
-            if view.dtype() != safetensors::Dtype::F32 || view.shape() != old.dims().as_slice() {
-                self.error.get_or_insert(format!(
-                    "tensor `{name}`: expected f32 {:?}, found {:?} {:?}",
-                    old.dims(),
-                    view.dtype(),
-                    view.shape()
-                ));
-                return Param::initialized(id, old);
-            }
-            let values: Vec<f32> = view
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            let device = old.device();
-            let require_grad = old.is_require_grad();
-            let t = Tensor::<B, D>::from_data(TensorData::new(values, old.shape()), &device);
-            Param::initialized(id, if require_grad { t.require_grad() } else { t })
-        }
-    }
-    let mut loader = Load {
-        st: &st,
-        names: &names,
-        error: None,
-    };
-    let model = model.map(&mut loader);
-    if let Some(e) = loader.error {
-        bail!("{}: {e}", origin.display());
-    }
-    Ok(model)
 }
 
 /// Writes `files` (name -> bytes) as checkpoint `step` under `root`, atomically; returns the
@@ -715,7 +578,7 @@ fn describe_trainer(bytes: &[u8], out: &mut String) -> Result<()> {
 
 fn describe_layout(bytes: &[u8], out: &mut String) -> Result<()> {
     use std::fmt::Write as _;
-    let layout: crate::dist::zero::Layout = serde_json::from_slice(bytes)?;
+    let layout: layout::Layout = serde_json::from_slice(bytes)?;
     let load: Vec<String> = layout.load().iter().map(|n| n.to_string()).collect();
     writeln!(
         out,

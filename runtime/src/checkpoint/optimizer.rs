@@ -1,40 +1,27 @@
-//! One parameter's optimizer state as both engines write it, so that a checkpoint of either
-//! engine resumes in the other with its Muon and AdamW state.
+//! One parameter's optimizer state, as a checkpoint holds it.
 //!
-//! A record (one entry of an `optim-*.rank-R.bin` shard, see [`crate::dist::zero`]) is
+//! A record (one entry of an `optim-*.rank-R.bin` shard, see [`crate::checkpoint::layout`]) is
 //! [`RECORD`] followed by a safetensors file of f32 tensors in the checkpoint's weight layout
 //! (`model.safetensors`: zflow's names and shapes, linear weights `[in, out]`). Its keys:
 //!
 //! | optimizer | key | meaning |
 //! |---|---|---|
-//! | Muon | `velocity` | burn's momentum (the native engine): `v <- mu * v + g` |
 //! | Muon | `momentum_buffer` | torch's (`torch.optim.Muon`): `b <- mu * b + (1 - mu) * g` |
+//! | Muon | `velocity` | the retired native engine's: `v <- mu * v + g` (`b = (1 - mu) * v`) |
 //! | AdamW | `step` | steps taken (a 0-d tensor), for the bias correction |
-//! | AdamW | `exp_avg`, `exp_avg_sq` | the first and second moments (the same in both engines) |
+//! | AdamW | `exp_avg`, `exp_avg_sq` | the first and second moments |
 //!
-//! Both Muon conventions give the same update (`b = (1 - mu) * v`, and Newton-Schulz
-//! normalises the scale away), but rescaling is not exact in floating point. So each engine
-//! writes its own key, resumes its own checkpoints bit for bit, and converts the other's with
-//! [`velocity_from_buffer`] / its Python twin (`zflow_torch.checkpoint`), at the resuming run's
-//! momentum.
-//!
-//! Older checkpoints hold records this module reads as [`Record::Burn`] (the native engine's
-//! burn MessagePack records) or [`Record::State`] with `torch_layout` set ([`LEGACY_TORCH`]:
-//! the torch engine's records before this format, in torch's layout: linear weights
-//! `[out, in]`).
+//! The torch engine (`workers/torch/zflow_torch/checkpoint.py`) writes and reads them, and
+//! converts a native checkpoint's `velocity` at the resuming run's momentum.
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 
 /// How a record of this format begins.
 pub const RECORD: &[u8] = b"ZFOPTIM1";
 
-/// How the torch engine's records began before [`RECORD`]: the same safetensors file, with
-/// torch's shapes (linear weights transposed).
-pub const LEGACY_TORCH: &[u8] = b"ZFTORCH1";
-
-/// Muon's state as the native engine keeps it (`v <- mu * v + g`).
+/// Muon's state as the retired native engine kept it (`v <- mu * v + g`).
 pub const VELOCITY: &str = "velocity";
 /// Muon's state as torch keeps it (`b <- mu * b + (1 - mu) * g`).
 pub const MOMENTUM_BUFFER: &str = "momentum_buffer";
@@ -56,19 +43,8 @@ pub struct Values {
     pub data: Vec<f32>,
 }
 
-/// A decoded record.
-#[derive(Debug, PartialEq)]
-pub enum Record {
-    /// Named tensors (this format, or [`LEGACY_TORCH`] with `torch_layout`).
-    State {
-        /// The tensors by key.
-        tensors: BTreeMap<String, Values>,
-        /// Whether 2-D tensors are in torch's layout (`[out, in]`) rather than zflow's.
-        torch_layout: bool,
-    },
-    /// A burn record (the native engine's format before this one): bytes for burn's recorder.
-    Burn,
-}
+/// A decoded record: its tensors by key.
+pub type Record = BTreeMap<String, Values>;
 
 /// Encodes one parameter's state; the same tensors always give the same bytes.
 pub fn encode(tensors: &[(&str, &[usize], &[f32])]) -> Result<Vec<u8>> {
@@ -90,13 +66,13 @@ pub fn encode(tensors: &[(&str, &[usize], &[f32])]) -> Result<Vec<u8>> {
 
 /// Decodes a record; `origin` names it in errors (file and parameter).
 pub fn decode(record: &[u8], origin: &str) -> Result<Record> {
-    let (body, torch_layout) = if let Some(body) = record.strip_prefix(RECORD) {
-        (body, false)
-    } else if let Some(body) = record.strip_prefix(LEGACY_TORCH) {
-        (body, true)
-    } else {
-        return Ok(Record::Burn);
-    };
+    let body = record.strip_prefix(RECORD).with_context(|| {
+        format!(
+            "{origin}: not an optimizer record of this format (it begins {:?}, expected {:?})",
+            String::from_utf8_lossy(&record[..record.len().min(8)]),
+            String::from_utf8_lossy(RECORD)
+        )
+    })?;
     let st = safetensors::SafeTensors::deserialize(body)
         .with_context(|| format!("{origin}: the optimizer state is not a safetensors file"))?;
     let mut tensors = BTreeMap::new();
@@ -119,30 +95,7 @@ pub fn decode(record: &[u8], origin: &str) -> Result<Record> {
             },
         );
     }
-    Ok(Record::State {
-        tensors,
-        torch_layout,
-    })
-}
-
-/// burn's Muon velocity from torch's momentum buffer at momentum `mu` (`v = b / (1 - mu)`).
-pub fn velocity_from_buffer(buffer: &[f32], mu: f64) -> Result<Vec<f32>> {
-    if !(0.0..1.0).contains(&mu) {
-        bail!("Muon momentum {mu} cannot convert torch's momentum buffer (needs 0 <= mu < 1)");
-    }
-    let scale = 1.0 / (1.0 - mu);
-    Ok(buffer.iter().map(|&b| (b as f64 * scale) as f32).collect())
-}
-
-/// The transpose of a row-major `[rows, cols]` matrix.
-pub fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; data.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = data[r * cols + c];
-        }
-    }
-    out
+    Ok(tensors)
 }
 
 #[cfg(test)]
@@ -167,14 +120,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(a, b);
-        let Record::State {
-            tensors,
-            torch_layout,
-        } = decode(&a, "test").unwrap()
-        else {
-            panic!("not a state record")
-        };
-        assert!(!torch_layout);
+        let tensors = decode(&a, "test").unwrap();
         assert_eq!(tensors[STEP].shape, Vec::<usize>::new());
         assert_eq!(tensors[STEP].data, vec![7.0]);
         assert_eq!(tensors[EXP_AVG].data, m.to_vec());
@@ -182,43 +128,13 @@ mod tests {
     }
 
     #[test]
-    fn other_records_are_told_apart() {
-        assert_eq!(decode(b"\x81\xa4item", "x").unwrap(), Record::Burn);
-        let mut legacy = LEGACY_TORCH.to_vec();
-        legacy.extend(&encode(&[(MOMENTUM_BUFFER, &[1], &[1.0])]).unwrap()[RECORD.len()..]);
-        assert!(matches!(
-            decode(&legacy, "x").unwrap(),
-            Record::State {
-                torch_layout: true,
-                ..
-            }
-        ));
+    fn other_records_are_refused_naming_where() {
+        let err = decode(b"\x81\xa4item", "optim-muon.rank-0.bin, parameter 3").unwrap_err();
+        assert!(format!("{err:#}").contains("parameter 3"), "{err:#}");
         let err = decode(b"ZFOPTIM1garbage", "optim-muon.rank-0.bin, parameter 7").unwrap_err();
         assert!(
             format!("{err:#}").contains("optim-muon.rank-0.bin, parameter 7"),
             "{err:#}"
-        );
-    }
-
-    #[test]
-    fn momentum_conventions_convert() {
-        // Three steps of both recurrences on the same gradients.
-        let (mu, grads) = (0.9f64, [1.0f64, -0.5, 2.0]);
-        let (mut v, mut b) = (0.0f64, 0.0f64);
-        for g in grads {
-            v = mu * v + g;
-            b = mu * b + (1.0 - mu) * g;
-        }
-        let got = velocity_from_buffer(&[b as f32], mu).unwrap()[0] as f64;
-        assert!((got - v).abs() < 1e-6 * v.abs(), "{got} vs {v}");
-        assert!(velocity_from_buffer(&[1.0], 1.0).is_err());
-    }
-
-    #[test]
-    fn transposes() {
-        assert_eq!(
-            transpose(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 2, 3),
-            vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
         );
     }
 }

@@ -11,9 +11,7 @@ pub const RANK: &str = "ZFLOW_RANK";
 pub const WORLD: &str = "ZFLOW_WORLD";
 /// `host:port` where rank 0 waits for the others.
 pub const RENDEZVOUS: &str = "ZFLOW_RENDEZVOUS";
-/// `host:port` on which this rank accepts its ring neighbour.
-pub const DATA_ADDRESS: &str = "ZFLOW_DATA_ADDRESS";
-/// The launch's secret, which every rank proves it holds ([`crate::dist::handshake`]). Fresh for
+/// The launch's secret, which every rank proves it holds ([`crate::dist::secret`]). Fresh for
 /// every launch; never on a command line.
 pub const SECRET: &str = "ZFLOW_GROUP_SECRET";
 /// Seconds between heartbeats (a step can take longer than the supervisor's hang timeout
@@ -22,7 +20,7 @@ pub const HEARTBEAT_S: &str = "ZFLOW_HEARTBEAT_S";
 /// Set (to `1`) when the ranks are to probe their devices before training and send a
 /// `preflight` message.
 pub const PREFLIGHT: &str = "ZFLOW_PREFLIGHT";
-/// Faults to inject, for testing ([`crate::trainer::faults`]).
+/// Faults to inject, for testing (`workers/torch/zflow_torch/faults.py` reads them).
 pub const FAULTS: &str = "ZFLOW_FAULTS";
 /// The launch number, 1 for the first; injected faults fire in their attempt only.
 pub const ATTEMPT: &str = "ZFLOW_ATTEMPT";

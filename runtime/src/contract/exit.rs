@@ -4,7 +4,7 @@
 //! | --- | --- | --- |
 //! | done | 0, after a `done` message | the phase is complete |
 //! | [`Failure::Retry`] | 1 (or a signal) | relaunches every rank from the newest checkpoint, up to `max_restarts` |
-//! | [`Failure::LostPeer`] | 4 | as retry, but blames another rank: this one lost a ring neighbour |
+//! | [`Failure::LostPeer`] | 4 | as retry, but blames another rank: this one lost a peer in a collective |
 //! | [`Failure::Fatal`] | 3 | fails the stage at once: no relaunch can fix it |
 //!
 //! A worker says which it is in its `error` message (`class`) and in its exit code; the exit
@@ -19,7 +19,7 @@ pub enum Failure {
     /// A crash, a hang, a failed step: a relaunch from the newest checkpoint may get past it.
     #[default]
     Retry,
-    /// This rank lost a ring neighbour: the neighbour is the one that failed.
+    /// This rank lost a peer in a collective: the peer is the one that failed.
     LostPeer,
     /// Bad settings or data (a token id beyond the vocabulary, an unreadable job) or a full
     /// disk: every relaunch would fail the same way.
@@ -47,8 +47,8 @@ impl Failure {
     }
 
     /// The class of error `e`: [`Fatal`] anywhere in its context chain or a disk that is full
-    /// (`ENOSPC`) or over quota (`EDQUOT`) is fatal; [`PeerLost`] is a lost peer; anything else
-    /// is worth a retry.
+    /// (`ENOSPC`) or over quota (`EDQUOT`) is fatal; anything else is worth a retry (a worker
+    /// that lost a peer says so with its exit code, [`EXIT_LOST_PEER`]).
     pub fn of(e: &anyhow::Error) -> Failure {
         let full_disk = e.chain().any(|cause| {
             cause.downcast_ref::<std::io::Error>().is_some_and(|io| {
@@ -58,8 +58,6 @@ impl Failure {
         });
         if full_disk || e.downcast_ref::<Fatal>().is_some() {
             Failure::Fatal
-        } else if e.downcast_ref::<PeerLost>().is_some() {
-            Failure::LostPeer
         } else {
             Failure::Retry
         }
@@ -69,7 +67,7 @@ impl Failure {
 /// Exit code of a worker whose failure no relaunch can fix.
 pub const EXIT_FATAL: i32 = 3;
 
-/// Exit code of a worker that lost a ring neighbour.
+/// Exit code of a worker that lost a peer.
 pub const EXIT_LOST_PEER: i32 = 4;
 
 /// An error no relaunch can fix: the error itself (`Err(Fatal(..).into())`) or context on
@@ -84,16 +82,6 @@ impl std::fmt::Display for Fatal {
 }
 
 impl std::error::Error for Fatal {}
-
-/// Context on an error of the ring: the neighbour it talks to is gone.
-#[derive(Debug)]
-pub struct PeerLost(pub &'static str);
-
-impl std::fmt::Display for PeerLost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0)
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -113,10 +101,6 @@ mod tests {
         let full = anyhow::Error::from(std::io::Error::from_raw_os_error(libc::ENOSPC))
             .context("writing a checkpoint");
         assert_eq!(Failure::of(&full), Failure::Fatal);
-        let peer = anyhow::Error::from(std::io::Error::from(std::io::ErrorKind::UnexpectedEof))
-            .context(PeerLost("receiving from the previous rank (did it die?)"))
-            .context("step 7");
-        assert_eq!(Failure::of(&peer), Failure::LostPeer);
         assert_eq!(Failure::of(&anyhow::anyhow!("nan loss")), Failure::Retry);
         for class in [Failure::Retry, Failure::LostPeer, Failure::Fatal] {
             assert_eq!(Failure::from_exit_code(class.exit_code()), Some(class));

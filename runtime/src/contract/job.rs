@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::contract::settings::TrainSettings;
@@ -13,15 +14,16 @@ use crate::data::megatron::IndexedDataset;
 use crate::model::config::ModelConfig;
 
 /// The version of the train job document this code writes and reads. 2: a source's tokens and
-/// held-out tokens are lists of datasets (a sharded source's shards).
-pub const JOB_VERSION: u32 = 2;
+/// held-out tokens are lists of datasets (a sharded source's shards). 3: `model` is the phase's
+/// model, resolved ([`TrainJob::phase_model`]); workers derive nothing from `train`.
+pub const JOB_VERSION: u32 = 3;
 
 fn version_one() -> u32 {
     1
 }
 
 /// One token source as the worker sees it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SourcePaths {
     /// Source name.
     pub name: String,
@@ -55,7 +57,7 @@ fn open_all(prefixes: &[PathBuf]) -> Result<Concat<IndexedDataset>> {
 }
 
 /// Everything a worker needs to train one phase; written by the train stage as JSON.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TrainJob {
     /// The schema version ([`JOB_VERSION`]); absent in jobs written before it was recorded,
     /// which are version 1.
@@ -63,7 +65,9 @@ pub struct TrainJob {
     pub version: u32,
     /// Phase name.
     pub phase: String,
-    /// The model.
+    /// The model this phase trains, resolved: [`TrainJob::phase_model`] of the recipe's
+    /// `model:` and the phase's settings. The worker builds it as it is, and its checkpoints
+    /// record it (`model.json`).
     pub model: ModelConfig,
     /// Training settings.
     pub train: TrainSettings,
@@ -92,13 +96,13 @@ impl TrainJob {
         Ok(job)
     }
 
-    /// The model this phase trains: the recipe's `model:` with the phase's `rope_base`
-    /// applied. Its checkpoints record exactly this config (`model.json`), which is what every
-    /// reader of a checkpoint builds the model from.
-    pub fn phase_model(&self) -> ModelConfig {
+    /// The model a phase trains: the recipe's `model:` with the phase's `rope_base` applied.
+    /// The one place a phase setting changes the model; the train stage writes its result
+    /// into the job.
+    pub fn phase_model(model: &ModelConfig, train: &TrainSettings) -> ModelConfig {
         ModelConfig {
-            rope_base: self.train.rope_base.unwrap_or(self.model.rope_base),
-            ..self.model.clone()
+            rope_base: train.rope_base.unwrap_or(model.rope_base),
+            ..model.clone()
         }
     }
 }

@@ -1,8 +1,7 @@
 //! The engine contract: what a training worker and zflow's supervisor (the train stage,
-//! `stages/src/train/`) agree on. zflow's native worker (`zflow worker`,
-//! [`crate::trainer::worker`]) implements the worker side; any other engine that keeps this contract
-//! can be supervised the same way, and is added in `stages/src/engine.rs` without touching
-//! the supervisor.
+//! `stages/src/train/`) agree on. The torch engine (`workers/torch/zflow_torch/worker.py`)
+//! implements the worker side; any other engine that keeps this contract can be supervised the
+//! same way, and is added in `stages/src/engine.rs` without touching the supervisor.
 //!
 //! A worker engine is a program the supervisor starts once per rank, per launch:
 //!
@@ -10,9 +9,9 @@
 //!    [`job::JOB_VERSION`]): the phase, the model, the training settings
 //!    ([`settings::TrainSettings`]), the mixture index
 //!    and token sources, the checkpoint folder and the checkpoint to start from.
-//! 2. **Its environment** ([`env`](mod@env)) places it in the launch: rank, world, rendezvous and ring
-//!    addresses, the launch secret that every connection between ranks must prove
-//!    ([`crate::dist::handshake`]), the heartbeat interval, whether to probe the device first, and
+//! 2. **Its environment** ([`env`](mod@env)) places it in the launch: rank, world, the rendezvous
+//!    address, the launch secret that every rank must prove
+//!    ([`crate::dist::secret`]), the heartbeat interval, whether to probe the device first, and
 //!    the faults to inject in tests.
 //! 3. **It reports on stdout**, one JSON object per line ([`protocol::WorkerMessage`]):
 //!    `hello` first, then `preflight` when asked, `step` per optimizer step, `eval`,
@@ -25,9 +24,8 @@
 //!    retry, lost peer, fatal.
 //! 5. **It reads and writes checkpoints** in the format of [`crate::checkpoint`]: `step-N/`
 //!    folders with `model.safetensors` (the reference's tensor names), per-rank optimizer
-//!    shards laid out by [`crate::dist::zero::Layout`] (`layout.json`), each parameter's state a
-//!    record of [`crate::checkpoint::optimizer`] (so either engine resumes the other's Muon and
-//!    AdamW state), `trainer.json` (step, data
+//!    shards laid out by [`crate::checkpoint::layout::Layout`] (`layout.json`), each parameter's state a
+//!    record of [`crate::checkpoint::optimizer`] (Muon and AdamW state), `trainer.json` (step, data
 //!    cursor, balancing state, loss history), `model.json` (the model trained) and a manifest
 //!    of BLAKE3 hashes written last; a folder without a manifest that verifies does not exist.
 //!    It resumes from the newest checkpoint that verifies, else from the job's `init`.
@@ -38,8 +36,13 @@
 //!    cursor is split over ranks as [`crate::data::mixture::MixtureReader::batch`] does, so the
 //!    order does not depend on the number of ranks.
 
+pub mod backend;
+pub mod balance;
 pub mod env;
 pub mod exit;
 pub mod job;
 pub mod protocol;
+pub mod schedule;
+pub mod schema;
 pub mod settings;
+pub mod spike;

@@ -1,6 +1,6 @@
 //! The worker protocol: one JSON object per line on the worker's stdout.
 //!
-//! A train stage (the supervisor) launches `zflow worker` processes and reads these lines; any
+//! A train stage (the supervisor) launches worker processes and reads these lines; any
 //! trainer that prints the same lines can be supervised the same way. Everything else a worker
 //! prints goes to stderr, which the supervisor copies into the stage log.
 
@@ -29,7 +29,7 @@ pub enum WorkerMessage {
         params: u64,
     },
     /// The preflight probe of this rank's device: sent before training when asked for
-    /// (`ZFLOW_PREFLIGHT`), and the one message of a probe-only run (`zflow worker --probe`).
+    /// (`ZFLOW_PREFLIGHT`), and the one message of a probe-only run (a worker started with `--probe`).
     Preflight {
         /// This worker's rank.
         rank: usize,

@@ -1,14 +1,15 @@
 //! The training settings of a phase (the `train:` part of a `phases:` entry, over the recipe's
 //! `train:` section): the `train` field of the train job, with every default in one place.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::trainer::balance::BalanceConfig;
-use crate::trainer::schedule::WsdSchedule;
-use crate::trainer::spike::SpikeGuard;
+use crate::contract::balance::BalanceConfig;
+use crate::contract::schedule::WsdSchedule;
+use crate::contract::spike::SpikeGuard;
 
 /// Muon settings (ZAYA1's are not public).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MuonSettings {
     /// Momentum.
@@ -33,7 +34,7 @@ impl Default for MuonSettings {
 }
 
 /// AdamW settings for the non-matrix parameters.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdamWSettings {
     /// First-moment decay.
@@ -62,7 +63,7 @@ impl Default for AdamWSettings {
 pub const DEFAULT_ENGINE: &str = "torch";
 
 /// A phase's training settings (the `train:` part of a `phases:` entry).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainSettings {
     /// Sequences per optimizer step, over all ranks.
@@ -94,7 +95,7 @@ pub struct TrainSettings {
     /// Seed of the weight initialisation.
     pub seed: u64,
     /// The training engine each rank runs (`stages/src/engine.rs`): [`DEFAULT_ENGINE`] unless
-    /// the recipe names one; `native` is zflow's own burn trainer.
+    /// the recipe names one.
     pub engine: String,
     /// Where workers run: cpu, cuda or rocm.
     pub backend: String,

@@ -1,10 +1,7 @@
-//! Distribution: how the ranks of one data-parallel launch find each other ([`handshake`],
-//! [`collective`]), split the work of a step ([`data_parallel`], [`zero`]) and measure their
-//! devices before training ([`preflight`]). The native engine's host TCP ring lives here; a
-//! PyTorch worker uses `torch.distributed` instead and shares none of it.
+//! The launch of a data-parallel group: where each rank is ([`placement`]), the secret every
+//! rank proves ([`secret`]), and the device probes of the preflight stage ([`preflight`]).
+//! The ranks' collectives are `torch.distributed`'s.
 
-pub mod collective;
-pub mod data_parallel;
-pub mod handshake;
+pub mod placement;
 pub mod preflight;
-pub mod zero;
+pub mod secret;

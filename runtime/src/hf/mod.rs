@@ -15,7 +15,7 @@
 //! ```
 //!
 //! Names come from [`crate::model::reference_name`]. Layouts: our linear weights are `[in, out]`
-//! (burn's convention) and PyTorch's `nn.Linear` holds `[out, in]`, so linears are transposed;
+//! (zflow's convention) and PyTorch's `nn.Linear` holds `[out, in]`, so linears are transposed;
 //! the embedding (`nn.Embedding`, `[vocab, hidden]`), the convolutions (`nn.Conv1d`,
 //! `[out, in / groups, kernel]`, the layout `model.rs` already uses) and every 1-D parameter are
 //! the same on both sides. The router's balancing biases, which zflow keeps in `trainer.json`

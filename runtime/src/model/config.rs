@@ -14,11 +14,12 @@
 //! router (with exponential depth averaging, EDA) choosing top-k of `num_experts` SwiGLU
 //! experts, plus an optional "skip" route (mixture-of-depths).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The MoE output of a token that the router sends to the MoD skip route. Both keep the
 /// residual stream (the token skips the experts); they differ in what the sub-layer adds to it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SkipOutput {
     /// Nothing: the sub-layer's output is zero. transformers 5.23 (`transformers.models.zaya`),
@@ -34,7 +35,7 @@ pub enum SkipOutput {
 /// The size of a ZAYA1-style model. Serde defaults are ZAYA1-base, so an empty `model: {}`
 /// in a recipe means ZAYA1-base; unknown keys are rejected so a typo never silently falls
 /// back to a default.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
     /// Width of the residual stream. 2048 (the report, "The model": hidden size 2048).

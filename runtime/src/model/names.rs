@@ -1,6 +1,4 @@
-//! Parameter names: ours, the reference implementation's, and burn's stable ids.
-
-use burn::module::ParamId;
+//! Parameter names: ours and the reference implementation's.
 
 /// The reference implementation's name (Zyphra's `transformers` fork, `ZayaForCausalLM`) of one
 /// of our parameters, e.g. `blocks.1.moe.local_experts.3.linear_fc1.weight` ->
@@ -55,12 +53,4 @@ pub fn reference_name(name: &str) -> Option<String> {
         return None;
     };
     Some(format!("model.layers.{mapped}"))
-}
-
-/// A parameter id that is a pure function of the parameter's path.
-pub fn param_id(path: &str) -> ParamId {
-    let hash = blake3::hash(path.as_bytes());
-    ParamId::from(u64::from_le_bytes(
-        hash.as_bytes()[..8].try_into().expect("8 bytes"),
-    ))
 }

@@ -1,7 +1,7 @@
 //! The one list of the parameters a [`ModelConfig`] has: name, shape, whether it is a linear
 //! weight, and which part of the model it belongs to. Hugging Face export and import map it
-//! to the reference's names and layouts, sizing counts it, and `hf::tests::specs_match_the_model`
-//! checks it against the parameters [`super::Zaya::new`] builds.
+//! to the reference's names and layouts, sizing counts it, and `tests/torch_model.rs` checks it
+//! against the parameters transformers' `ZayaForCausalLM` has.
 
 use super::config::ModelConfig;
 
@@ -25,7 +25,7 @@ pub enum Part {
 /// One parameter.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorSpec {
-    /// Our name (the burn module path), e.g. `blocks.1.moe.local_experts.3.linear_fc1.weight`.
+    /// Our name, e.g. `blocks.1.moe.local_experts.3.linear_fc1.weight`.
     pub name: String,
     /// Its shape; linear weights are `[in, out]`.
     pub shape: Vec<usize>,

@@ -55,7 +55,7 @@ pub struct EvalsSpec {
     /// Tokens per scoring batch.
     #[serde(default)]
     pub max_batch_tokens: Option<usize>,
-    /// Who scores the checkpoints: `native` (the default) or `torch` (transformers).
+    /// Who scores the checkpoints: `torch` (transformers), the one there is and the default.
     #[serde(default)]
     pub engine: Option<String>,
     /// Where they are scored: `cpu` (the default), `cuda` or `rocm`.

@@ -17,18 +17,46 @@ pub fn parse(value: Option<&Value>) -> Result<Option<ModelConfig>, ConfigError> 
     Ok(Some(config))
 }
 
-/// Refuses an empty `model:` in a recipe whose phases train it: every size would fall back to
-/// ZAYA1-base's, 8.3B parameters, which is never what a `--set model={}` or a forgotten section
-/// means. Name the sizes (recipes/zaya1.yaml spells out ZAYA1-base's). A recipe that only
-/// exports or evaluates may still say `model: {}`.
+/// Refuses, in a recipe whose phases train the model, an empty `model:` (every size would
+/// fall back to ZAYA1-base's, 8.3B parameters, which is never what a `--set model={}` or a
+/// forgotten section means: recipes/zaya1.yaml spells out ZAYA1-base's), and the variants the
+/// torch engine cannot train: transformers 5.23's `ZayaForCausalLM` has no switch for them
+/// (`workers/torch/zflow_torch/model.py`'s `check_supported` says the same at run time). A
+/// recipe that only exports, sizes or evaluates may say either.
 pub fn check_trainable(value: Option<&Value>, trains: bool) -> Result<(), ConfigError> {
-    match value {
-        Some(Value::Object(m)) if m.is_empty() && trains => Err(ConfigError::new(
+    if !trains {
+        return Ok(());
+    }
+    let Some(Value::Object(m)) = value else {
+        return Ok(());
+    };
+    if m.is_empty() {
+        return Err(ConfigError::new(
             "model",
             "`model` is empty, so every size would be ZAYA1-base's (8.3B parameters) and the phases would train that; give the sizes you mean (recipes/zaya1.yaml spells out ZAYA1-base)",
-        )),
-        _ => Ok(()),
+        ));
     }
+    let fixed = [
+        ("top_k", Value::from(1)),
+        ("mod_skip", Value::from(true)),
+        ("router_mlp_layers", Value::from(3)),
+        ("eda", Value::from(true)),
+        ("residual_scaling", Value::from(true)),
+        ("tie_embeddings", Value::from(true)),
+    ];
+    for (field, value) in fixed {
+        if let Some(given) = m.get(field)
+            && given != &value
+        {
+            return Err(ConfigError::new(
+                format!("model.{field}"),
+                format!(
+                    "`{field}: {given}`: the torch engine trains transformers 5.23's ZayaForCausalLM, which has {field} = {value} only"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Sizes no model can have, named by their recipe path at load (they failed, or panicked,

@@ -160,8 +160,8 @@ impl Stage for Train {
                 ),
             ));
         }
-        zflow_runtime::backend::BackendKind::parse(&c.train.backend)
-            .map_err(|e| ConfigError::new("train.backend", e.to_string()))?;
+        zflow_runtime::contract::backend::check_backend(&c.train.backend)
+            .map_err(|e| ConfigError::new("train.backend", e))?;
         crate::engine::check(&c.train.engine).map_err(|e| ConfigError::new("train.engine", e))?;
         let want = names::mix(&c.phase);
         if !needs.contains(&want) {
@@ -222,7 +222,7 @@ impl Stage for Train {
         let job = TrainJob {
             version: JOB_VERSION,
             phase: c.phase.clone(),
-            model: c.model.clone(),
+            model: TrainJob::phase_model(&c.model, &c.train),
             train: c.train.clone(),
             mixture: ctx.input(&names::mix(&c.phase))?.join("samples.idx"),
             sources,

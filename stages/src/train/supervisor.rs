@@ -80,7 +80,7 @@ impl Train {
         events: &mut Events,
     ) -> Result<Outcome> {
         let slurm = crate::launch::SlurmJob::from_env()?;
-        let placements = crate::launch::placements(slurm.as_ref(), world, attempt)?;
+        let placements = crate::launch::placements(slurm.as_ref(), world)?;
         let engine = crate::engine::worker_command(&c.train.engine, job_path, &c.train.backend)?;
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
         let mut ranks = Vec::new();

@@ -3,10 +3,11 @@
 //! ZAYA1's schedule is not public; WSD is the recipe's default because a phase can be extended
 //! (or a later phase started) from any point of the stable part without re-warming.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// How the decay part falls from the peak to the floor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DecayShape {
     /// Straight line.
@@ -18,7 +19,7 @@ pub enum DecayShape {
 }
 
 /// A WSD schedule over `total_steps` optimizer steps.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct WsdSchedule {
     /// Peak learning rate, reached at the end of warmup.
@@ -72,60 +73,11 @@ impl WsdSchedule {
         }
         Ok(())
     }
-
-    /// The learning rate at optimizer step `step` (0-based) of `total_steps`.
-    pub fn lr(&self, step: u64, total_steps: u64) -> f64 {
-        let total = total_steps.max(1) as f64;
-        let warmup = (self.warmup * total).round();
-        let decay = (self.decay * total).round();
-        let s = step as f64;
-        let floor = self.peak_lr * self.min_lr_ratio;
-        if s < warmup {
-            return self.peak_lr * (s + 1.0) / warmup;
-        }
-        let decay_start = total - decay;
-        if s < decay_start || decay == 0.0 {
-            return self.peak_lr;
-        }
-        let progress = ((s - decay_start + 1.0) / decay).clamp(0.0, 1.0);
-        let fall = match self.decay_shape {
-            DecayShape::Linear => progress,
-            DecayShape::Cosine => 0.5 * (1.0 - (std::f64::consts::PI * progress).cos()),
-            DecayShape::Sqrt => progress.sqrt(),
-        };
-        floor + (self.peak_lr - floor) * (1.0 - fall)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn warms_up_holds_then_decays_to_the_floor() {
-        let s = WsdSchedule {
-            peak_lr: 1.0,
-            warmup: 0.1,
-            decay: 0.2,
-            min_lr_ratio: 0.1,
-            decay_shape: DecayShape::Linear,
-        };
-        assert!((s.lr(0, 100) - 0.1).abs() < 1e-12);
-        assert!((s.lr(9, 100) - 1.0).abs() < 1e-12);
-        assert_eq!(s.lr(50, 100), 1.0);
-        assert_eq!(s.lr(79, 100), 1.0);
-        assert!((s.lr(89, 100) - 0.55).abs() < 1e-12);
-        assert!((s.lr(99, 100) - 0.1).abs() < 1e-12);
-        // Monotone non-increasing after warmup for every shape.
-        for shape in [DecayShape::Linear, DecayShape::Cosine, DecayShape::Sqrt] {
-            let s = WsdSchedule {
-                decay_shape: shape,
-                ..s.clone()
-            };
-            let lrs: Vec<f64> = (10..100).map(|i| s.lr(i, 100)).collect();
-            assert!(lrs.windows(2).all(|w| w[1] <= w[0] + 1e-15), "{shape:?}");
-        }
-    }
 
     #[test]
     fn rejects_bad_fractions_by_name() {

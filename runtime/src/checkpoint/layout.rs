@@ -10,7 +10,7 @@
 //! A checkpoint stores the layout in `layout.json` and one file per optimizer per rank,
 //! `optim-muon.rank-R.bin` / `optim-adamw.rank-R.bin`, each a sequence of
 //! `(parameter id u64 LE, length u64 LE, record bytes)` entries sorted by id, each record one
-//! parameter's state in the format both engines share ([`checkpoint::optimizer`]). Reshaping
+//! parameter's state ([`checkpoint::optimizer`]). Reshaping
 //! ([`reshape`]) moves the entries to the files of their new owners; nothing else changes, so
 //! the resumed run reads the same data in the same order.
 
@@ -35,7 +35,7 @@ pub fn shard_file(optimizer: &str, rank: usize) -> String {
 pub struct Slot {
     /// Module path (`blocks.0.moe.local_experts.3.linear_fc1.weight`).
     pub name: String,
-    /// burn parameter id (derived from the path; the key of the shard entries).
+    /// Parameter id (the worker derives it from the path; the key of the shard entries).
     pub id: u64,
     /// Elements.
     pub numel: usize,
