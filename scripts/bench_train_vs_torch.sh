@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The training step of a recipe's model on zflow's two engines (native burn, and the torch
-# engine's worker step) against the same model and step in plain PyTorch, in one command:
+# The training step of a recipe's model on zflow's torch engine (the worker's own step) against
+# the same model trained by plain transformers + PyTorch, in one command:
 #   scripts/bench_train_vs_torch.sh [RECIPE] [--rounds R] [other `zflow bench train` flags]
 # Uses the torch engine's environment (PyPI's torch 2.15.0 wheel, as users install it), which
-# scripts/setup.sh creates in target/torch-venv; `zflow bench train` alternates the three
+# scripts/setup.sh creates in target/torch-venv; `zflow bench train` alternates the two
 # sides for R rounds (default 2) and prints each round's ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -6,7 +6,8 @@ checkpoint directories and the mixture index. This package holds the worker's si
 beginning with the data plane: :mod:`zflow_torch.megatron` (token datasets),
 :mod:`zflow_torch.mixture` (the sample index and the batch a rank reads at a data cursor) and
 :mod:`zflow_torch.rng` (the seeded shuffles they share with the Rust reader); the worker's side
-of the protocol (:mod:`zflow_torch.contract`); and the trainer's controls that must match the
-native engine's to the bit, :mod:`zflow_torch.schedule` (WSD) and :mod:`zflow_torch.balance`
-(the routing-bias controller).
+of the protocol (:mod:`zflow_torch.contract`); the model (:mod:`zflow_torch.model`), the
+trainer and its controls (:mod:`zflow_torch.schedule`, :mod:`zflow_torch.balance`,
+:mod:`zflow_torch.spike`), checkpoints (:mod:`zflow_torch.checkpoint`) and the scorer the
+evaluation harness runs (:mod:`zflow_torch.score`).
 """

@@ -1,28 +1,15 @@
-"""The router's balancing-bias controller, number for number as
-``runtime/src/trainer/balance.rs`` computes it (``runtime/tests/torch_control.rs`` compares
-the bits): after every optimizer step, PID terms on the realised routing shares minus the
-target move the biases through an Adam-normalised step. Biases are f32, as in a checkpoint's
-``trainer.json``; the controller's own state is f64. Settings come from the train job
-(``train.balance``).
+"""The router's balancing-bias controller: after every optimizer step, PID terms on the
+realised routing shares minus the target move the biases through an Adam-normalised step.
+Biases are f32, as in a checkpoint's ``trainer.json``; the controller's own state is f64.
+Settings come from the train job (``train.balance``).
 """
 
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
-
-class BalanceConfig(TypedDict):
-    """``train.balance`` as the train job holds it."""
-
-    kp: float
-    ki: float
-    kd: float
-    lr: float
-    beta1: float
-    beta2: float
-    skip_share: float | None
-    enabled: bool
+from zflow_torch.job import BalanceConfig
 
 
 def f32(x: float) -> float:
@@ -80,7 +67,7 @@ class BalanceState:
 
 def target_shares(routes: int, mod_skip: bool, config: BalanceConfig) -> list[float]:
     """Uniform over the routes, or the skip route at ``skip_share`` and the rest uniform."""
-    skip = config["skip_share"]
+    skip = config.skip_share
     if mod_skip and skip is not None:
         t = [(1.0 - skip) / (routes - 1)] * routes
         t[-1] = skip
@@ -103,22 +90,22 @@ def update(
     state: BalanceState, counts: list[int], target: list[float], config: BalanceConfig
 ) -> None:
     """One controller step from the global batch's tokens per route."""
-    if not config["enabled"] or sum(counts) == 0:
+    if not config.enabled or sum(counts) == 0:
         return
     load = shares(counts)
     state.steps += 1
     t = state.steps
-    b1, b2 = config["beta1"], config["beta2"]
+    b1, b2 = config.beta1, config.beta2
     for i in range(len(state.biases)):
         # Positive error = overloaded route = its bias must fall.
         error = load[i] - target[i]
         state.integral[i] += error
         derivative = error - state.last_error[i]
         state.last_error[i] = error
-        g = config["kp"] * error + config["ki"] * state.integral[i] + config["kd"] * derivative
+        g = config.kp * error + config.ki * state.integral[i] + config.kd * derivative
         state.m[i] = b1 * state.m[i] + (1.0 - b1) * g
         state.v[i] = b2 * state.v[i] + (1.0 - b2) * g * g
         m_hat = state.m[i] / (1.0 - powi(b1, t))
         v_hat = state.v[i] / (1.0 - powi(b2, t))
-        step = f32(config["lr"] * m_hat / (math.sqrt(v_hat) + 1e-12))
+        step = f32(config.lr * m_hat / (math.sqrt(v_hat) + 1e-12))
         state.biases[i] = f32(state.biases[i] - step)

@@ -36,35 +36,39 @@ from typing import Any
 import torch
 
 from zflow_torch import checkpoint, model, trainer
-from zflow_torch.contract import Emitter
+from zflow_torch.contract import JOB_VERSION, Emitter
+from zflow_torch.job import ModelConfig, TrainJob, decode
 from zflow_torch.mixture import DataCursor
 
 
 def _trainer(cfg: dict[str, Any], checkpoints: str, backend: str = "cpu") -> trainer.Trainer:
     batch = cfg["batch"]
     torch.set_num_threads(cfg["threads"])
-    job = {
+    raw = {
+        "version": JOB_VERSION,
         "phase": "bench",
         "model": cfg["model"],
         "train": {**cfg["train"], "global_batch": batch, "micro_batch": batch},
-        "checkpoints": checkpoints,
         "mixture": "",
         "sources": [],
+        "checkpoints": checkpoints,
+        "init": None,
     }
+    job = decode(TrainJob, raw, "bench config")
     t = trainer.Trainer(job, backend, Emitter(io.StringIO()))
     t.seq_len = cfg["seq_len"]
     t.build_model()
     with torch.no_grad():
-        model.initialise(t.net, cfg["model"], cfg["train"]["seed"])
+        model.initialise(t.net, job.model, job.train.seed)
     t.new_optimizers()
-    m = cfg["model"]
-    model.set_biases(t.net, [[0.0] * m["num_experts"] + [-1.0]] * m["num_blocks"])
+    m = job.model
+    model.set_biases(t.net, [[0.0] * m.num_experts + [-1.0]] * m.num_blocks)
     return t
 
 
 def _stepper(t: trainer.Trainer, cfg: dict[str, Any]) -> Callable[[], None]:
     gen = torch.Generator().manual_seed(0)
-    batch, seq_len, vocab = cfg["batch"], cfg["seq_len"], cfg["model"]["vocab_size"]
+    batch, seq_len, vocab = cfg["batch"], cfg["seq_len"], t.model_config.vocab_size
 
     def step() -> None:
         rows = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(t.device)
@@ -144,18 +148,18 @@ def checkpoints(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def flops_per_token(m: dict[str, Any], seq_len: int) -> float:
+def flops_per_token(m: ModelConfig, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward = 3 x forward, 2 per multiply-add) of the
     parameters a token uses (attention, router, one expert, the tied head) and of causal
     attention's scores and weighted sums."""
-    h, d, f = m["hidden_size"], m["router_dim"], m["expert_ffn"]
-    lq, lk = m["num_query_heads"] * m["head_dim"], m["num_kv_heads"] * m["head_dim"]
+    h, d, f = m.hidden_size, m.router_dim, m.expert_ffn
+    lq, lk = m.num_query_heads * m.head_dim, m.num_kv_heads * m.head_dim
     attention = h * lq + h * lk + h * lk + lq * h
-    router = h * d + 2 * d * d + d * (m["num_experts"] + 1)
+    router = h * d + 2 * d * d + d * (m.num_experts + 1)
     expert = h * 2 * f + f * h
     per_layer = attention + router + expert
-    matmul = 6.0 * (m["num_blocks"] * per_layer + h * m["vocab_size"])
-    scores = 6.0 * m["num_blocks"] * seq_len * lq  # QK^T and AV, half of them under the mask
+    matmul = 6.0 * (m.num_blocks * per_layer + h * m.vocab_size)
+    scores = 6.0 * m.num_blocks * seq_len * lq  # QK^T and AV, half of them under the mask
     return float(matmul + scores)
 
 
@@ -174,7 +178,7 @@ def gpu(cfg: dict[str, Any]) -> dict[str, Any]:
             times.append(time.perf_counter() - started)
     step_s = sorted(times)[len(times) // 2]
     tokens_per_s = cfg["batch"] * cfg["seq_len"] / step_s
-    flops = flops_per_token(cfg["model"], cfg["seq_len"])
+    flops = flops_per_token(decode(ModelConfig, cfg["model"]), cfg["seq_len"])
     return {
         "device": torch.cuda.get_device_name(0),
         "step_s": step_s,

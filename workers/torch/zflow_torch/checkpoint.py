@@ -2,18 +2,16 @@
 engine: ``step-N/`` folders committed atomically (files written into ``.tmp-step-N/`` and
 fsynced, the BLAKE3 manifest last, then a rename), per-rank parts voted with ``part-R.json``
 and committed by rank 0, verification, quarantine of folders that do not verify, retention,
-and the ZeRO-1 layout (``runtime/src/dist/zero.rs``) with its optimizer shard files.
+and the ZeRO-1 layout (``runtime/src/checkpoint/layout.rs``) with its optimizer shard files.
 
 An optimizer shard file is a sequence of ``(parameter id u64 LE, length u64 LE, record)``
-entries sorted by id, whichever engine wrote it; ``zflow ckpt reshape`` moves entries between
-files without reading them. Both engines write one record format
-(``runtime/src/checkpoint/optimizer.rs`` is its page): ``RECORD`` followed by a safetensors
-file of the parameter's optimizer state in zflow's layout (a linear weight's state ``[in, out]``,
-the transpose of torch's). Muon's state is ``momentum_buffer`` here (torch's
-``b <- mu b + (1 - mu) g``) and ``velocity`` from the native engine (burn's ``v <- mu v + g``),
-read as ``(1 - mu) v``; AdamW's is ``step``, ``exp_avg`` and ``exp_avg_sq`` in both. Records
-of this engine before that format (``LEGACY_TORCH_RECORD``, torch's layout) still load; the
-native engine's older burn records do not, and that optimizer starts afresh (the log says so).
+entries sorted by id; ``zflow ckpt reshape`` moves entries between files without reading them.
+A record (``runtime/src/checkpoint/optimizer.rs`` is its page) is ``RECORD`` followed by a
+safetensors file of the parameter's optimizer state in zflow's layout (a linear weight's state
+``[in, out]``, the transpose of torch's). Muon's state is ``momentum_buffer`` (torch's
+``b <- mu b + (1 - mu) g``), or ``velocity`` in a checkpoint of the retired native engine
+(``v <- mu v + g``), read as ``(1 - mu) v``; AdamW's is ``step``, ``exp_avg`` and
+``exp_avg_sq``. Anything else is refused, naming the file and the parameter.
 """
 
 import json
@@ -33,7 +31,6 @@ from safetensors.torch import save as st_save
 
 WEIGHTS_FORMAT = "zflow-zaya1"
 RECORD = b"ZFOPTIM1"
-LEGACY_TORCH_RECORD = b"ZFTORCH1"
 VELOCITY = "velocity"
 MOMENTUM_BUFFER = "momentum_buffer"
 # The state each optimizer keeps per parameter (torch's names).
@@ -76,7 +73,7 @@ def _write_synced(path: Path, data: bytes) -> None:
 def write_files(tmp: Path, files: list[tuple[str, bytes]]) -> dict[str, list[Any]]:
     """Writes and fsyncs ``files`` into ``tmp``; returns their (size, BLAKE3) entries. The
     hashing runs in a second thread while the files are written and flushed (both release the
-    GIL), as the native engine's writer does."""
+    GIL)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         digests = pool.submit(
             lambda: [
@@ -273,14 +270,12 @@ def encode_state(state: dict[str, torch.Tensor], linear: bool) -> bytes:
     return RECORD + st_save(tensors)
 
 
-def decode_state(record: bytes, linear: bool, momentum: float) -> dict[str, torch.Tensor] | None:
-    """A record as torch's state of the parameter (``linear`` as for ``encode_state``), the
-    native engine's Muon velocity as torch's momentum buffer at this run's ``momentum``; None
-    for the native engine's older burn records."""
-    if record.startswith(LEGACY_TORCH_RECORD):
-        return st_load(record[len(LEGACY_TORCH_RECORD) :])
+def decode_state(record: bytes, linear: bool, momentum: float) -> dict[str, torch.Tensor]:
+    """A record as torch's state of the parameter (``linear`` as for ``encode_state``), a
+    native checkpoint's Muon velocity as torch's momentum buffer at this run's ``momentum``.
+    Raises ValueError for anything that is not a record of this format."""
     if not record.startswith(RECORD):
-        return None
+        raise ValueError(f"not an optimizer record of this format (it begins {record[:8]!r})")
     out = {}
     for k, v in st_load(record[len(RECORD) :]).items():
         if linear and v.dim() == 2:
@@ -320,8 +315,8 @@ def read_shard(
 
 
 class Saver:
-    """Writes checkpoints in a background thread (one in flight; the next save waits), as the
-    native engine's ``checkpoint::saver`` does; its error fails the run at the next wait."""
+    """Writes checkpoints in a background thread (one in flight; the next save waits); its
+    error fails the run at the next wait."""
 
     def __init__(self, asynchronous: bool) -> None:
         self.asynchronous = asynchronous
@@ -358,7 +353,6 @@ if __name__ == "__main__":
         json.dumps(
             {
                 "record": RECORD.decode(),
-                "legacy_torch_record": LEGACY_TORCH_RECORD.decode(),
                 "velocity": VELOCITY,
                 "momentum_buffer": MOMENTUM_BUFFER,
                 "adamw": STATE_KEYS["adamw"],

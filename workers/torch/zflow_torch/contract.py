@@ -9,7 +9,10 @@ import json
 import socket
 import sys
 import threading
+import time
 from typing import Any, TextIO
+
+from zflow_torch.job import DecodeError, TrainJob, decode
 
 # A message field: what json.dumps writes (numbers, strings, None, lists and mappings of them).
 Json = int | float | str | None | list[Any] | dict[str, Any]
@@ -18,13 +21,12 @@ Json = int | float | str | None | list[Any] | dict[str, Any]
 RANK = "ZFLOW_RANK"
 WORLD = "ZFLOW_WORLD"
 RENDEZVOUS = "ZFLOW_RENDEZVOUS"
-DATA_ADDRESS = "ZFLOW_DATA_ADDRESS"
 SECRET = "ZFLOW_GROUP_SECRET"
 HEARTBEAT_S = "ZFLOW_HEARTBEAT_S"
 PREFLIGHT = "ZFLOW_PREFLIGHT"
 FAULTS = "ZFLOW_FAULTS"
 ATTEMPT = "ZFLOW_ATTEMPT"
-ENV = [RANK, WORLD, RENDEZVOUS, DATA_ADDRESS, SECRET, HEARTBEAT_S, PREFLIGHT, FAULTS, ATTEMPT]
+ENV = [RANK, WORLD, RENDEZVOUS, SECRET, HEARTBEAT_S, PREFLIGHT, FAULTS, ATTEMPT]
 
 # Exit codes by failure class (runtime/src/contract/exit.rs): what the supervisor does next.
 EXIT_DONE = 0
@@ -39,21 +41,25 @@ EXIT_CODES = {
 }
 
 # The train job version this worker reads (runtime/src/contract/job.rs).
-JOB_VERSION = 2
+JOB_VERSION = 3
 
 
 class JobError(ValueError):
     """A train job this worker cannot run (named with the file and what is wrong)."""
 
 
-def read_job(path: str) -> dict[str, Any]:
-    """Reads a train job, refusing a version this worker does not know."""
+def read_job(path: str) -> TrainJob:
+    """Reads a train job, refusing a version this worker does not know and any field that is
+    not the schema's (``zflow_torch/job.py``)."""
     with open(path) as f:
-        job: dict[str, Any] = json.load(f)
-    version = job.get("version", 1)
+        raw: Any = json.load(f)
+    version = raw.get("version", 1) if isinstance(raw, dict) else None
     if version != JOB_VERSION:
         raise JobError(f"{path}: train job version {version}, but this worker reads {JOB_VERSION}")
-    return job
+    try:
+        return decode(TrainJob, raw, "job")
+    except DecodeError as e:
+        raise JobError(f"{path}: {e}") from e
 
 
 class Emitter:
@@ -177,6 +183,19 @@ def _dump() -> None:
     e.loss_spike(4, 9.5, 6.0, 3, 17)
     e.done(10, None)
     e.error("token id 600 >= 512", "fatal")
+
+
+class Fatal(Exception):
+    """A failure no relaunch can fix (bad settings or data, a full disk): exit code 3."""
+
+
+class PeerLost(Exception):
+    """Another rank went away (the collective failed): exit code 4, the supervisor blames it."""
+
+
+def log(message: str) -> None:
+    """A line in the stage log (stderr)."""
+    print(f"{time.strftime('%H:%M:%S')} torch-worker: {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

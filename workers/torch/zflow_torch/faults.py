@@ -1,7 +1,6 @@
-"""Fault injection (``ZFLOW_FAULTS``), as ``runtime/src/trainer/faults.rs`` defines it: real
-crashes, hangs, slow steps, deaths in the middle of a checkpoint write, corrupted files and
-garbage batches, each ``kind@step`` with ``:rank=R``, ``:attempt=N`` and ``:ms=M`` options;
-and here only, ``exit`` (status 0 without finishing, which the native engine never needed).
+"""Fault injection (``ZFLOW_FAULTS``, for tests): real crashes, hangs, slow steps, deaths in
+the middle of a checkpoint write, corrupted files, garbage batches and ``exit`` (status 0
+without finishing), each ``kind@step`` with ``:rank=R``, ``:attempt=N`` and ``:ms=M`` options.
 A fault fires on its rank (default 0) in its attempt (default 1, ``ZFLOW_ATTEMPT``) only.
 """
 

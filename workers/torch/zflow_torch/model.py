@@ -17,10 +17,10 @@ What is transformers' and what is ours:
   ``Muon`` takes 2-D parameters only) and ZeRO-1 shards whole tensors, one per expert matrix
   as zflow's checkpoints hold them.
 
-The initial weights are drawn exactly as the native engine draws them
-(``runtime/src/model/layers.rs``: SplitMix64, Box-Muller, the same order and scales), so a
-seed gives both engines the same model; ``runtime/tests/torch_engine.rs`` checks the tensor
-list against the Rust one.
+The initial weights are drawn as the retired native engine drew them (SplitMix64, Box-Muller,
+in the tensor list's order, GPT-2 scales), so a seed gives the model it always gave;
+``tests/torch_model.rs`` checks the tensor list and parameter ids against the Rust formats
+(``runtime/src/model``).
 """
 
 import math
@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import ZayaConfig, ZayaForCausalLM
 
+from zflow_torch.job import ModelConfig, decode
+
 # SplitMix64's increment (runtime/src/rng.rs).
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 MASK64 = (1 << 64) - 1
@@ -44,7 +46,7 @@ class UnsupportedModel(ValueError):
     """A model config that transformers' ZAYA cannot express (named with the field)."""
 
 
-def check_supported(model: dict[str, Any]) -> None:
+def check_supported(model: ModelConfig) -> None:
     """Refuses the configs transformers 5.23's ZAYA has no switch for."""
     fixed = {
         "top_k": 1,
@@ -55,49 +57,50 @@ def check_supported(model: dict[str, Any]) -> None:
         "tie_embeddings": True,
     }
     for field, value in fixed.items():
-        if model[field] != value:
+        have = getattr(model, field)
+        if have != value:
             raise UnsupportedModel(
-                f"model.{field} = {model[field]!r}: the torch engine trains transformers 5.23's "
-                f"ZayaForCausalLM, which has {field} = {value!r} only (train with engine: native)"
+                f"model.{field} = {have!r}: the torch engine trains transformers 5.23's "
+                f"ZayaForCausalLM, which has {field} = {value!r} only"
             )
 
 
-def hf_config(model: dict[str, Any], rope_base: float) -> ZayaConfig:
-    """transformers' config for zflow's ``model`` trained at RoPE base ``rope_base``."""
+def hf_config(model: ModelConfig) -> ZayaConfig:
+    """transformers' config for zflow's ``model``."""
     check_supported(model)
     return ZayaConfig(
-        vocab_size=model["vocab_size"],
-        hidden_size=model["hidden_size"],
-        num_hidden_layers=model["num_blocks"],
-        num_attention_heads=model["num_query_heads"],
-        num_key_value_heads=model["num_kv_heads"],
-        head_dim=model["head_dim"],
-        cca_time0=model["conv_kernel"],
-        cca_time1=model["conv_kernel"],
+        vocab_size=model.vocab_size,
+        hidden_size=model.hidden_size,
+        num_hidden_layers=model.num_blocks,
+        num_attention_heads=model.num_query_heads,
+        num_key_value_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        cca_time0=model.conv_kernel,
+        cca_time1=model.conv_kernel,
         # Blocks listed in `sliding_blocks` are transformers' `hybrid_sliding` layers, with
         # their own RoPE base; the phase's base is the full-attention layers'.
         layer_types=[
-            "hybrid_sliding" if i in model["sliding_blocks"] else "hybrid"
-            for i in range(model["num_blocks"])
+            "hybrid_sliding" if i in model.sliding_blocks else "hybrid"
+            for i in range(model.num_blocks)
         ],
-        sliding_window=model["sliding_window"] if model["sliding_blocks"] else None,
+        sliding_window=model.sliding_window if model.sliding_blocks else None,
         rope_parameters={
             "hybrid": {
                 "rope_type": "default",
-                "rope_theta": rope_base,
-                "partial_rotary_factor": model["rope_fraction"],
+                "rope_theta": model.rope_base,
+                "partial_rotary_factor": model.rope_fraction,
             },
             "hybrid_sliding": {
                 "rope_type": "default",
-                "rope_theta": model["sliding_rope_base"],
-                "partial_rotary_factor": model["rope_fraction"],
+                "rope_theta": model.sliding_rope_base,
+                "partial_rotary_factor": model.rope_fraction,
             },
         },
-        num_experts=model["num_experts"],
-        num_experts_per_tok=model["top_k"],
-        moe_intermediate_size=model["expert_ffn"],
-        router_hidden_size=model["router_dim"],
-        rms_norm_eps=model["rms_norm_eps"],
+        num_experts=model.num_experts,
+        num_experts_per_tok=model.top_k,
+        moe_intermediate_size=model.expert_ffn,
+        router_hidden_size=model.router_dim,
+        rms_norm_eps=model.rms_norm_eps,
         tie_word_embeddings=True,
         # No padding row: zflow trains every embedding row (nn.Embedding's padding_idx would
         # freeze one).
@@ -157,7 +160,7 @@ class RoutedMoe(nn.Module):
         probs = torch.softmax(gate.router_mlp(state), dim=-1).reshape(batch * seq, -1)
         routes = probs.shape[-1]
         biased = probs.detach().float() + gate.balancing_biases
-        # argmax returns the first of equal maxima, as the native router's strict `>` does.
+        # argmax returns the first of equal maxima (a strict `>` scan).
         choice = biased.argmax(dim=-1)
         counts = torch.bincount(choice, minlength=routes)
         self.counts = counts
@@ -177,16 +180,16 @@ class RoutedMoe(nn.Module):
         return out.reshape(batch, seq, hidden), state
 
 
-def build(model: dict[str, Any], rope_base: float, seed: int | None) -> ZayaForCausalLM:
-    """The model, f32, with the native engine's initial weights for ``seed`` (None: left to
+def build(model: ModelConfig, seed: int | None) -> ZayaForCausalLM:
+    """The model, f32, with zflow's initial weights for ``seed`` (None: left to
     the caller, who loads or initialises them)."""
-    config = hf_config(model, rope_base)
+    config = hf_config(model)
     config._attn_implementation = "sdpa"
     net = ZayaForCausalLM(config)
     for layer in net.model.layers:
-        experts = Experts(model["num_experts"], model["hidden_size"], model["expert_ffn"])
-        skip_zero = model["skip_output"] == "zero"
-        layer.mlp = RoutedMoe(layer.mlp.gate, experts, model["num_experts"], skip_zero)
+        experts = Experts(model.num_experts, model.hidden_size, model.expert_ffn)
+        skip_zero = model.skip_output == "zero"
+        layer.mlp = RoutedMoe(layer.mlp.gate, experts, model.num_experts, skip_zero)
     if seed is not None:
         with torch.no_grad():
             initialise(net, model, seed)
@@ -217,13 +220,13 @@ class Tensor:
     linear: bool
 
 
-def zflow_tensors(m: dict[str, Any]) -> list[Tensor]:
+def zflow_tensors(m: ModelConfig) -> list[Tensor]:
     """zflow's parameter list, in its order (``model::tensors``; a Rust test compares them)."""
-    h, d = m["hidden_size"], m["router_dim"]
-    lq, lk = m["num_query_heads"] * m["head_dim"], m["num_kv_heads"] * m["head_dim"]
-    ch, k = lq + lk, m["conv_kernel"]
-    routes = m["num_experts"] + int(m["mod_skip"])
-    out: list[Tensor] = [Tensor("embed_tokens", [m["vocab_size"], h], False)]
+    h, d = m.hidden_size, m.router_dim
+    lq, lk = m.num_query_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    ch, k = lq + lk, m.conv_kernel
+    routes = m.num_experts + int(m.mod_skip)
+    out: list[Tensor] = [Tensor("embed_tokens", [m.vocab_size, h], False)]
 
     def add(name: str, *shape: int) -> None:
         out.append(Tensor(name, list(shape), False))
@@ -240,7 +243,7 @@ def zflow_tensors(m: dict[str, Any]) -> list[Tensor]:
             add(f"{path}.residual_scale", h)
             add(f"{path}.residual_bias", h)
 
-    for i in range(m["num_blocks"]):
+    for i in range(m.num_blocks):
         b = f"blocks.{i}"
         res_scale(f"{b}.attn_res_scale", i > 0)
         add(f"{b}.attn_norm.weight", h)
@@ -251,9 +254,9 @@ def zflow_tensors(m: dict[str, Any]) -> list[Tensor]:
         linear(f"{q}.val_proj2", h, lk - lk // 2, False)
         add(f"{q}.conv0_weight", ch, 1, k)
         add(f"{q}.conv0_bias", ch)
-        add(f"{q}.conv1_weight", ch, m["head_dim"], k)
+        add(f"{q}.conv1_weight", ch, m.head_dim, k)
         add(f"{q}.conv1_bias", ch)
-        add(f"{q}.temp", m["num_kv_heads"])
+        add(f"{q}.temp", m.num_kv_heads)
         linear(f"{b}.self_attn.o_proj", lq, h, False)
         res_scale(f"{b}.moe_res_scale", True)
         add(f"{b}.moe_norm.weight", h)
@@ -265,10 +268,10 @@ def zflow_tensors(m: dict[str, Any]) -> list[Tensor]:
         for j in range(3):
             last = j == 2
             linear(f"{r}.router_mlp.{j}", d, routes if last else d, not last)
-        for e in range(m["num_experts"]):
+        for e in range(m.num_experts):
             x = f"{b}.moe.local_experts.{e}"
-            linear(f"{x}.linear_fc1", h, 2 * m["expert_ffn"], False)
-            linear(f"{x}.linear_fc2", m["expert_ffn"], h, False)
+            linear(f"{x}.linear_fc1", h, 2 * m.expert_ffn, False)
+            linear(f"{x}.linear_fc2", m.expert_ffn, h, False)
     res_scale("res_scale", True)
     add("final_norm.weight", h)
     return out
@@ -329,7 +332,7 @@ def torch_name(name: str, num_blocks: int) -> str:
 
 
 def init_path(name: str) -> str:
-    """The path the native model derives a parameter's id from (its module path, except that
+    """The path a parameter's id derives from (zflow's name, except that
     the router MLP's linears are numbered as in the reference's Sequential, 0, 2, 4)."""
     marker = ".router_mlp."
     if marker in name:
@@ -340,18 +343,18 @@ def init_path(name: str) -> str:
 
 
 def param_id(name: str) -> int:
-    """The native engine's stable id of zflow tensor ``name`` (``model::param_id``): the
+    """The stable id of zflow tensor ``name`` (``model::param_id``): the
     first 8 bytes of the BLAKE3 hash of its init path, little-endian."""
     return int.from_bytes(blake3.blake3(init_path(name).encode()).digest()[:8], "little")
 
 
-def bind(net: nn.Module, m: dict[str, Any]) -> list[tuple[Tensor, nn.Parameter]]:
+def bind(net: nn.Module, m: ModelConfig) -> list[tuple[Tensor, nn.Parameter]]:
     """zflow's tensors paired with the torch parameters that hold them; every torch
     parameter is used exactly once and every shape agrees."""
     params = dict(net.named_parameters())
     out = []
     for t in zflow_tensors(m):
-        p = params.pop(torch_name(t.name, m["num_blocks"]))
+        p = params.pop(torch_name(t.name, m.num_blocks))
         shape = list(reversed(t.shape)) if t.linear else t.shape
         if list(p.shape) != shape:
             raise ValueError(f"{t.name}: torch holds {list(p.shape)}, zflow expects {shape}")
@@ -364,7 +367,7 @@ def bind(net: nn.Module, m: dict[str, Any]) -> list[tuple[Tensor, nn.Parameter]]
 
 
 class Draws:
-    """The native engine's initialisation stream: SplitMix64 over ``seed ^ 0x5a594131``, each
+    """The initialisation stream: SplitMix64 over ``seed ^ 0x5a594131``, each
     normal from two uniforms by Box-Muller, vectorised (state k is ``seed + k * golden``)."""
 
     def __init__(self, seed: int) -> None:
@@ -397,15 +400,15 @@ class Draws:
         return values
 
 
-def initialise(net: nn.Module, m: dict[str, Any], seed: int) -> None:
-    """The native engine's initial weights (``Zaya::new``): normal draws in its order, the
+def initialise(net: nn.Module, m: ModelConfig, seed: int) -> None:
+    """The initial weights: normal draws in the tensor list's order, the
     rest constants (norms, scales, temperatures 1; biases 0)."""
     bound = {t.name: (t, p) for t, p in bind(net, m)}
     for t, p in bound.values():
         zero = t.name.endswith("bias") or t.name.endswith("_bias")
         p.fill_(0.0 if zero else 1.0)
     draws = Draws(seed)
-    std, out_std = 0.02, 0.02 / math.sqrt(2 * m["num_blocks"])
+    std, out_std = 0.02, 0.02 / math.sqrt(2 * m.num_blocks)
 
     def router_std(fan_in: int) -> float:
         return 1.0 / math.sqrt(3.0 * fan_in)
@@ -419,26 +422,26 @@ def initialise(net: nn.Module, m: dict[str, Any], seed: int) -> None:
         put(name, draws.normal(bound[name][0].shape, s))
 
     normal("embed_tokens", std)
-    lq, lk = m["num_query_heads"] * m["head_dim"], m["num_kv_heads"] * m["head_dim"]
-    k = m["conv_kernel"]
-    for i in range(m["num_blocks"]):
+    lq, lk = m.num_query_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    k = m.conv_kernel
+    for i in range(m.num_blocks):
         q = f"blocks.{i}.self_attn.qkv"
         put(f"{q}.conv0_weight", draws.conv_near_identity(lq + lk, 1, k))
-        put(f"{q}.conv1_weight", draws.conv_near_identity(lq + lk, m["head_dim"], k))
+        put(f"{q}.conv1_weight", draws.conv_near_identity(lq + lk, m.head_dim, k))
         for proj in ["linear_q", "linear_k", "val_proj1", "val_proj2"]:
             normal(f"{q}.{proj}.weight", std)
         normal(f"blocks.{i}.self_attn.o_proj.weight", out_std)
         r = f"blocks.{i}.moe.router"
         for j in range(3):
-            normal(f"{r}.router_mlp.{j}.weight", router_std(m["router_dim"]))
-        normal(f"{r}.down_proj.weight", router_std(m["hidden_size"]))
-        for e in range(m["num_experts"]):
+            normal(f"{r}.router_mlp.{j}.weight", router_std(m.router_dim))
+        normal(f"{r}.down_proj.weight", router_std(m.hidden_size))
+        for e in range(m.num_experts):
             x = f"blocks.{i}.moe.local_experts.{e}"
             normal(f"{x}.linear_fc1.weight", std)
             normal(f"{x}.linear_fc2.weight", out_std)
 
 
-def zflow_state(net: nn.Module, m: dict[str, Any]) -> dict[str, torch.Tensor]:
+def zflow_state(net: nn.Module, m: ModelConfig) -> dict[str, torch.Tensor]:
     """The weights under zflow's names and shapes (f32, contiguous, on the CPU), in zflow's
     order: what ``model.safetensors`` holds."""
     return {
@@ -447,7 +450,7 @@ def zflow_state(net: nn.Module, m: dict[str, Any]) -> dict[str, torch.Tensor]:
     }
 
 
-def load_zflow_state(net: nn.Module, m: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+def load_zflow_state(net: nn.Module, m: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
     """Loads weights under zflow's names, naming the first tensor that is missing or has
     another shape."""
     with torch.no_grad():
@@ -469,7 +472,7 @@ def _dump(argv: list[str]) -> None:
     import json
 
     with open(argv[0]) as f:
-        m = json.load(f)
+        m = decode(ModelConfig, json.load(f))
     for t in zflow_tensors(m):
         print(
             json.dumps(
@@ -478,7 +481,7 @@ def _dump(argv: list[str]) -> None:
                     "shape": t.shape,
                     "linear": t.linear,
                     "id": param_id(t.name),
-                    "torch": torch_name(t.name, m["num_blocks"]),
+                    "torch": torch_name(t.name, m.num_blocks),
                 }
             )
         )

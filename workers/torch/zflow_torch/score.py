@@ -7,7 +7,8 @@ answers one JSON line on stdout per JSON line on stdin:
 - ``{"op": "loglikelihood", "groups": [[{"context": [ids], "continuation": [ids]}, ...], ...]}``
   -> ``{"scores": [[[logprob, is_greedy], ...], ...]}``: each request's summed log-probability
   of its continuation and whether every continuation token was the argmax, group by group. A
-  group is one document's requests; their shared prefix runs once (``hidden_states``).
+  group is one document's requests; for models from ``SHARE_PREFIX_MIN_HIDDEN`` wide up, their
+  shared prefix runs once (``hidden_states``); smaller ones run a line's groups as one batch.
 - ``{"op": "generate", "context": [ids], "max_new_tokens": n}`` -> ``{"tokens": [ids]}``: greedy
   decoding with transformers' cache (the harness applies its stop rules to the result).
 
@@ -71,15 +72,18 @@ def shared_prefix(rows: list[list[int]]) -> int:
     return n
 
 
-def hidden_states(net: ZayaForCausalLM, rows: list[list[int]]) -> list[torch.Tensor]:
-    """The last hidden state at every position of every row, ``[len(row), hidden]`` each.
+def hidden_states(
+    net: ZayaForCausalLM, rows: list[list[int]], share_prefix: bool
+) -> list[torch.Tensor]:
+    """The last hidden state at every position of every row, ``[len(row), hidden]`` each, in
+    one right-padded batch: padding after a row's tokens changes none of its positions (the
+    model is causal).
 
-    The rows' shared prefix runs once, batch 1, filling transformers' cache (attention keys
-    and values, and the CCA convolution and delayed-value states); the cache is copied to every
-    row and the rest of each row runs after it, right-padded. Padding after a row's tokens
-    changes none of its positions: the model is causal."""
+    With ``share_prefix``, the rows' shared prefix runs once, batch 1, filling transformers'
+    cache (attention keys and values, and the CCA convolution and delayed-value states); the
+    cache is copied to every row and the rest of each row runs after it."""
     device = next(net.parameters()).device
-    p = shared_prefix(rows) if len(rows) > 1 else 0
+    p = shared_prefix(rows) if share_prefix and len(rows) > 1 else 0
     cache = None
     prefix = None
     if p > 0:
@@ -109,13 +113,15 @@ def hidden_states(net: ZayaForCausalLM, rows: list[list[int]]) -> list[torch.Ten
     ]
 
 
-def score_group(net: ZayaForCausalLM, requests: list[dict[str, list[int]]]) -> list[list[Any]]:
-    """``[logprob, is_greedy]`` for each request of one group (one document's choices).
+def score(
+    net: ZayaForCausalLM, requests: list[dict[str, list[int]]], share_prefix: bool
+) -> list[list[Any]]:
+    """``[logprob, is_greedy]`` for each request, in one batch (``hidden_states``).
 
     Only the positions that predict a continuation token go through the output layer and the
     log-softmax, so no ``[rows, length, vocabulary]`` tensor is ever made."""
     rows = [r["context"] + r["continuation"][:-1] for r in requests]
-    states = hidden_states(net, rows)
+    states = hidden_states(net, rows, share_prefix)
     picked = torch.cat(
         [
             h[len(r["context"]) - 1 : len(r["context"]) - 1 + len(r["continuation"])]
@@ -135,11 +141,27 @@ def score_group(net: ZayaForCausalLM, requests: list[dict[str, list[int]]]) -> l
     return out
 
 
+# From this width up, a forward pass costs more than its call: each group runs on its own with
+# its prefix once. Below it (the test and nano models), a call's fixed cost dominates and the
+# message's groups run as one batch. A function of the model alone, so a model's scores never
+# depend on how its requests were batched by timing.
+SHARE_PREFIX_MIN_HIDDEN = 1024
+
+
 def loglikelihood(
     net: ZayaForCausalLM, groups: list[list[dict[str, list[int]]]]
 ) -> list[list[list[Any]]]:
+    """Scores of ``groups`` (one document's requests each), group by group."""
     with torch.inference_mode():
-        return [score_group(net, g) if g else [] for g in groups]
+        if net.config.hidden_size >= SHARE_PREFIX_MIN_HIDDEN:
+            return [score(net, g, share_prefix=True) if g else [] for g in groups]
+        requests = [r for g in groups for r in g]
+        flat = score(net, requests, share_prefix=False) if requests else []
+        out = []
+        for g in groups:
+            out.append(flat[: len(g)])
+            flat = flat[len(g) :]
+        return out
 
 
 def generate(net: ZayaForCausalLM, context: list[int], max_new_tokens: int) -> list[int]:

@@ -1,9 +1,8 @@
 """The torch engine's trainer: one phase on one rank (``zflow_torch.worker`` starts it). It
-keeps zflow's engine contract (``runtime/src/contract``) exactly as ``zflow worker`` does, so
-the train stage supervises either the same way: the train job, the environment, the JSON lines
-on stdout, the exit codes, the checkpoint format, the data order.
+keeps zflow's engine contract (``runtime/src/contract``): the train job, the environment, the
+JSON lines on stdout, the exit codes, the checkpoint format, the data order.
 
-A step, as the native trainer (``runtime/src/trainer``) takes it: ``global_batch / (world x
+A step: ``global_batch / (world x
 micro_batch)`` micro-batches read through the data cursor, their gradients accumulated and
 averaged over the ranks (DistributedDataParallel: bucketed all-reduce overlapped with the
 backward pass), clipped by global norm, then Muon (torch.optim.Muon, RMS-matched to AdamW) on
@@ -15,20 +14,13 @@ routing counts.
 
 import contextlib
 import errno
-import hmac
 import json
 import math
 import os
-import secrets
-import socket
-import sys
 import time
-from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import blake3
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -40,221 +32,29 @@ from zflow_torch import balance, checkpoint, faults, model, schedule, spike
 from zflow_torch.contract import (
     PREFLIGHT,
     RANK,
-    RENDEZVOUS,
-    SECRET,
     WORLD,
     Emitter,
+    Fatal,
     JobError,
+    PeerLost,
+    log,
     read_job,
 )
+from zflow_torch.distributed import describe, device_for, join_group, probe
+from zflow_torch.job import TrainJob, encode
 from zflow_torch.megatron import ConcatDataset, TokenSource, open_concat
 from zflow_torch.mixture import DataCursor, MixtureReader
+from zflow_torch.optim import use_f32_newton_schulz
 from zflow_torch.rng import SplitMix64
-
-
-class Fatal(Exception):
-    """A failure no relaunch can fix (bad settings or data, a full disk): exit code 3."""
-
-
-class PeerLost(Exception):
-    """Another rank went away (the collective failed): exit code 4, the supervisor blames it."""
-
-
-def log(message: str) -> None:
-    """A line in the stage log (stderr)."""
-    print(f"{time.strftime('%H:%M:%S')} torch-worker: {message}", file=sys.stderr, flush=True)
-
-
-# -- the device and the process group ---------------------------------------------------------
-
-
-def device_for(backend: str, index: int) -> torch.device:
-    """The torch device of ``backend`` (ROCm builds of PyTorch call their GPUs ``cuda``)."""
-    if backend == "cpu":
-        return torch.device("cpu")
-    if backend not in ("cuda", "rocm"):
-        raise Fatal(f"unknown backend `{backend}` (expected cpu, cuda or rocm)")
-    if backend == "rocm" and torch.version.hip is None:
-        raise Fatal("backend rocm, but this PyTorch is not a ROCm build (see ZFLOW_TORCH_PYTHON)")
-    if backend == "cuda" and torch.version.cuda is None:
-        raise Fatal("backend cuda, but this PyTorch has no CUDA")
-    if not torch.cuda.is_available():
-        raise Fatal(f"backend {backend}: no GPU is visible to PyTorch")
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
-
-
-def newton_schulz_f32(
-    grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: float
-) -> torch.Tensor:
-    """torch.optim.Muon's Newton-Schulz orthogonalisation (the same quintic iteration), in f32
-    instead of bf16: what the native engine computes. bf16 rounds away a gradient's last bits,
-    so on 1 rank and on 2 (whose gradient sums round differently) the updates part after a few
-    steps; in f32 they agree to float rounding, as the native engine's do. Installed on CPUs,
-    where bf16 buys no speed; GPUs keep torch's bf16."""
-    a, b, c = ns_coefficients
-    x = grad.to(dtype=torch.float32, copy=True)
-    tall = grad.size(0) > grad.size(1)
-    if tall:
-        x = x.T
-    x.div_(x.norm().clamp(min=eps))
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        update = torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.addmm(x, update, x, beta=a)
-    return x.T if tall else x
-
-
-def use_f32_newton_schulz() -> None:
-    """Makes torch.optim.Muon (torch 2.15.0, pinned) orthogonalise in f32."""
-    from torch.optim import _muon
-
-    if not hasattr(_muon, "_zeropower_via_newtonschulz"):
-        raise RuntimeError("this torch's Muon has no _zeropower_via_newtonschulz to replace")
-    _muon._zeropower_via_newtonschulz = newton_schulz_f32
-
-
-def describe(device: torch.device) -> str:
-    if device.type == "cpu":
-        return f"torch {torch.__version__} cpu ({torch.get_num_threads()} threads)"
-    return f"torch {torch.__version__} {torch.cuda.get_device_name(device)}"
-
-
-# Rank 0's listening sockets, kept open for its store.
-_LISTENERS: list[socket.socket] = []
-
-
-def _mac(key: bytes, *parts: str) -> str:
-    return blake3.blake3("\n".join(parts).encode(), key=key).hexdigest()
-
-
-def join_group(rank: int, world: int, backend: str) -> None:
-    """Joins the launch's process group at zflow's rendezvous (rank 0 serves the store there)
-    and proves, both ways, that every rank holds the launch secret before any collective runs:
-    each rank answers rank 0's nonce with a keyed BLAKE3 MAC, and rank 0 answers each rank's."""
-    host, _, port = os.environ[RENDEZVOUS].rpartition(":")
-    if host in ("127.0.0.1", "localhost", "::1"):
-        # Gloo's own connections stay on loopback, like the store's clients.
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    os.environ.update(MASTER_ADDR=host, MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world))
-    key = blake3.blake3(os.environ[SECRET].encode()).digest()
-    timeout = timedelta(seconds=300)
-    store_type: Any = dist.TCPStore  # type: ignore[attr-defined]
-    if rank == 0:
-        # The store listens on the rendezvous address only (loopback for a launch on one
-        # machine), not on every interface as TCPStore's own listener would.
-        listener = socket.create_server((host, int(port)))
-        _LISTENERS.append(listener)
-        store = store_type(
-            host,
-            int(port),
-            world,
-            is_master=True,
-            timeout=timeout,
-            master_listen_fd=listener.fileno(),
-            use_libuv=True,
-        )
-    else:
-        store = store_type(host, int(port), world, is_master=False, timeout=timeout)
-    if rank == 0:
-        challenge = secrets.token_hex(16)
-        store.set("zflow/challenge", challenge)
-        for r in range(1, world):
-            nonce, _, proof = store.get(f"zflow/proof/{r}").decode().partition(":")
-            if not hmac.compare_digest(proof, _mac(key, "rank", challenge, nonce, str(r))):
-                raise Fatal(f"rank {r} did not prove the launch secret; refusing it")
-            store.set(f"zflow/answer/{r}", _mac(key, "root", challenge, nonce, str(r)))
-    else:
-        challenge = store.get("zflow/challenge").decode()
-        nonce = secrets.token_hex(16)
-        store.set(
-            f"zflow/proof/{rank}", f"{nonce}:{_mac(key, 'rank', challenge, nonce, str(rank))}"
-        )
-        answer = store.get(f"zflow/answer/{rank}").decode()
-        if not hmac.compare_digest(answer, _mac(key, "root", challenge, nonce, str(rank))):
-            raise Fatal("rank 0 did not prove the launch secret; refusing it")
-    dist_backend = "gloo" if backend == "cpu" else "nccl"
-    dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world, timeout=timeout)
-
-
-# -- the preflight probe ------------------------------------------------------------------------
-
-
-def probe(device: torch.device, slow_ms: int) -> tuple[float, float]:
-    """GEMM GFLOP/s and memory bandwidth GB/s, as the native probe measures them: a 512^2 f32
-    matmul and an elementwise add of 4M floats (read two, write one), best of 3."""
-
-    def best_of(f: Callable[[], object]) -> float:
-        f()
-        best = math.inf
-        for _ in range(3):
-            t = time.perf_counter()
-            f()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            time.sleep(slow_ms / 1000)
-            best = min(best, time.perf_counter() - t)
-        return best
-
-    n, length = 512, 1 << 22
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    x, y = torch.rand(length, device=device), torch.rand(length, device=device)
-    gemm = best_of(lambda: (a @ b).sum().item())
-    add = best_of(lambda: (x + y)[:1].item())
-    return 2.0 * n**3 / gemm / 1e9, 3.0 * 4.0 * length / add / 1e9
-
-
-# -- the trainer's state ------------------------------------------------------------------------
-
-
-class State:
-    """``trainer.json``: step, data cursor, balancing state, tokens, loss history, skips."""
-
-    def __init__(self, d: dict[str, Any]) -> None:
-        self.phase: str = d["phase"]
-        self.step: int = d["step"]
-        self.total_steps: int = d["total_steps"]
-        c = d["cursor"]
-        self.cursor = DataCursor(c["phase"], c["sample"], c["fingerprint"])
-        self.balance = [
-            balance.BalanceState(
-                [balance.f32(b) for b in s["biases"]],
-                list(s["integral"]),
-                list(s["last_error"]),
-                list(s["m"]),
-                list(s["v"]),
-                s["steps"],
-            )
-            for s in d["balance"]
-        ]
-        self.tokens: int = d["tokens"]
-        self.seed: int = d["seed"]
-        self.loss_history: list[float] = list(d.get("loss_history", []))
-        self.skipped_batches: list[int] = list(d.get("skipped_batches", []))
-        self.rollbacks: int = d.get("rollbacks", 0)
-
-    def to_json(self) -> dict[str, Any]:
-        c = self.cursor
-        return {
-            "phase": self.phase,
-            "step": self.step,
-            "total_steps": self.total_steps,
-            "cursor": {"phase": c.phase, "sample": c.sample, "fingerprint": c.fingerprint},
-            "balance": [b.to_json() for b in self.balance],
-            "tokens": self.tokens,
-            "seed": self.seed,
-            "loss_history": self.loss_history,
-            "skipped_batches": self.skipped_batches,
-            "rollbacks": self.rollbacks,
-        }
+from zflow_torch.state import State
 
 
 class Trainer:
     """One phase on one rank."""
 
-    def __init__(self, job: dict[str, Any], backend: str, emit: Emitter) -> None:
+    def __init__(self, job: TrainJob, backend: str, emit: Emitter) -> None:
         self.job, self.emit = job, emit
-        self.t: dict[str, Any] = job["train"]
+        self.t = job.train
         self.rank = int(os.environ.get(RANK, "0"))
         self.world = int(os.environ.get(WORLD, "1"))
         local = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
@@ -263,46 +63,44 @@ class Trainer:
             use_f32_newton_schulz()
         self.faults = faults.Faults.from_env(self.rank)
         t = self.t
-        if t["global_batch"] % (self.world * t["micro_batch"]) != 0:
+        if t.global_batch % (self.world * t.micro_batch) != 0:
             raise Fatal(
-                f"phase `{job['phase']}`: global_batch {t['global_batch']} is not a multiple of "
-                f"{self.world} ranks x micro_batch {t['micro_batch']}"
+                f"phase `{job.phase}`: global_batch {t.global_batch} is not a multiple of "
+                f"{self.world} ranks x micro_batch {t.micro_batch}"
             )
-        self.accumulation = t["global_batch"] // (self.world * t["micro_batch"])
-        self.model_config = dict(job["model"])
-        rope_base = t.get("rope_base")
-        if rope_base is not None:
-            self.model_config["rope_base"] = rope_base
+        self.accumulation = t.global_batch // (self.world * t.micro_batch)
+        # The phase's model, resolved by the train stage (`TrainJob::phase_model`).
+        self.model_config = job.model
         try:
             model.check_supported(self.model_config)
         except model.UnsupportedModel as e:
             raise Fatal(str(e)) from e
-        self.checkpoints = Path(job["checkpoints"])
+        self.checkpoints = Path(job.checkpoints)
 
     # -- set-up ---------------------------------------------------------------------------------
 
     def open_data(self) -> None:
         # A source's tokens: its datasets (a sharded source's shards) read as one.
-        sources: list[TokenSource] = [open_concat(s["tokens"]) for s in self.job["sources"]]
-        self.reader = MixtureReader(Path(self.job["mixture"]), sources)
+        sources: list[TokenSource] = [open_concat(s.tokens) for s in self.job.sources]
+        self.reader = MixtureReader(Path(self.job.mixture), sources)
         self.seq_len = self.reader.seq_len
-        self.total_steps = self.reader.num_samples // self.t["global_batch"]
+        self.total_steps = self.reader.num_samples // self.t.global_batch
         if self.total_steps == 0:
             raise Fatal(
-                f"phase `{self.job['phase']}`: the mixture has {self.reader.num_samples} samples, "
-                f"fewer than one global batch of {self.t['global_batch']}"
+                f"phase `{self.job.phase}`: the mixture has {self.reader.num_samples} samples, "
+                f"fewer than one global batch of {self.t.global_batch}"
             )
         self.heldout: list[tuple[str, ConcatDataset]] = []
         if self.rank == 0:
-            for s in self.job["sources"]:
-                ds = open_concat(s["heldout"])
+            for s in self.job.sources:
+                ds = open_concat(s.heldout)
                 if ds.num_docs() > 0:
-                    self.heldout.append((s["name"], ds))
+                    self.heldout.append((s.name, ds))
 
     def build_model(self) -> None:
         m = self.model_config
         # `start` initialises or loads the weights.
-        self.net = model.build(m, m["rope_base"], None).to(self.device)
+        self.net = model.build(m, None).to(self.device)
         self.bound = model.bind(self.net, m)
         self.ids = {t.name: model.param_id(t.name) for t, _ in self.bound}
         self.layout = checkpoint.layout(
@@ -313,8 +111,8 @@ class Trainer:
         for t, p in self.bound:
             self.owned_by[owner[t.name]].append(p)
         self.mine = [(t, p) for t, p in self.bound if owner[t.name] == self.rank]
-        self.routes = m["num_experts"] + int(m["mod_skip"])
-        self.target = balance.target_shares(self.routes, m["mod_skip"], self.t["balance"])
+        self.routes = m.num_experts + int(m.mod_skip)
+        self.target = balance.target_shares(self.routes, m.mod_skip, self.t.balance)
         self.ddp: nn.Module = self.net
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -326,15 +124,15 @@ class Trainer:
         t = self.t
         matrices = [p for tensor, p in self.mine if tensor.linear]
         rest = [p for tensor, p in self.mine if not tensor.linear]
-        mu, aw = t["muon"], t["adamw"]
+        mu, aw = t.muon, t.adamw
         self.muon = (
             torch.optim.Muon(
                 matrices,
                 lr=0.0,
-                weight_decay=mu["weight_decay"],
-                momentum=mu["momentum"],
-                nesterov=mu["nesterov"],
-                ns_steps=mu["ns_steps"],
+                weight_decay=mu.weight_decay,
+                momentum=mu.momentum,
+                nesterov=mu.nesterov,
+                ns_steps=mu.ns_steps,
                 adjust_lr_fn="match_rms_adamw",
             )
             if matrices
@@ -344,9 +142,9 @@ class Trainer:
             torch.optim.AdamW(
                 rest,
                 lr=0.0,
-                betas=(aw["beta1"], aw["beta2"]),
-                eps=aw["eps"],
-                weight_decay=aw["weight_decay"],
+                betas=(aw.beta1, aw.beta2),
+                eps=aw.eps,
+                weight_decay=aw.weight_decay,
             )
             if rest
             else None
@@ -359,10 +157,10 @@ class Trainer:
     def fresh_state(self, cursor: DataCursor | None = None) -> State:
         """The state at the start of the phase (at ``cursor``, default the mixture's start)."""
         m = self.model_config
-        cursor = cursor or self.reader.start(self.job["phase"])
+        cursor = cursor or self.reader.start(self.job.phase)
         return State(
             {
-                "phase": self.job["phase"],
+                "phase": self.job.phase,
                 "step": 0,
                 "total_steps": self.total_steps,
                 "cursor": {
@@ -371,11 +169,11 @@ class Trainer:
                     "fingerprint": cursor.fingerprint,
                 },
                 "balance": [
-                    balance.BalanceState.new(self.routes, m["mod_skip"]).to_json()
-                    for _ in range(m["num_blocks"])
+                    balance.BalanceState.new(self.routes, m.mod_skip).to_json()
+                    for _ in range(m.num_blocks)
                 ],
                 "tokens": 0,
-                "seed": self.t["seed"],
+                "seed": self.t.seed,
             }
         )
 
@@ -389,32 +187,21 @@ class Trainer:
 
     def load_optimizers(self, files: dict[str, bytes], d: Path) -> None:
         mine = {self.ids[t.name]: (t, p) for t, p in self.mine}
-        momentum = self.t["muon"]["momentum"]
+        momentum = self.t.muon.momentum
         for name, opt in self.optimizers():
             records = checkpoint.read_shard(files, d, name, set(mine))
-            older = 0
             for pid, record in records.items():
                 t, p = mine[pid]
                 try:
                     saved = checkpoint.decode_state(record, t.linear, momentum)
-                    if saved is not None:
-                        checkpoint.check_state(name, saved, list(p.shape))
+                    checkpoint.check_state(name, saved, list(p.shape))
                 except ValueError as e:
                     raise Fatal(f"{d}: the {name} state of `{t.name}`: {e}") from e
-                if saved is None:
-                    older += 1
-                    continue
                 # Copies: the loaded tensors are views of the checkpoint's bytes.
                 opt.state[p] = {
                     k: v.clone() if k == "step" else v.to(self.device, copy=True)
                     for k, v in saved.items()
                 }
-            if older:
-                log(
-                    f"{d}: {older} {name} state entries are burn records of an older native "
-                    f"engine, which this engine cannot read; {name} starts afresh"
-                )
-                opt.state.clear()
 
     def start(self) -> State:
         """The state training starts (or restarts after a spike) from: this phase's newest
@@ -422,22 +209,22 @@ class Trainer:
         self.new_optimizers()
         state = self.fresh_state()
         found = checkpoint.latest(self.checkpoints, log)
-        if found is None and not self.job.get("init"):
+        if found is None and not self.job.init:
             with torch.no_grad():
-                model.initialise(self.net, self.model_config, self.t["seed"])
+                model.initialise(self.net, self.model_config, self.t.seed)
         if found is not None:
             d, files = found
             self.load_weights(files, d)
             state = State(json.loads(files["trainer.json"]))
-            if state.phase != self.job["phase"]:
+            if state.phase != self.job.phase:
                 raise Fatal(
                     f"{d}: a checkpoint of phase `{state.phase}` "
-                    f"in phase `{self.job['phase']}`'s directory"
+                    f"in phase `{self.job.phase}`'s directory"
                 )
             self.load_optimizers(files, d)
             log(f"resuming phase {state.phase} at step {state.step} from {d}")
-        elif self.job.get("init"):
-            init = Path(self.job["init"])
+        elif self.job.init:
+            init = Path(self.job.init)
             try:
                 files = checkpoint.read_verified(init)
             except checkpoint.CheckpointError as e:
@@ -445,11 +232,11 @@ class Trainer:
                     f"the previous phase's checkpoint {init}: {e}"
                 ) from e
             self.load_weights(files, init)
-            if self.t["carry_optimizer"]:
+            if self.t.carry_optimizer:
                 self.load_optimizers(files, init)
             # The routing biases are part of the model; the phase's data and step restart.
             state.balance = State(json.loads(files["trainer.json"])).balance
-            carried = "carried" if self.t["carry_optimizer"] else "reset"
+            carried = "carried" if self.t.carry_optimizer else "reset"
             log(f"phase {state.phase} starts from {init} (optimizer state {carried})")
         return state
 
@@ -458,20 +245,20 @@ class Trainer:
     def batch(
         self, state: State, garbage: bool, batch_start: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        t, vocab = self.t, self.model_config["vocab_size"]
-        b = self.reader.batch(state.cursor, self.rank, self.world, t["micro_batch"])
+        t, vocab = self.t, self.model_config.vocab_size
+        b = self.reader.batch(state.cursor, self.rank, self.world, t.micro_batch)
         tokens = b.tokens
         bad = next((x for x in tokens if x >= vocab), None)
         if bad is not None:
             raise Fatal(
-                f"phase `{self.job['phase']}`: the batch at sample {state.cursor.sample} holds "
+                f"phase `{self.job.phase}`: the batch at sample {state.cursor.sample} holds "
                 f"token id {bad}, beyond model.vocab_size {vocab}"
             )
         if garbage:
             # Fault injection: this batch is noise, as a corrupt shard would be.
             rng = SplitMix64(batch_start ^ 0xBAD)
             tokens = [rng.below(vocab) for _ in tokens]
-        rows = torch.tensor(tokens, dtype=torch.long).view(t["micro_batch"], self.seq_len + 1)
+        rows = torch.tensor(tokens, dtype=torch.long).view(t.micro_batch, self.seq_len + 1)
         rows = rows.to(self.device)
         return rows[:, :-1], rows[:, 1:]
 
@@ -495,7 +282,7 @@ class Trainer:
         n = len(micro)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         counts = torch.zeros(
-            (self.model_config["num_blocks"], self.routes), dtype=torch.long, device=self.device
+            (self.model_config.num_blocks, self.routes), dtype=torch.long, device=self.device
         )
         for i, (inputs, targets) in enumerate(micro):
             sync = self.world == 1 or i == n - 1
@@ -511,7 +298,7 @@ class Trainer:
             mean_loss /= self.world
             dist.all_reduce(counts)
         params = [p for _, p in self.bound]
-        clip = self.t["grad_clip"]
+        clip = self.t.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
         for _, opt in self.optimizers():
             for group in opt.param_groups:
@@ -537,10 +324,10 @@ class Trainer:
                         at += p.numel()
 
     def evaluate(self) -> list[tuple[str, float]]:
-        """Held-out loss per source (rank 0), as the native trainer scores it: the first
+        """Held-out loss per source (rank 0): the first
         ``eval_tokens + 1`` tokens of the held-out documents in windows of ``seq_len``."""
         out = []
-        want = self.t["eval_tokens"] + 1
+        want = self.t.eval_tokens + 1
         with torch.no_grad():
             for name, ds in self.heldout:
                 stream: list[int] = []
@@ -554,8 +341,8 @@ class Trainer:
                 if not windows:
                     continue
                 total, count = 0.0, 0
-                for at in range(0, len(windows), self.t["micro_batch"]):
-                    chunk = windows[at : at + self.t["micro_batch"]]
+                for at in range(0, len(windows), self.t.micro_batch):
+                    chunk = windows[at : at + self.t.micro_batch]
                     rows = torch.tensor(chunk, dtype=torch.long, device=self.device)
                     total += float(self.loss(self.net, rows[:, :-1], rows[:, 1:], "sum").item())
                     count += len(chunk) * s
@@ -588,7 +375,7 @@ class Trainer:
             )
             files.append(("trainer.json", json.dumps(state.to_json(), indent=2).encode()))
             files.append(("layout.json", json.dumps(self.layout, indent=2).encode()))
-            files.append(("model.json", json.dumps(self.model_config, indent=2).encode()))
+            files.append(("model.json", json.dumps(encode(self.model_config), indent=2).encode()))
         return files
 
     def save(self, state: State, saver: checkpoint.Saver, final: bool) -> None:
@@ -610,7 +397,7 @@ class Trainer:
                     data[len(data) // 2] ^= 0x40
                     path.write_bytes(bytes(data))
                     log(f"fault injection: flipped a byte of {path}")
-                checkpoint.retain(self.checkpoints, self.t["keep_checkpoints"])
+                checkpoint.retain(self.checkpoints, self.t.keep_checkpoints)
                 emit.checkpoint_committed(step, str(d))
 
         saver.save(work, final)
@@ -634,11 +421,11 @@ class Trainer:
         self.emit.hello(
             self.rank, self.world, describe(self.device), state.step, self.total_steps, params
         )
-        saver = checkpoint.Saver(t["async_checkpoints"])
+        saver = checkpoint.Saver(t.async_checkpoints)
         spike_fired = False
         last_loss = state.loss_history[-1] if state.loss_history else None
         saved_step = state.step if state.step > 0 else None
-        gb = t["global_batch"]
+        gb = t.global_batch
         while state.step < self.total_steps:
             while state.cursor.sample in state.skipped_batches:
                 state.cursor = DataCursor(
@@ -658,17 +445,17 @@ class Trainer:
             micro = []
             for _ in range(self.accumulation):
                 micro.append(self.batch(state, garbage, batch_start))
-                state.cursor = state.cursor.advance(self.world, t["micro_batch"])
-            lr = schedule.lr(t["schedule"], state.step, self.total_steps)
+                state.cursor = state.cursor.advance(self.world, t.micro_batch)
+            lr = schedule.lr(t.schedule, state.step, self.total_steps)
             loss, grad_norm, counts = self.train_step(micro, lr)
             delay = self.faults.delay_ms(state.step + 1)
             if delay:
                 time.sleep(delay / 1000)
 
             # The loss-spike guard; every rank sees the same (all-reduced) loss.
-            z = spike.check(t["spike"], state.loss_history, loss)
+            z = spike.check(t.spike, state.loss_history, loss)
             if z is not None:
-                if state.rollbacks < t["spike"]["max_rollbacks"]:
+                if state.rollbacks < t.spike.max_rollbacks:
                     saver.wait()
                     if self.world > 1:
                         dist.barrier()
@@ -690,12 +477,12 @@ class Trainer:
                 raise RuntimeError(
                     f"phase `{state.phase}`: the loss is {loss} at step {state.step + 1}"
                 )
-            spike.record(t["spike"], state.loss_history, loss)
+            spike.record(t.spike, state.loss_history, loss)
 
             error = 0.0
             for layer, c in enumerate(counts):
                 error += balance.balance_error(c, self.target)
-                balance.update(state.balance[layer], c, self.target, t["balance"])
+                balance.update(state.balance[layer], c, self.target, t.balance)
             state.step += 1
             tokens = gb * self.seq_len
             state.tokens += tokens
@@ -712,11 +499,9 @@ class Trainer:
                 error / len(counts),
             )
             last = state.step == self.total_steps
-            if self.rank == 0 and (
-                (t["eval_every"] > 0 and state.step % t["eval_every"] == 0) or last
-            ):
+            if self.rank == 0 and ((t.eval_every > 0 and state.step % t.eval_every == 0) or last):
                 self.emit.eval(state.step, self.evaluate())
-            if (t["checkpoint_every"] > 0 and state.step % t["checkpoint_every"] == 0) or last:
+            if (t.checkpoint_every > 0 and state.step % t.checkpoint_every == 0) or last:
                 self.save(state, saver, last)
                 saved_step = state.step
             if self.faults.at("crash", state.step):

@@ -1,0 +1,122 @@
+"""The rank's place in the launch: its device (``device_for``), the process group it joins at
+zflow's rendezvous, proving the launch secret both ways before any collective runs
+(``join_group``; SECURITY.md), and the preflight probe of its device (``probe``)."""
+
+import hmac
+import math
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import blake3
+import torch
+import torch.distributed as dist
+
+from zflow_torch.contract import RENDEZVOUS, SECRET, Fatal
+
+
+def device_for(backend: str, index: int) -> torch.device:
+    """The torch device of ``backend`` (ROCm builds of PyTorch call their GPUs ``cuda``)."""
+    if backend == "cpu":
+        return torch.device("cpu")
+    if backend not in ("cuda", "rocm"):
+        raise Fatal(f"unknown backend `{backend}` (expected cpu, cuda or rocm)")
+    if backend == "rocm" and torch.version.hip is None:
+        raise Fatal("backend rocm, but this PyTorch is not a ROCm build (see ZFLOW_TORCH_PYTHON)")
+    if backend == "cuda" and torch.version.cuda is None:
+        raise Fatal("backend cuda, but this PyTorch has no CUDA")
+    if not torch.cuda.is_available():
+        raise Fatal(f"backend {backend}: no GPU is visible to PyTorch")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cpu":
+        return f"torch {torch.__version__} cpu ({torch.get_num_threads()} threads)"
+    return f"torch {torch.__version__} {torch.cuda.get_device_name(device)}"
+
+
+# Rank 0's listening sockets, kept open for its store.
+_LISTENERS: list[socket.socket] = []
+
+
+def _mac(key: bytes, *parts: str) -> str:
+    return blake3.blake3("\n".join(parts).encode(), key=key).hexdigest()
+
+
+def join_group(rank: int, world: int, backend: str) -> None:
+    """Joins the launch's process group at zflow's rendezvous (rank 0 serves the store there)
+    and proves, both ways, that every rank holds the launch secret before any collective runs:
+    each rank answers rank 0's nonce with a keyed BLAKE3 MAC, and rank 0 answers each rank's."""
+    host, _, port = os.environ[RENDEZVOUS].rpartition(":")
+    if host in ("127.0.0.1", "localhost", "::1"):
+        # Gloo's own connections stay on loopback, like the store's clients.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world))
+    key = blake3.blake3(os.environ[SECRET].encode()).digest()
+    timeout = timedelta(seconds=300)
+    store_type: Any = dist.TCPStore  # type: ignore[attr-defined]
+    if rank == 0:
+        # The store listens on the rendezvous address only (loopback for a launch on one
+        # machine), not on every interface as TCPStore's own listener would.
+        listener = socket.create_server((host, int(port)))
+        _LISTENERS.append(listener)
+        store = store_type(
+            host,
+            int(port),
+            world,
+            is_master=True,
+            timeout=timeout,
+            master_listen_fd=listener.fileno(),
+            use_libuv=True,
+        )
+    else:
+        store = store_type(host, int(port), world, is_master=False, timeout=timeout)
+    if rank == 0:
+        challenge = secrets.token_hex(16)
+        store.set("zflow/challenge", challenge)
+        for r in range(1, world):
+            nonce, _, proof = store.get(f"zflow/proof/{r}").decode().partition(":")
+            if not hmac.compare_digest(proof, _mac(key, "rank", challenge, nonce, str(r))):
+                raise Fatal(f"rank {r} did not prove the launch secret; refusing it")
+            store.set(f"zflow/answer/{r}", _mac(key, "root", challenge, nonce, str(r)))
+    else:
+        challenge = store.get("zflow/challenge").decode()
+        nonce = secrets.token_hex(16)
+        store.set(
+            f"zflow/proof/{rank}", f"{nonce}:{_mac(key, 'rank', challenge, nonce, str(rank))}"
+        )
+        answer = store.get(f"zflow/answer/{rank}").decode()
+        if not hmac.compare_digest(answer, _mac(key, "root", challenge, nonce, str(rank))):
+            raise Fatal("rank 0 did not prove the launch secret; refusing it")
+    dist_backend = "gloo" if backend == "cpu" else "nccl"
+    dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+def probe(device: torch.device, slow_ms: int) -> tuple[float, float]:
+    """GEMM GFLOP/s and memory bandwidth GB/s (``runtime/src/dist/preflight.rs``): a 512^2 f32
+    matmul and an elementwise add of 4M floats (read two, write one), best of 3."""
+
+    def best_of(f: Callable[[], object]) -> float:
+        f()
+        best = math.inf
+        for _ in range(3):
+            t = time.perf_counter()
+            f()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            time.sleep(slow_ms / 1000)
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    n, length = 512, 1 << 22
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    x, y = torch.rand(length, device=device), torch.rand(length, device=device)
+    gemm = best_of(lambda: (a @ b).sum().item())
+    add = best_of(lambda: (x + y)[:1].item())
+    return 2.0 * n**3 / gemm / 1e9, 3.0 * 4.0 * length / add / 1e9
