@@ -55,12 +55,21 @@ fn tracked() -> Vec<PathBuf> {
 }
 
 /// The text of `file` where paths are named: all of a Markdown file; the comments of code
-/// (after `//` in Rust, `#` in Python, shell and YAML), one entry per line.
+/// (after `//` in Rust, `#` in Python, shell and YAML) and Python's docstrings (every line
+/// from one that opens a triple-quoted string to the one that closes it), one entry per line.
 fn prose(file: &Path, text: &str) -> Vec<(usize, String)> {
     let ext = file.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let mut in_docstring = false;
     text.lines()
         .enumerate()
         .filter_map(|(i, line)| {
+            if ext == "py" {
+                let was = in_docstring;
+                in_docstring ^= line.matches("\"\"\"").count() % 2 == 1;
+                if was || line.contains("\"\"\"") {
+                    return Some((i + 1, line.to_string()));
+                }
+            }
             let part = match ext {
                 "md" => Some(line),
                 "rs" => line.find("//").map(|at| &line[at..]),

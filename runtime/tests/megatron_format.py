@@ -2,7 +2,7 @@
 """An independent reader and writer for Megatron-LM indexed datasets (MMIDIDX version 1).
 
 Written from the format description only, with the standard library (no numpy), so the Rust
-implementation in runtime/src/data/megatron.rs can be checked against a second one.
+implementation in runtime/src/data/megatron/ can be checked against a second one.
 
 Usage:
     megatron_format.py read PREFIX

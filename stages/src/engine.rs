@@ -1,7 +1,7 @@
 //! Training engines: the program each rank of a train stage runs (`train.engine`). Every
 //! engine keeps the engine contract (`zflow_runtime::contract`: the job file, the environment,
 //! the JSON lines on stdout, the exit codes, the checkpoint format), so the supervisor
-//! (`train.rs`) knows none of them: it asks this file for the command of a rank. A new engine
+//! (`stages/src/train/supervisor.rs`) knows none of them: it asks this file for the command of a rank. A new engine
 //! is one more arm here.
 //!
 //! - `torch` (the default, `zflow_runtime::contract::settings::DEFAULT_ENGINE`): PyTorch workers, `python -m zflow_torch.worker` from

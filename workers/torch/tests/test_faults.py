@@ -1,4 +1,4 @@
-"""Unit tests of fault-spec parsing (``runtime/src/trainer/faults.rs``'s syntax)."""
+"""Unit tests of fault-spec parsing (the ``ZFLOW_FAULTS`` syntax of ``zflow_torch/faults.py``)."""
 
 import unittest
 

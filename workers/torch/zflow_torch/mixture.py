@@ -1,6 +1,6 @@
 """zflow's mixture index and the batch a rank reads at a data cursor, token for token as
-``runtime/src/data/mixture`` reads them (``tests/torch_data.rs`` checks the two against each
-other for several world sizes over many steps).
+``runtime/src/data/mixture`` reads them (``runtime/tests/torch_data.rs`` checks the two
+against each other for several world sizes over many steps).
 
 ``samples.idx``, little-endian: magic ``b"ZFMIXIDX"``, version u32 (= 2), sources u32, N u64,
 seq_len u64, seed u64, block_size u64, then one u64 per sample: ``source << 48 | k``, the
@@ -192,7 +192,7 @@ class MixtureReader:
 def _dump(argv: list[str]) -> None:
     """``python -m zflow_torch.mixture INDEX OUT WORLD MICRO_BATCH STEPS SOURCE...``: every
     rank's batch for STEPS global batches from the start, as little-endian u32 tokens, then
-    the rows' source ids, rank after rank and step after step (what tests/torch_data.rs
+    the rows' source ids, rank after rank and step after step (what runtime/tests/torch_data.rs
     compares with the Rust reader). A SOURCE is its datasets' prefixes, comma-separated."""
     index, out, world, micro, steps, *sources = argv
     datasets: list[TokenSource] = [open_concat(s.split(",")) for s in sources]

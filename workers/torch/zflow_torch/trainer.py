@@ -521,7 +521,7 @@ class Trainer:
 
 
 def failure_class(e: BaseException) -> str:
-    """What the supervisor should do about ``e`` (contract/exit.rs)."""
+    """What the supervisor should do about ``e`` (runtime/src/contract/exit.rs)."""
     if isinstance(e, Fatal | JobError | model.UnsupportedModel | faults.FaultSpecError):
         return "fatal"
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
