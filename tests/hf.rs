@@ -13,7 +13,6 @@ use zflow_runtime::checkpoint::{TrainerState, commit, weights_to_safetensors};
 use zflow_runtime::contract::balance::BalanceState;
 use zflow_runtime::data::mixture::DataCursor;
 use zflow_runtime::model::config::ModelConfig;
-use zflow_runtime::rng::SplitMix64;
 
 fn tiny() -> ModelConfig {
     ModelConfig {
@@ -36,16 +35,7 @@ fn tiny() -> ModelConfig {
 /// `<sandbox>/train.p1/job.json`, as a train stage leaves them. Returns the routing biases.
 fn train_stage_output(sb: &Sandbox) -> Vec<Vec<f32>> {
     let c = tiny();
-    let mut rng = SplitMix64(11);
-    let weights: Vec<(String, Vec<usize>, Vec<f32>)> = zflow_runtime::model::tensors(&c)
-        .into_iter()
-        .map(|t| {
-            let values = (0..t.numel())
-                .map(|_| (0.1 * rng.normal()) as f32)
-                .collect();
-            (t.name, t.shape, values)
-        })
-        .collect();
+    let weights = zflow_runtime::model::random_weights(&c, 11, 0.1);
     let routes = c.num_experts + usize::from(c.mod_skip);
     let balance: Vec<BalanceState> = (0..c.num_blocks)
         .map(|l| {

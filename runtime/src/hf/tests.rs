@@ -5,7 +5,6 @@ use crate::checkpoint::TrainerState;
 use crate::contract::balance::BalanceState;
 use crate::data::mixture::DataCursor;
 use crate::model::config::{ModelConfig, SkipOutput};
-use crate::rng::SplitMix64;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{Map, Value, json};
@@ -41,16 +40,7 @@ fn legacy() -> ExportOptions {
 
 /// Random weights for every tensor of `c` (normal, std 0.5), from `seed`.
 fn weights(c: &ModelConfig, seed: u64) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    let mut rng = SplitMix64(seed);
-    crate::model::tensors(c)
-        .into_iter()
-        .map(|t| {
-            let values = (0..t.numel())
-                .map(|_| (0.5 * rng.normal()) as f32)
-                .collect();
-            (t.name, t.shape, values)
-        })
-        .collect()
+    crate::model::random_weights(c, seed, 0.5)
 }
 
 /// A committed checkpoint of a random `c` with distinct balancing biases.

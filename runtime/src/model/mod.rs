@@ -17,4 +17,4 @@ mod names;
 mod tensors;
 
 pub use names::reference_name;
-pub use tensors::{Part, TensorSpec, tensors};
+pub use tensors::{Part, TensorSpec, random_weights, tensors};

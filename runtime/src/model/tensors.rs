@@ -4,6 +4,7 @@
 //! against the parameters transformers' `ZayaForCausalLM` has.
 
 use super::config::ModelConfig;
+use crate::rng::SplitMix64;
 
 /// Which part of the model a parameter belongs to (what sizing reports separately).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,8 +89,10 @@ impl List {
     }
 }
 
-/// The parameters `Zaya::new(c, ..)` creates, in its order, computed from the config alone:
-/// export, import and sizing never build the model, so a full-size model costs nothing here.
+/// Every parameter of the model `c` describes, in checkpoint order, computed from the config
+/// alone: export, import and sizing never build the model, so a full-size model costs nothing
+/// here. The torch engine lists the same (`workers/torch/zflow_torch/model.py`'s `zflow_tensors`;
+/// `tests/torch_model.rs` compares the two).
 pub fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {
     let (h, lq, lk, hd, d) = (
         c.hidden_size,
@@ -162,4 +165,20 @@ pub fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {
     }
     s.add("final_norm.weight".into(), vec![h]);
     s.tensors
+}
+
+/// Weights for every tensor of `c`, in [`tensors`] order, drawn from a normal distribution of
+/// standard deviation `std` with [`SplitMix64`] seeded by `seed`: what the checkpoint, export
+/// and import tests write when they need a model without training one.
+pub fn random_weights(c: &ModelConfig, seed: u64, std: f64) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let mut rng = SplitMix64(seed);
+    tensors(c)
+        .into_iter()
+        .map(|t| {
+            let values = (0..t.numel())
+                .map(|_| (std * rng.normal()) as f32)
+                .collect();
+            (t.name, t.shape, values)
+        })
+        .collect()
 }
