@@ -139,6 +139,11 @@ enum Command {
         /// Plan as if these stages were forced.
         #[arg(long, value_delimiter = ',')]
         force: Vec<String>,
+        /// Instead of the plan, print what starting this stage would submit or run: the
+        /// Slurm batch script (nodes, tasks and GPUs per node) and every rank's command with
+        /// its environment.
+        #[arg(long, value_name = "STAGE")]
+        launch: Option<String>,
     },
     /// Explain one stage: cached, or why it will run.
     Why {
@@ -357,7 +362,11 @@ fn main() -> ExitCode {
                 };
                 commands::report(&recipe, flags, progress).await
             }
-            Command::Plan { recipe, force } => commands::plan(&recipe, &force),
+            Command::Plan {
+                recipe,
+                force,
+                launch,
+            } => commands::plan(&recipe, &force, launch.as_deref()),
             Command::Why { recipe, stage } => commands::why(&recipe, &stage),
             Command::Status { recipe } => commands::status(&recipe),
             Command::Graph { recipe, format } => commands::graph(&recipe, &format),

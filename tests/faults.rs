@@ -493,6 +493,12 @@ fn run_workers_with_engine(
     let spawn = |rank: usize| {
         let mut c = common::worker(engine, job);
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        // Each rank's share of the cores, as the train stage gives it: the float sums (and so
+        // the losses) depend on the thread count.
+        c.env(
+            zflow_pipeline::stage::THREADS,
+            zflow_stages::launch::threads_per_rank(None, cores(), ranks).to_string(),
+        );
         if ranks > 1 {
             c.env("ZFLOW_RANK", rank.to_string())
                 .env("ZFLOW_WORLD", ranks.to_string())
@@ -517,6 +523,11 @@ fn run_workers_with_engine(
     }
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (text(&outputs[0].stdout), text(&outputs[0].stderr))
+}
+
+/// This machine's cores (a stage's threads on it).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The `metrics.jsonl` of train.p1's unfinished output, once there is one.

@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::path::Path;
+
 use common::{Sandbox, stage_dir};
 
 fn recipe() -> String {
@@ -411,6 +413,16 @@ fn bad_train_settings_are_named() {
             "balance: {lr: 0.02}\n  launch: {backoff_s: -1.0}",
             "`backoff_s` must be a finite number of seconds >= 0, got -1",
         ),
+        (
+            "balance: {lr: 0.02}",
+            "balance: {lr: 0.02}\n  launch: {nodes: 2, ranks_per_node: 2, data_parallel: 2}",
+            "`data_parallel` (2) must equal nodes (2) x ranks_per_node (2) = 4, or be left out",
+        ),
+        (
+            "balance: {lr: 0.02}",
+            "balance: {lr: 0.02}\n  launch: {env: {LOCAL_RANK: 3}}",
+            "`LOCAL_RANK` is set by zflow for each rank",
+        ),
     ] {
         let text = recipe().replace(from, to);
         assert_ne!(text, recipe(), "{from}");
@@ -423,4 +435,45 @@ fn bad_train_settings_are_named() {
             o.stderr
         );
     }
+}
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn plan_launch_shows_the_cluster_submission_of_zaya1_rank_by_rank() {
+    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/zaya1.yaml");
+    let sb = Sandbox::new();
+    let o = sb.zflow(&["plan", recipe.to_str().unwrap(), "--launch", "train.phase1"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    for want in [
+        "#SBATCH --nodes=128\n",
+        "#SBATCH --ntasks-per-node=8\n",
+        "#SBATCH --gpus-per-node=8\n",
+        "#SBATCH --cpus-per-task=12\n",
+        "#SBATCH --partition=mi300x\n",
+        "NCCL_CROSS_NIC=0",
+    ] {
+        assert!(o.stdout.contains(want), "{want} missing:\n{}", o.stdout);
+    }
+    // 1024 ranks, 8 on each of 128 nodes, each on a device of its own.
+    let ranks: Vec<&str> = o.stdout.lines().filter(|l| l.contains(" srun ")).collect();
+    assert_eq!(ranks.len(), 1024);
+    let mut seen = std::collections::BTreeSet::new();
+    for (rank, line) in ranks.iter().enumerate() {
+        let (node, local) = (rank / 8, rank % 8);
+        assert!(
+            line.contains(&format!("ZFLOW_RANK={rank} "))
+                && line.contains(&format!(" LOCAL_RANK={local} "))
+                && line.contains(&format!(" --relative={node} "))
+                && line.contains(" --gpus-per-task=1 ")
+                && line.contains(" NCCL_SOCKET_IFNAME="),
+            "{line}"
+        );
+        assert!(seen.insert((node, local)));
+    }
+    // Phase 3 runs on 64 of the nodes.
+    let o = sb.zflow(&["plan", recipe.to_str().unwrap(), "--launch", "train.phase3"]);
+    assert!(o.stdout.contains("#SBATCH --nodes=64\n"), "{}", o.stdout);
 }

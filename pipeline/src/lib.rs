@@ -12,6 +12,7 @@
 pub mod gc;
 pub mod graph;
 pub mod identity;
+pub mod launch_plan;
 pub mod lease;
 pub mod logging;
 pub mod plan;

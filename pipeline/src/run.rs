@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail, ensure};
 use tokio::sync::mpsc;
 
 use crate::identity::IdentityDoc;
@@ -165,6 +165,20 @@ pub async fn run(engine: Arc<Engine>, opts: RunOptions) -> Result<RunSummary> {
                     nodes[i].name
                 );
             }
+        }
+    }
+
+    // This machine is one node: a stage that spans several runs under Slurm only. Refused
+    // before anything runs.
+    if matches!(engine.recipe.executor, ExecutorConfig::Local) {
+        for &i in &opts.selected {
+            let n = nodes[i].resources.nodes;
+            ensure!(
+                n <= 1,
+                "stage `{}` spans {n} nodes, and a local run has this machine only: run the recipe \
+                 with the Slurm executor (`executor: {{kind: slurm}}`), or on one node",
+                nodes[i].name
+            );
         }
     }
 

@@ -179,6 +179,10 @@ pub fn sbatch_options(
         format!("--cpus-per-task={}", r.cpus.max(1).div_ceil(ranks)),
         "--requeue".to_string(),
     ];
+    if ranks > 1 {
+        // Ranks fill nodes in blocks, the same number on each.
+        o.push(format!("--ntasks-per-node={}", ranks.div_ceil(nodes)));
+    }
     if r.gpus > 0 {
         o.push(format!("--gpus-per-node={}", r.gpus.div_ceil(nodes)));
     }

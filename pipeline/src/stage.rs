@@ -54,6 +54,10 @@ impl Default for Resources {
     }
 }
 
+/// The variable that tells a stage's process (and each rank it starts) how many threads it
+/// may use.
+pub const THREADS: &str = "ZFLOW_THREADS";
+
 /// A stage kind. Implement this, then register it with one line in the stage registry.
 ///
 /// Everything that should make a stage re-run when it changes belongs in `Config` (it is
@@ -106,8 +110,29 @@ pub trait Stage: Send + Sync + 'static {
         None
     }
 
+    /// The processes the stage would start for its ranks, one shell line each (environment,
+    /// program, arguments), as `zflow plan --launch` shows them. `on` says where: `threads`
+    /// cores for the stage, on this machine or in a Slurm job. Empty (the default) for a stage
+    /// that starts no ranks.
+    fn launch_lines(&self, _config: &Self::Config, _on: &LaunchSite) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
     /// Produces the stage's output in `ctx.out_dir()`.
     fn run(&self, config: &Self::Config, ctx: &StageContext) -> Result<()>;
+}
+
+/// Where `zflow plan --launch` shows a stage starting ([`Stage::launch_lines`]).
+#[derive(Clone, Debug)]
+pub struct LaunchSite {
+    /// The stage's name.
+    pub stage: String,
+    /// The cores the stage gets (its `ZFLOW_THREADS`).
+    pub threads: usize,
+    /// `Some(nodes)` inside a Slurm job of that many nodes; `None` on this machine.
+    pub slurm_nodes: Option<usize>,
+    /// The stage's output folder, as the plan can name it before the stage runs.
+    pub out_dir: PathBuf,
 }
 
 /// Which files of an input a stage reads ([`Stage::reads_only`]): true for a path it reads.
@@ -166,6 +191,8 @@ pub trait PreparedStage: Send + Sync {
     fn external_fingerprint(&self, cwd: &Path) -> Result<Option<String>>;
     /// See [`Stage::reads_only`].
     fn reads_only(&self, input: &str) -> Option<FileFilter>;
+    /// See [`Stage::launch_lines`].
+    fn launch_lines(&self, on: &LaunchSite) -> Result<Vec<String>>;
     /// See [`Stage::run`].
     fn run(&self, ctx: &StageContext) -> Result<()>;
 }
@@ -228,6 +255,9 @@ impl<S: Stage> PreparedStage for Prepared<S> {
     }
     fn reads_only(&self, input: &str) -> Option<FileFilter> {
         self.stage.reads_only(&self.config, input)
+    }
+    fn launch_lines(&self, on: &LaunchSite) -> Result<Vec<String>> {
+        self.stage.launch_lines(&self.config, on)
     }
     fn run(&self, ctx: &StageContext) -> Result<()> {
         self.stage.run(&self.config, ctx)
@@ -364,7 +394,7 @@ impl StageContext {
         let mut env = vec![
             ("ZFLOW_OUT".to_string(), self.out_dir.display().to_string()),
             ("ZFLOW_STAGE".to_string(), self.name.clone()),
-            ("ZFLOW_THREADS".to_string(), self.threads.to_string()),
+            (THREADS.to_string(), self.threads.to_string()),
         ];
         for (name, path) in &self.inputs {
             env.push((input_env_var(name), path.display().to_string()));

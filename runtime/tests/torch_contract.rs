@@ -25,6 +25,9 @@ fn the_python_contract_has_the_rust_names_numbers_and_messages() {
         env::PREFLIGHT,
         env::FAULTS,
         env::ATTEMPT,
+        env::LOCAL_RANK,
+        env::LOCAL_WORLD,
+        env::DEVICE,
     ];
     assert_eq!(constants["env"], serde_json::json!(names));
     assert_eq!(constants["job_version"], JOB_VERSION);

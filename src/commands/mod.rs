@@ -269,10 +269,20 @@ fn total_memory_gb() -> f64 {
         .unwrap_or(f64::MAX)
 }
 
-pub fn plan(args: &RecipeArgs, force: &[String]) -> Result<ExitCode> {
+pub fn plan(args: &RecipeArgs, force: &[String], launch: Option<&str>) -> Result<ExitCode> {
     let engine = open(args)?;
     let force = indices(&engine, force)?;
     let states = engine.plan(&force)?;
+    if let Some(stage) = launch {
+        let Some(i) = engine.graph.position(stage) else {
+            bail!("no stage named `{stage}` in {}", args.recipe.display())
+        };
+        print!(
+            "{}",
+            zflow_pipeline::launch_plan::render(&engine, &states, i)?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "plan for {} (store {})",
         engine.recipe.name,

@@ -83,7 +83,7 @@ fn project(
     for entry in &doc.phases {
         let (phase, train, launch) = (&entry.name, &entry.train.settings, &entry.train.launch);
         let (seq_len, tokens) = (entry.phase.seq_len, entry.phase.tokens as f64);
-        let n = gpus.unwrap_or(launch.data_parallel);
+        let n = gpus.unwrap_or(launch.world());
         let s = projection::step(
             model,
             seq_len,

@@ -129,19 +129,14 @@ fn rank_command(engine: &str, args: Vec<OsString>) -> Result<EngineCommand> {
     }
 }
 
-/// The command that probes one device for `engine` (the preflight GEMM and bandwidth),
-/// answering with one `preflight` message: what the `preflight` stage runs per rank.
-pub fn probe_command(engine: &str, backend: &str, device: usize) -> Result<EngineCommand> {
-    let args: Vec<OsString> = [
-        "--probe",
-        "--backend",
-        backend,
-        "--device",
-        &device.to_string(),
-    ]
-    .into_iter()
-    .map(OsString::from)
-    .collect();
+/// The command that probes one device for `engine` (the preflight GEMM and bandwidth; the
+/// device is the rank's `ZFLOW_DEVICE`), answering with one `preflight` message: what the
+/// `preflight` stage runs per rank.
+pub fn probe_command(engine: &str, backend: &str) -> Result<EngineCommand> {
+    let args: Vec<OsString> = ["--probe", "--backend", backend]
+        .into_iter()
+        .map(OsString::from)
+        .collect();
     rank_command(engine, args)
 }
 

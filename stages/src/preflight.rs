@@ -4,6 +4,7 @@
 //! - name: preflight
 //!   kind: preflight
 //!   ranks: 8            # worker processes, one per device, all probed at once
+//!   nodes: 1            # machines they spread over, in blocks (more than one: Slurm only)
 //!   backend: cpu        # cpu | cuda | rocm: what the train stages use
 //!   min_ratio: 0.5      # a rank below min_ratio x the median GEMM or bandwidth is an outlier
 //!   on_outlier: fail    # fail (name the ranks and hosts) | report (warn, record, go on)
@@ -56,6 +57,9 @@ pub struct PreflightConfig {
     /// Worker processes to probe at once (one per device).
     #[serde(default = "one")]
     pub ranks: usize,
+    /// Machines the ranks spread over, in blocks (as training places its ranks).
+    #[serde(default = "one")]
+    pub nodes: usize,
     /// The backend the probes run on: cpu, cuda or rocm.
     #[serde(default = "cpu")]
     pub backend: String,
@@ -122,6 +126,15 @@ impl Stage for Preflight {
         if c.ranks == 0 {
             return Err(ConfigError::new("ranks", "ranks must be at least 1"));
         }
+        if c.nodes == 0 || !c.ranks.is_multiple_of(c.nodes) {
+            return Err(ConfigError::new(
+                "nodes",
+                format!(
+                    "nodes must be at least 1 and divide ranks ({}) evenly, got {}",
+                    c.ranks, c.nodes
+                ),
+            ));
+        }
         if !(c.min_ratio > 0.0 && c.min_ratio < 1.0) {
             return Err(ConfigError::new(
                 "min_ratio",
@@ -154,6 +167,7 @@ impl Stage for Preflight {
             cpus: c.ranks as u32,
             gpus,
             ranks: c.ranks as u32,
+            nodes: c.nodes as u32,
             ..Default::default()
         }
     }
@@ -172,22 +186,25 @@ impl Stage for Preflight {
 
     fn run(&self, c: &PreflightConfig, ctx: &StageContext) -> Result<()> {
         let slurm = crate::launch::SlurmJob::from_env()?;
-        // All ranks at once, as in training: a shared memory bus or power cap shows.
+        let spec = crate::launch::LaunchSpec {
+            target: match &slurm {
+                Some(job) => crate::launch::Target::Slurm(job),
+                None => crate::launch::Target::Local,
+            },
+            world: c.ranks,
+            backend: &c.backend,
+            threads: crate::launch::threads_per_rank(None, ctx.threads(), c.ranks),
+            env: Vec::new(),
+            stage: ctx.name(),
+        };
+        let engine = crate::engine::probe_command(&c.engine, &c.backend)?;
+        // All ranks at once, as in training: a shared memory bus or power cap shows. The
+        // probes form no group, so they need no rendezvous.
         let mut children = Vec::new();
-        for rank in 0..c.ranks {
-            let device = if c.backend == "cpu" { 0 } else { rank };
-            let engine = crate::engine::probe_command(&c.engine, &c.backend, device)?;
-            let mut cmd = crate::launch::rank_command(
-                slurm.as_ref(),
-                &engine.program,
-                rank,
-                c.ranks,
-                ctx.name(),
-            );
-            cmd.args(&engine.args)
-                .envs(engine.env.iter().map(|(k, v)| (k, v)))
-                .env(zflow_runtime::contract::env::RANK, rank.to_string())
-                .envs(ctx.child_env())
+        for launch in spec.ranks(&engine, &[]) {
+            let rank = launch.slot.rank;
+            let mut cmd = launch.command(ctx.child_env());
+            cmd.env(zflow_runtime::contract::env::RANK, rank.to_string())
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(ctx.log().stdio()?);

@@ -41,6 +41,7 @@ fn maps_resources_to_sbatch_options() {
         "--job-name=zflow-train.p1",
         "--nodes=2",
         "--ntasks=8",
+        "--ntasks-per-node=4",
         "--cpus-per-task=2",
         "--gpus-per-node=4",
         "--mem=1536M",

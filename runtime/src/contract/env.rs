@@ -2,7 +2,8 @@
 //! named here and nowhere else.
 //!
 //! Besides these, a rank gets the stage's own variables (`ZFLOW_OUT`, `ZFLOW_STAGE`,
-//! `ZFLOW_THREADS`, `ZFLOW_IN_<INPUT>`: `zflow_pipeline::stage::StageContext::child_env`), its
+//! `ZFLOW_THREADS`, `ZFLOW_IN_<INPUT>`: `zflow_pipeline::stage::StageContext::child_env`; a rank's
+//! `ZFLOW_THREADS` is its own share of the stage's cores), its
 //! working directory is the train stage's output folder, and its stdin is closed.
 
 /// This rank, 0-based. Absent (with the rest of the placement) in a single-rank run.
@@ -24,3 +25,10 @@ pub const PREFLIGHT: &str = "ZFLOW_PREFLIGHT";
 pub const FAULTS: &str = "ZFLOW_FAULTS";
 /// The launch number, 1 for the first; injected faults fire in their attempt only.
 pub const ATTEMPT: &str = "ZFLOW_ATTEMPT";
+/// This rank's index among the ranks of its node (torch's name, which libraries read too).
+pub const LOCAL_RANK: &str = "LOCAL_RANK";
+/// Ranks on this rank's node.
+pub const LOCAL_WORLD: &str = "LOCAL_WORLD_SIZE";
+/// The index of the one GPU this rank binds, among those visible to it (absent on the CPU).
+/// On this machine it is `LOCAL_RANK`; in a Slurm step that asked for one GPU, 0.
+pub const DEVICE: &str = "ZFLOW_DEVICE";

@@ -21,6 +21,9 @@ pub enum WorkerMessage {
         world: usize,
         /// Backend and device, e.g. "flex cpu".
         device: String,
+        /// The machine it runs on.
+        #[serde(default)]
+        host: String,
         /// Optimizer step training resumes at (0 for a fresh start).
         start_step: u64,
         /// Steps in the phase.

@@ -66,10 +66,11 @@ fn split(mut value: Value, path: &str) -> Result<PhaseTrain, ConfigError> {
             "`keep_checkpoints` must be at least 1 (a restart resumes from the newest kept checkpoint)",
         ));
     }
-    Ok(PhaseTrain {
-        launch: parse_config(launch, &format!("{path}.launch"))?,
-        settings,
-    })
+    let launch: LaunchSettings = parse_config(launch, &format!("{path}.launch"))?;
+    launch
+        .check()
+        .map_err(|e| ConfigError::new(format!("{path}.launch.{}", e.path), e.message))?;
+    Ok(PhaseTrain { launch, settings })
 }
 
 #[cfg(test)]

@@ -25,15 +25,21 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+use zflow_pipeline::stage::LaunchSite;
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 use zflow_runtime::contract::job::{JOB_VERSION, SourcePaths, TrainJob};
 use zflow_runtime::contract::settings::TrainSettings;
+use zflow_runtime::dist::placement::Placement;
 use zflow_runtime::model::config::ModelConfig;
 
+use crate::launch::{LaunchSpec, SlurmJob, Target, threads_per_rank};
 use crate::names;
 
+mod launch_settings;
 mod record;
 mod supervisor;
+
+pub use launch_settings::{LaunchSettings, PreflightSettings};
 
 pub use record::{Event, Record, interruptions, metrics};
 use record::{Events, Metrics, now_ms};
@@ -67,59 +73,6 @@ pub struct TrainConfig {
     pub launch: LaunchSettings,
 }
 
-/// How a phase runs (`train.launch` in the recipe).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LaunchSettings {
-    /// Data-parallel worker processes (ranks); the optimizer state is sharded over them
-    /// (ZeRO-1). `global_batch` must be a multiple of `data_parallel x micro_batch`.
-    pub data_parallel: usize,
-    /// Relaunches after a crash or hang before the stage fails.
-    pub max_restarts: u32,
-    /// Seconds to wait before the first relaunch; doubled for each further one (up to 60 s).
-    pub backoff_s: f64,
-    /// Seconds without a message from a rank before it is declared hung. Workers send a
-    /// heartbeat every quarter of this.
-    pub hang_timeout_s: u64,
-    /// The preflight health check of every rank's device before training.
-    pub preflight: PreflightSettings,
-}
-
-/// The preflight health check (`train.launch.preflight`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PreflightSettings {
-    /// Probe every rank's device (a short GEMM and a bandwidth test) at each launch.
-    pub enabled: bool,
-    /// A rank below this fraction of the median GEMM or bandwidth is reported...
-    pub min_ratio: f64,
-    /// ...and, with `exclude`, the phase runs without it (on fewer ranks, when the global
-    /// batch still divides).
-    pub exclude: bool,
-}
-
-impl Default for PreflightSettings {
-    fn default() -> Self {
-        PreflightSettings {
-            enabled: true,
-            min_ratio: 0.5,
-            exclude: false,
-        }
-    }
-}
-
-impl Default for LaunchSettings {
-    fn default() -> Self {
-        LaunchSettings {
-            data_parallel: 1,
-            max_restarts: 3,
-            backoff_s: 1.0,
-            hang_timeout_s: 600,
-            preflight: PreflightSettings::default(),
-        }
-    }
-}
-
 impl Stage for Train {
     type Config = TrainConfig;
     const KIND: &'static str = "train";
@@ -130,12 +83,14 @@ impl Stage for Train {
         c.train
             .validate()
             .map_err(|e| ConfigError::new("train", e))?;
-        let ranks = c.launch.data_parallel;
-        if ranks == 0
-            || !c
-                .train
-                .global_batch
-                .is_multiple_of(ranks * c.train.micro_batch)
+        c.launch
+            .check()
+            .map_err(|e| ConfigError::new(format!("train.launch.{}", e.path), e.message))?;
+        let ranks = c.launch.world();
+        if !c
+            .train
+            .global_batch
+            .is_multiple_of(ranks * c.train.micro_batch)
         {
             return Err(ConfigError::new(
                 "train.launch.data_parallel",
@@ -182,17 +137,61 @@ impl Stage for Train {
     }
 
     fn resources(&self, c: &TrainConfig) -> zflow_pipeline::Resources {
-        // Training takes the whole machine: the worker's matrix kernels use every core.
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get() as u32)
-            .unwrap_or(1);
-        let ranks = c.launch.data_parallel as u32;
+        let ranks = c.launch.world() as u32;
+        // Without `cpus_per_rank`, training takes the whole machine: its ranks share every core
+        // (`crate::launch::threads_per_rank`).
+        let cpus = match c.launch.cpus_per_rank {
+            Some(n) => n * ranks,
+            None => std::thread::available_parallelism()
+                .map(|n| n.get() as u32)
+                .unwrap_or(1),
+        };
         zflow_pipeline::Resources {
             cpus,
             gpus: if c.train.backend == "cpu" { 0 } else { ranks },
             ranks,
+            nodes: c.launch.nodes as u32,
             ..Default::default()
         }
+    }
+
+    fn launch_lines(&self, c: &TrainConfig, on: &LaunchSite) -> Result<Vec<String>> {
+        let world = c.launch.world();
+        let job = on
+            .slurm_nodes
+            .map(|n| SlurmJob::on_hosts(0, (0..n).map(|i| format!("<node {i}>")).collect()));
+        let spec = launch_spec(c, &on.stage, on.threads, job.as_ref(), world, 1);
+        let host = match &job {
+            Some(job) if job.hosts.len() > 1 => job.hosts[0].clone(),
+            _ => "127.0.0.1".to_string(),
+        };
+        let placements: Vec<Placement> = (0..world)
+            .map(|rank| Placement {
+                rank,
+                world,
+                rendezvous: format!("{host}:<port>"),
+                secret: "<secret>".into(),
+            })
+            .collect();
+        let engine = crate::engine::worker_command(
+            &c.train.engine,
+            &on.out_dir.join("job.json"),
+            &c.train.backend,
+        )?;
+        let mut lines =
+            vec![
+            format!("# {}, {} thread(s) each", describe_launch(c, world), spec.threads),
+            "# chosen at each launch: <port> (free on the first node) and <secret> (fresh, never \
+             shown); each rank also gets the stage's ZFLOW_OUT, ZFLOW_STAGE and ZFLOW_IN_* \
+             and runs in its output folder"
+                .to_string(),
+        ];
+        lines.extend(
+            spec.ranks(&engine, &placements)
+                .iter()
+                .map(|r| r.shell_line()),
+        );
+        Ok(lines)
     }
 
     fn resumable(&self, _c: &TrainConfig) -> bool {
@@ -248,9 +247,9 @@ impl Stage for Train {
         let mut metrics = Metrics::open(&out.join("metrics.jsonl"))?;
         let sup = &c.launch;
         let mut restarts = 0u32;
-        let mut world = c.launch.data_parallel;
+        let mut world = c.launch.world();
         loop {
-            let attempt = events.next_attempt()?;
+            let attempt = events.next_attempt(&describe_launch(c, world))?;
             match self.attempt(c, ctx, &job_path, attempt, world, &mut metrics, &mut events)? {
                 Outcome::Finished => break,
                 Outcome::Exclude { slow } => {
@@ -306,6 +305,68 @@ impl Stage for Train {
         events.write_parquet(&c.phase, out)?;
         Ok(())
     }
+}
+
+/// The launch of `world` ranks of phase `c` (stage `stage`, given `stage_threads` cores): on
+/// this machine or in the Slurm job `slurm`, each rank with its share of the cores.
+fn launch_spec<'a>(
+    c: &'a TrainConfig,
+    stage: &'a str,
+    stage_threads: usize,
+    slurm: Option<&'a SlurmJob>,
+    world: usize,
+    attempt: u32,
+) -> LaunchSpec<'a> {
+    let target = match slurm {
+        None => Target::Local,
+        Some(job) => Target::Slurm(job),
+    };
+    // On this machine its ranks share the stage's cores; in a Slurm job each task was given
+    // its `--cpus-per-task`, the same share.
+    let threads = threads_per_rank(c.launch.cpus_per_rank, stage_threads, world);
+    LaunchSpec {
+        target,
+        world,
+        backend: &c.train.backend,
+        threads,
+        env: rank_variables(c, attempt),
+        stage,
+    }
+}
+
+/// What every rank of launch `attempt` gets besides its place: the attempt, the heartbeat
+/// period, the preflight request, then `train.launch.env`.
+fn rank_variables(c: &TrainConfig, attempt: u32) -> Vec<(String, String)> {
+    use zflow_runtime::contract::env;
+    let heartbeat = (c.launch.hang_timeout_s / 4).max(1);
+    let mut vars = vec![
+        (env::ATTEMPT.to_string(), attempt.to_string()),
+        (env::HEARTBEAT_S.to_string(), heartbeat.to_string()),
+    ];
+    if c.launch.preflight.enabled {
+        vars.push((env::PREFLIGHT.to_string(), "1".to_string()));
+    }
+    vars.extend(c.launch.env.iter().map(|(k, v)| (k.clone(), v.to_string())));
+    vars
+}
+
+/// A launch of `world` ranks as the run record keeps it: the topology and every variable of
+/// `train.launch.env`.
+fn describe_launch(c: &TrainConfig, world: usize) -> String {
+    let mut text = format!(
+        "{world} rank(s) on {} node(s), backend {}",
+        c.launch.nodes, c.train.backend
+    );
+    if !c.launch.env.is_empty() {
+        let vars: Vec<String> = c
+            .launch
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        text.push_str(&format!("; env {}", vars.join(" ")));
+    }
+    text
 }
 
 /// Whether `dir` is a verified checkpoint at the end of its phase.

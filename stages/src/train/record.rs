@@ -27,7 +27,9 @@ pub(super) fn now_ms() -> u64 {
 /// rollback; a line of `events.jsonl`, which survives failed attempts of the stage.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Event {
-    /// `failure` (a launch that crashed, hung or errored), `loss_spike`, or `launch`.
+    /// `failure` (a launch that crashed, hung or errored), `loss_spike`, `preflight`, or the
+    /// record of a run: `launch` (cause: its ranks and `train.launch.env`) and `placement`
+    /// (cause: each rank's host and device).
     pub kind: String,
     /// Launch number (1 = first launch in this stage directory).
     pub attempt: u32,
@@ -94,6 +96,10 @@ impl Event {
     }
 }
 
+/// Events that record how training ran rather than interrupt it: each launch (its ranks and
+/// environment) and where its ranks ran (`placement`: host and device of each).
+const RECORD_KINDS: &[&str] = &["launch", "placement"];
+
 /// What interrupted training in a train stage's folder (its output, or its partial folder
 /// while it runs): failed launches, loss-spike rollbacks and preflight findings, in order.
 pub fn interruptions(folder: &Path) -> Vec<Event> {
@@ -101,7 +107,7 @@ pub fn interruptions(folder: &Path) -> Vec<Event> {
     events
         .records
         .into_iter()
-        .filter(|e| e.kind != "launch")
+        .filter(|e| !RECORD_KINDS.contains(&e.kind.as_str()))
         .collect()
 }
 
@@ -118,13 +124,14 @@ impl Events {
         Ok(Events(JsonLines::open(path)))
     }
 
-    /// Records a new launch and returns its number (numbers continue across `zflow run`s, so
-    /// a fault injected into attempt 1 fires once).
-    pub(super) fn next_attempt(&mut self) -> Result<u32> {
+    /// Records a new launch, described by `what` (its ranks and their environment), and
+    /// returns its number (numbers continue across `zflow run`s, so a fault injected into
+    /// attempt 1 fires once).
+    pub(super) fn next_attempt(&mut self, what: &str) -> Result<u32> {
         let attempt = self.current_attempt() + 1;
         self.push(Event {
             kind: "launch".into(),
-            ..Event::failure(attempt, "", 0, now_ms(), None)
+            ..Event::failure(attempt, what, 0, now_ms(), None)
         })?;
         Ok(attempt)
     }
@@ -156,14 +163,10 @@ impl Events {
         self.0.push(e)
     }
 
-    /// `events.parquet`: the interruptions (not the launches), with their downtime.
+    /// `events.parquet`: every launch (its ranks and environment), where its ranks ran, and every
+    /// interruption with its detection time and downtime.
     pub(super) fn write_parquet(&self, phase: &str, out: &Path) -> Result<()> {
-        let rows: Vec<&Event> = self
-            .0
-            .records
-            .iter()
-            .filter(|e| e.kind != "launch")
-            .collect();
+        let rows: Vec<&Event> = self.0.records.iter().collect();
         write_parquet(
             &out.join("events.parquet"),
             vec![
@@ -173,6 +176,7 @@ impl Events {
                 Field::new("step", DataType::UInt64, false),
                 Field::new("cause", DataType::Utf8, false),
                 Field::new("downtime_s", DataType::Float64, true),
+                Field::new("detected_ms", DataType::UInt64, false),
             ],
             vec![
                 Arc::new(StringArray::from(vec![phase; rows.len()])),
@@ -188,6 +192,9 @@ impl Events {
                 )),
                 Arc::new(Float64Array::from(
                     rows.iter().map(|e| e.downtime_s()).collect::<Vec<_>>(),
+                )),
+                Arc::new(UInt64Array::from_iter_values(
+                    rows.iter().map(|e| e.detected_ms),
                 )),
             ],
         )

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use zflow_pipeline::StageContext;
 use zflow_pipeline::supervise::{spawn_supervised, terminate_group};
-use zflow_runtime::contract::env;
 use zflow_runtime::contract::exit::Failure;
 use zflow_runtime::contract::protocol::WorkerMessage;
 
@@ -47,6 +46,8 @@ struct Rank {
     /// The class its `error` message gave.
     class: Option<Failure>,
     probe: Option<zflow_runtime::dist::preflight::Probe>,
+    /// Where it runs, from its `hello`: "host (device)".
+    place: Option<String>,
     /// When its output ended (1 = the first rank to leave): the order the ranks left in.
     left: Option<usize>,
 }
@@ -80,34 +81,18 @@ impl Train {
         events: &mut Events,
     ) -> Result<Outcome> {
         let slurm = crate::launch::SlurmJob::from_env()?;
-        let placements = crate::launch::placements(slurm.as_ref(), world)?;
+        let spec = super::launch_spec(c, ctx.name(), ctx.threads(), slurm.as_ref(), world, attempt);
+        let placements = spec.placements()?;
         let engine = crate::engine::worker_command(&c.train.engine, job_path, &c.train.backend)?;
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
         let mut ranks = Vec::new();
-        let heartbeat = (c.launch.hang_timeout_s / 4).max(1);
-        for p in &placements {
-            let mut cmd = crate::launch::rank_command(
-                slurm.as_ref(),
-                &engine.program,
-                p.rank,
-                world,
-                ctx.name(),
-            );
-            cmd.args(&engine.args)
-                .envs(engine.env.iter().map(|(k, v)| (k, v)));
-            if world > 1 {
-                cmd.envs(p.to_env());
-            }
-            cmd.env(env::ATTEMPT, attempt.to_string())
-                .env(env::HEARTBEAT_S, heartbeat.to_string());
-            if c.launch.preflight.enabled {
-                cmd.env(env::PREFLIGHT, "1");
-            }
+        for launch in spec.ranks(&engine, &placements) {
+            let mut cmd = launch.command(ctx.child_env());
             cmd.current_dir(ctx.out_dir())
-                .envs(ctx.child_env())
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(ctx.log().stdio()?);
+            let p = launch.slot;
             let mut child = spawn_supervised(&mut cmd).with_context(|| {
                 format!(
                     "starting training worker rank {}: {}",
@@ -134,6 +119,7 @@ impl Train {
                 error: None,
                 class: None,
                 probe: None,
+                place: None,
                 left: None,
             });
         }
@@ -149,6 +135,7 @@ impl Train {
         };
         let hang = Duration::from_secs(c.launch.hang_timeout_s);
         let mut preflight_pending = c.launch.preflight.enabled;
+        let mut placed = false;
         let mut last_tick = Instant::now();
         loop {
             if preflight_pending && ranks.iter().all(|r| r.probe.is_some()) {
@@ -193,7 +180,13 @@ impl Train {
                     let r = &mut ranks[rank];
                     r.last_message = Instant::now();
                     match WorkerMessage::parse(&line) {
-                        Some(m) => self.handle(rank, m, ctx, metrics, events, r)?,
+                        Some(m) => {
+                            self.handle(rank, m, ctx, metrics, events, r)?;
+                            if !placed && ranks.iter().all(|r| r.place.is_some()) {
+                                placed = true;
+                                record_placement(&ranks, attempt, events)?;
+                            }
+                        }
                         None => ctx.log().line(&format!("[rank {rank}] {line}")),
                     }
                 }
@@ -328,6 +321,7 @@ impl Train {
         match m {
             WorkerMessage::Hello {
                 device,
+                host,
                 start_step,
                 total_steps,
                 params,
@@ -335,6 +329,7 @@ impl Train {
                 ..
             } => {
                 r.step = start_step;
+                r.place = Some(format!("{host} ({device})"));
                 if rank == 0 {
                     ctx.progress().set_length(total_steps);
                     ctx.progress().set_position(start_step);
@@ -464,4 +459,23 @@ fn describe(status: &std::process::ExitStatus) -> String {
         }
         _ => "ended without finishing the phase".into(),
     }
+}
+
+/// Where every rank of launch `attempt` runs, one host and device each, into the run record
+/// (an `events` row of kind `placement`) and the log.
+fn record_placement(ranks: &[Rank], attempt: u32, events: &mut Events) -> Result<()> {
+    let places: Vec<String> = ranks
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("rank {i}: {}", r.place.as_deref().unwrap_or("?")))
+        .collect();
+    let hosts: std::collections::BTreeSet<&str> = ranks
+        .iter()
+        .filter_map(|r| r.place.as_deref()?.split(' ').next())
+        .collect();
+    tracing::info!("ranks on {} host(s): {}", hosts.len(), places.join(", "));
+    events.push(Event {
+        kind: "placement".into(),
+        ..Event::failure(attempt, &places.join("; "), 0, now_ms(), None)
+    })
 }

@@ -40,5 +40,16 @@ class Contract(unittest.TestCase):
                 read_job(str(path))
 
 
+class Devices(unittest.TestCase):
+    def test_two_ranks_on_one_device_are_named(self) -> None:
+        from zflow_torch.distributed import shared_devices
+
+        self.assertIsNone(shared_devices([("a", "GPU-0"), ("a", "GPU-1"), ("b", "GPU-0")]))
+        self.assertEqual(
+            shared_devices([("a", "GPU-0"), ("b", "GPU-0"), ("a", "GPU-0")]),
+            "ranks 0 and 2 both bound device GPU-0 on host a",
+        )
+
+
 if __name__ == "__main__":
     unittest.main()

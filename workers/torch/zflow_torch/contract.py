@@ -26,7 +26,22 @@ HEARTBEAT_S = "ZFLOW_HEARTBEAT_S"
 PREFLIGHT = "ZFLOW_PREFLIGHT"
 FAULTS = "ZFLOW_FAULTS"
 ATTEMPT = "ZFLOW_ATTEMPT"
-ENV = [RANK, WORLD, RENDEZVOUS, SECRET, HEARTBEAT_S, PREFLIGHT, FAULTS, ATTEMPT]
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD = "LOCAL_WORLD_SIZE"
+DEVICE = "ZFLOW_DEVICE"
+ENV = [
+    RANK,
+    WORLD,
+    RENDEZVOUS,
+    SECRET,
+    HEARTBEAT_S,
+    PREFLIGHT,
+    FAULTS,
+    ATTEMPT,
+    LOCAL_RANK,
+    LOCAL_WORLD,
+    DEVICE,
+]
 
 # Exit codes by failure class (runtime/src/contract/exit.rs): what the supervisor does next.
 EXIT_DONE = 0
@@ -97,6 +112,7 @@ class Emitter:
             rank=rank,
             world=world,
             device=device,
+            host=socket.gethostname(),
             start_step=start_step,
             total_steps=total_steps,
             params=params,

@@ -16,7 +16,7 @@ import blake3
 import torch
 import torch.distributed as dist
 
-from zflow_torch.contract import RENDEZVOUS, SECRET, Fatal
+from zflow_torch.contract import DEVICE, RENDEZVOUS, SECRET, Fatal
 
 
 def device_for(backend: str, index: int) -> torch.device:
@@ -33,6 +33,41 @@ def device_for(backend: str, index: int) -> torch.device:
         raise Fatal(f"backend {backend}: no GPU is visible to PyTorch")
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def device_index() -> int:
+    """The GPU this rank binds, among those visible to it: ``ZFLOW_DEVICE``, which the
+    supervisor sets for every rank (stages/src/launch.rs); 0 for a worker started alone."""
+    return int(os.environ.get(DEVICE, "0"))
+
+
+def device_identity(device: torch.device) -> str:
+    """What tells one physical GPU from another across processes: its UUID (two ranks that
+    see different visible-device lists may call the same GPU by different indices)."""
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def shared_devices(places: list[tuple[str, str]]) -> str | None:
+    """The first (host, device) that two ranks of ``places`` (one per rank, in rank order)
+    share, described, or None when every rank has its own."""
+    first: dict[tuple[str, str], int] = {}
+    for rank, place in enumerate(places):
+        if place in first:
+            host, device = place
+            return f"ranks {first[place]} and {rank} both bound device {device} on host {host}"
+        first[place] = rank
+    return None
+
+
+def check_own_device(device: torch.device) -> None:
+    """Every rank on a GPU of its own: the ranks exchange (host, device) and stop, with a
+    fatal error, when two share one (a wrong ``CUDA_VISIBLE_DEVICES``, a Slurm step without its
+    own GPU)."""
+    places: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(places, (socket.gethostname(), device_identity(device)))
+    shared = shared_devices([tuple(p) for p in places])
+    if shared:
+        raise Fatal(f"{shared}: every rank needs a device of its own")
 
 
 def describe(device: torch.device) -> str:

@@ -40,7 +40,14 @@ from zflow_torch.contract import (
     log,
     read_job,
 )
-from zflow_torch.distributed import describe, device_for, join_group, probe
+from zflow_torch.distributed import (
+    check_own_device,
+    describe,
+    device_for,
+    device_index,
+    join_group,
+    probe,
+)
 from zflow_torch.job import TrainJob, encode
 from zflow_torch.megatron import ConcatDataset, TokenSource, open_concat
 from zflow_torch.mixture import DataCursor, MixtureReader
@@ -57,8 +64,7 @@ class Trainer:
         self.t = job.train
         self.rank = int(os.environ.get(RANK, "0"))
         self.world = int(os.environ.get(WORLD, "1"))
-        local = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
-        self.device = device_for(backend, local)
+        self.device = device_for(backend, device_index())
         if self.device.type == "cpu":
             use_f32_newton_schulz()
         self.faults = faults.Faults.from_env(self.rank)
@@ -414,6 +420,8 @@ class Trainer:
             self.emit.preflight(self.rank, gemm, bw, describe(self.device))
         if self.world > 1:
             join_group(self.rank, self.world, "cpu" if self.device.type == "cpu" else "gpu")
+            if self.device.type != "cpu":
+                check_own_device(self.device)
         self.open_data()
         self.build_model()
         state = self.start()
@@ -548,10 +556,11 @@ def prepare() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def probe_only(backend: str, index: int, emit: Emitter) -> None:
-    """``--probe``: one ``preflight`` message for device ``index`` of ``backend``."""
+def probe_only(backend: str, index: int | None, emit: Emitter) -> None:
+    """``--probe``: one ``preflight`` message for device ``index`` of ``backend`` (the rank's
+    own device when None)."""
     rank = int(os.environ.get(RANK, "0"))
-    device = device_for(backend, index)
+    device = device_for(backend, device_index() if index is None else index)
     gemm, bw = probe(device, faults.Faults.from_env(rank).delay_ms(0))
     emit.preflight(rank, gemm, bw, describe(device))
 

@@ -1,5 +1,6 @@
 """One rank of the torch engine: ``python -m zflow_torch.worker --job JOB --backend
-cpu|cuda|rocm``, or ``--probe --backend B --device D`` for the preflight device check.
+cpu|cuda|rocm``, or ``--probe --backend B`` for the preflight device check (of the device
+``ZFLOW_DEVICE`` names, or ``--device D``).
 
 This entry point imports only the standard library before it starts heartbeats: loading
 torch and transformers takes seconds, longer than a supervisor's hang timeout may allow
@@ -28,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m zflow_torch.worker", description=__doc__)
     ap.add_argument("--job", help="the train job (job.json)")
     ap.add_argument("--backend", default="cpu", help="cpu, cuda or rocm")
-    ap.add_argument("--device", type=int, default=0, help="the GPU to probe (with --probe)")
+    ap.add_argument(
+        "--device", type=int, default=None, help="the GPU to probe (default: ZFLOW_DEVICE)"
+    )
     ap.add_argument("--probe", action="store_true", help="only measure the device")
     args = ap.parse_args(argv)
     emit = Emitter(silenced=faults.HUNG)

@@ -1,0 +1,262 @@
+//! `train.launch`: how a phase runs, as opposed to what it computes. None of it is part of the
+//! train stage's identity: more ranks, other nodes or more retries do not change what the
+//! phase computes (beyond float rounding of the gradient sums), and a phase started on 2 ranks
+//! can finish on 4.
+//!
+//! The topology is `nodes` x `ranks_per_node` ranks, one per device; `data_parallel` is their
+//! product and may be left out. Ranks fill nodes in blocks (`crate::launch`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use zflow_pipeline::ConfigError;
+
+/// How a phase runs (`train.launch` in the recipe).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LaunchSettings {
+    /// Machines the phase runs on (Slurm `--nodes`). More than one needs the Slurm executor.
+    pub nodes: usize,
+    /// Ranks on each node, one per device (Slurm `--ntasks-per-node` and, on GPUs,
+    /// `--gpus-per-node`). Default: `data_parallel / nodes`.
+    pub ranks_per_node: Option<usize>,
+    /// Data-parallel worker processes (ranks) in all; the optimizer state is sharded over them
+    /// (ZeRO-1). `global_batch` must be a multiple of `data_parallel x micro_batch`. Default:
+    /// `nodes x ranks_per_node` (1 when neither is given); when given with `ranks_per_node`,
+    /// it must equal their product.
+    pub data_parallel: Option<usize>,
+    /// CPU cores each rank uses (its thread count; Slurm `--cpus-per-task`). Default: on this
+    /// machine its cores shared by its ranks; under Slurm the cores the job's task was given.
+    pub cpus_per_rank: Option<u32>,
+    /// Environment variables for every rank (RCCL/NCCL and HSA settings, say). They are
+    /// written into the run record (`events.parquet`'s launch rows), not into the identity.
+    pub env: BTreeMap<String, EnvValue>,
+    /// Relaunches after a crash or hang before the stage fails.
+    pub max_restarts: u32,
+    /// Seconds to wait before the first relaunch; doubled for each further one (up to 60 s).
+    pub backoff_s: f64,
+    /// Seconds without a message from a rank before it is declared hung. Workers send a
+    /// heartbeat every quarter of this.
+    pub hang_timeout_s: u64,
+    /// The preflight health check of every rank's device before training.
+    pub preflight: PreflightSettings,
+}
+
+/// The preflight health check (`train.launch.preflight`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PreflightSettings {
+    /// Probe every rank's device (a short GEMM and a bandwidth test) at each launch.
+    pub enabled: bool,
+    /// A rank below this fraction of the median GEMM or bandwidth is reported...
+    pub min_ratio: f64,
+    /// ...and, with `exclude`, the phase runs without it (on fewer ranks, when the global
+    /// batch still divides).
+    pub exclude: bool,
+}
+
+/// A value of `train.launch.env`: YAML scalars as the text a process sees (`NCCL_IB_DISABLE:
+/// 1` and `"1"` are the same variable).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EnvValue {
+    /// Text.
+    Text(String),
+    /// A number, written as YAML wrote it.
+    Number(serde_json::Number),
+    /// `true` or `false`.
+    Bool(bool),
+}
+
+impl fmt::Display for EnvValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EnvValue::Text(s) => f.write_str(s),
+            EnvValue::Number(n) => write!(f, "{n}"),
+            EnvValue::Bool(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+impl Default for PreflightSettings {
+    fn default() -> Self {
+        PreflightSettings {
+            enabled: true,
+            min_ratio: 0.5,
+            exclude: false,
+        }
+    }
+}
+
+impl Default for LaunchSettings {
+    fn default() -> Self {
+        LaunchSettings {
+            nodes: 1,
+            ranks_per_node: None,
+            data_parallel: None,
+            cpus_per_rank: None,
+            env: BTreeMap::new(),
+            max_restarts: 3,
+            backoff_s: 1.0,
+            hang_timeout_s: 600,
+            preflight: PreflightSettings::default(),
+        }
+    }
+}
+
+/// Variables zflow sets for every rank itself; `env` may not override them.
+const RESERVED: &[&str] = &[
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+];
+
+impl LaunchSettings {
+    /// Ranks in all: `data_parallel`, or `nodes x ranks_per_node`.
+    pub fn world(&self) -> usize {
+        self.data_parallel
+            .unwrap_or(self.nodes * self.ranks_per_node.unwrap_or(1))
+    }
+
+    /// Ranks on each node.
+    pub fn ranks_per_node(&self) -> usize {
+        self.ranks_per_node
+            .unwrap_or(self.world() / self.nodes.max(1))
+    }
+
+    /// The settings' own consistency; the error's path is below `train.launch`.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.nodes == 0 {
+            return Err(ConfigError::new(
+                "nodes",
+                "`nodes` must be at least 1, got 0",
+            ));
+        }
+        if self.ranks_per_node == Some(0) {
+            return Err(ConfigError::new(
+                "ranks_per_node",
+                "`ranks_per_node` must be at least 1 (one rank per device), got 0",
+            ));
+        }
+        if self.data_parallel == Some(0) {
+            return Err(ConfigError::new(
+                "data_parallel",
+                "`data_parallel` must be at least 1, got 0",
+            ));
+        }
+        match (self.data_parallel, self.ranks_per_node) {
+            (Some(dp), Some(g)) if dp != self.nodes * g => {
+                return Err(ConfigError::new(
+                    "data_parallel",
+                    format!(
+                        "`data_parallel` ({dp}) must equal nodes ({}) x ranks_per_node ({g}) = {}, or be left out",
+                        self.nodes,
+                        self.nodes * g
+                    ),
+                ));
+            }
+            (Some(dp), None) if !dp.is_multiple_of(self.nodes) => {
+                return Err(ConfigError::new(
+                    "data_parallel",
+                    format!(
+                        "`data_parallel` ({dp}) must be a multiple of nodes ({}): ranks fill nodes evenly (or give `ranks_per_node`)",
+                        self.nodes
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        if self.cpus_per_rank == Some(0) {
+            return Err(ConfigError::new(
+                "cpus_per_rank",
+                "`cpus_per_rank` must be at least 1, got 0",
+            ));
+        }
+        for name in self.env.keys() {
+            let valid = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(ConfigError::new(
+                    format!("env.{name}"),
+                    format!(
+                        "`{name}` is not an environment variable name (letters, digits and `_`, not starting with a digit)"
+                    ),
+                ));
+            }
+            if name.starts_with("ZFLOW_") || RESERVED.contains(&name.as_str()) {
+                return Err(ConfigError::new(
+                    format!("env.{name}"),
+                    format!(
+                        "`{name}` is set by zflow for each rank (its place, device and threads) and cannot be overridden here"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(json: serde_json::Value) -> LaunchSettings {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn the_topology_gives_the_world_and_a_wrong_product_is_named() {
+        let l = launch(serde_json::json!({"nodes": 128, "ranks_per_node": 8}));
+        assert_eq!((l.world(), l.ranks_per_node()), (1024, 8));
+        assert!(l.check().is_ok());
+        let l = launch(serde_json::json!({"data_parallel": 4}));
+        assert_eq!((l.world(), l.ranks_per_node(), l.nodes), (4, 4, 1));
+        let l = launch(serde_json::json!({"nodes": 2, "data_parallel": 4}));
+        assert_eq!((l.world(), l.ranks_per_node()), (4, 2));
+        assert_eq!(LaunchSettings::default().world(), 1);
+
+        let e = launch(serde_json::json!({"nodes": 2, "ranks_per_node": 2, "data_parallel": 8}))
+            .check()
+            .unwrap_err();
+        assert_eq!(e.path, "data_parallel");
+        assert!(
+            e.message.contains("nodes (2) x ranks_per_node (2) = 4"),
+            "{}",
+            e.message
+        );
+        let e = launch(serde_json::json!({"nodes": 3, "data_parallel": 4}))
+            .check()
+            .unwrap_err();
+        assert!(e.message.contains("multiple of nodes (3)"), "{}", e.message);
+    }
+
+    #[test]
+    fn env_takes_scalars_and_refuses_what_zflow_sets() {
+        let l = launch(
+            serde_json::json!({"env": {"NCCL_IB_DISABLE": 1, "NCCL_SOCKET_IFNAME": "eth0", "X": true}}),
+        );
+        let text: Vec<String> = l.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(
+            text,
+            ["NCCL_IB_DISABLE=1", "NCCL_SOCKET_IFNAME=eth0", "X=true"]
+        );
+        assert!(l.check().is_ok());
+        for bad in ["LOCAL_RANK", "ZFLOW_THREADS", "1X", "A-B"] {
+            let e = launch(serde_json::json!({"env": {bad: "1"}}))
+                .check()
+                .unwrap_err();
+            assert_eq!(e.path, format!("env.{bad}"));
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! A phase on several nodes of a real Slurm cluster: `scripts/cluster-local.sh start 3` makes
+//! three nodes on this machine, each a network namespace with its own address, host name and
+//! slurmd. The tiny ZAYA1 phase runs as one job of 2 nodes x 2 torch ranks over gloo:
+//! - it ends with the final weights of 1 node x 4 ranks, and the run record shows its ranks on
+//!   two hosts;
+//! - no process of the job is left on any node afterwards;
+//! - a node whose ranks stop answering (SIGSTOP) is found hung within `hang_timeout_s`, and the
+//!   phase still ends with those weights (ignored for now: 4-rank resumes are not exact yet).
+//!
+//! The test starts the cluster and removes it when it ends. It runs where `scripts/test.sh`
+//! set up Slurm (its packages) and the torch engine, and always under CI; elsewhere it is
+//! ignored (see `build.rs`). It needs root, for the network namespaces.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Sandbox, tiny_train_recipe_on};
+
+/// The test cluster of three nodes, started for this test and stopped (its namespaces
+/// removed) when dropped.
+struct Cluster {
+    conf: PathBuf,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let out = script().args(["start", "3"]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "scripts/cluster-local.sh start 3: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/cluster-local/slurm.conf");
+        assert!(
+            String::from_utf8_lossy(&out.stdout)
+                .contains(&format!("SLURM_CONF={}", conf.display())),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        Cluster { conf }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = script().arg("stop").status();
+    }
+}
+
+/// `scripts/cluster-local.sh`, run from the repository root (its state is under target/).
+fn script() -> Command {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut c = Command::new(root.join("scripts/cluster-local.sh"));
+    c.current_dir(root);
+    c
+}
+
+/// The tiny phase as `nodes` x `per_node` ranks on the cluster's Slurm; ranks talk over the
+/// nodes' own interface.
+fn cluster_recipe(nodes: usize, per_node: usize) -> String {
+    tiny_train_recipe_on("torch", nodes * per_node, 3)
+        .replace(
+            "name: faults-test",
+            "name: faults-test\nexecutor: {kind: slurm, poll_s: 0.3}",
+        )
+        .replace(
+            &format!("data_parallel: {}, ", nodes * per_node),
+            &format!(
+                "nodes: {nodes}, ranks_per_node: {per_node}, env: {{GLOO_SOCKET_IFNAME: zeth0}}, "
+            ),
+        )
+}
+
+fn final_weights(sb: &Sandbox) -> Vec<u8> {
+    std::fs::read(sb.output("train.p1").join("final/model.safetensors")).unwrap()
+}
+
+/// The processes on node `i` (`scripts/cluster-local.sh pids`), slurmd's included.
+fn node_pids(i: usize) -> Vec<i32> {
+    let out = script().args(["pids", &i.to_string()]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The torch ranks among `pids`.
+fn ranks_among(pids: &[i32]) -> Vec<i32> {
+    pids.iter()
+        .copied()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.contains("zflow_torch.worker"))
+        })
+        .collect()
+}
+
+/// Steps the train stage has reported so far (its partial folder's metrics).
+fn steps_so_far(sb: &Sandbox) -> usize {
+    std::fs::read_dir(sb.path().join("zflow-store"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".partial"))
+        .filter_map(|p| std::fs::read_to_string(p.join("metrics.jsonl")).ok())
+        .map(|m| m.matches("\"type\":\"step\"").count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The train stage's run record (`events.parquet`) as `kind|cause` lines.
+fn events(sb: &Sandbox) -> String {
+    sb.ok(&[
+        "query",
+        "zflow-store",
+        "select kind, cause from \"train.p1/events\"",
+    ])
+    .stdout
+}
+
+#[test]
+#[cfg_attr(
+    not(all(zflow_slurm, zflow_torch)),
+    ignore = "needs Slurm's packages and the torch engine's Python: scripts/test.sh sets them up"
+)]
+fn two_nodes_train_as_one_node_and_leave_nothing_behind() {
+    let cluster = Cluster::start();
+    let conf = &cluster.conf;
+    // The reference: 4 ranks on this machine.
+    let reference = Sandbox::new();
+    reference.write("r.yaml", &tiny_train_recipe_on("torch", 4, 3));
+    reference.ok(&["run", "r.yaml"]);
+    let want = final_weights(&reference);
+
+    // a) 2 nodes x 2 ranks.
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &cluster_recipe(2, 2));
+    let out = sb
+        .cmd(&["run", "r.yaml"])
+        .env("SLURM_CONF", conf)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        final_weights(&sb) == want,
+        "2 nodes x 2 ranks ended with other weights than 1 node x 4"
+    );
+    let record = events(&sb);
+    assert!(
+        record.contains("4 rank(s) on 2 node(s)")
+            && record.contains("GLOO_SOCKET_IFNAME=zeth0")
+            && record.contains("rank 0: n0 (")
+            && record.contains("rank 3: n1 ("),
+        "{record}"
+    );
+
+    // d) Nothing of either job is left on any node.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left: Vec<i32> = (0..3).flat_map(|i| ranks_among(&node_pids(i))).collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ranks left on the nodes: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let steps = Command::new("squeue")
+        .args(["-h", "-s"])
+        .env("SLURM_CONF", conf)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&steps.stdout).trim().is_empty(),
+        "steps left: {}",
+        String::from_utf8_lossy(&steps.stdout)
+    );
+}
+
+#[test]
+#[ignore = "a 4-rank phase resumed from a checkpoint does not yet end bit-identical to the \
+            uninterrupted run (also on one machine: ZFLOW_FAULTS=hang@12:rank=2 with \
+            data_parallel 4); 2-rank resumes are exact (tests/faults.rs)"]
+fn a_frozen_node_is_found_hung_and_the_phase_ends_as_uninterrupted() {
+    let cluster = Cluster::start();
+    let conf = &cluster.conf;
+    let reference = Sandbox::new();
+    reference.write("r.yaml", &tiny_train_recipe_on("torch", 4, 3));
+    reference.ok(&["run", "r.yaml"]);
+    let want = final_weights(&reference);
+
+    // The ranks of node 1 freeze mid-phase: found hung, relaunched, same weights.
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &cluster_recipe(2, 2));
+    let zflow = sb
+        .cmd(&["run", "r.yaml"])
+        .env("SLURM_CONF", conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while steps_so_far(&sb) < 10 {
+        assert!(started.elapsed() < Duration::from_secs(300), "no step 10");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let frozen = ranks_among(&node_pids(1));
+    assert_eq!(frozen.len(), 2, "node 1 runs {frozen:?}");
+    let stopped_at = Instant::now();
+    for p in &frozen {
+        // SAFETY: signalling a rank of this test's own job.
+        unsafe { libc::kill(*p, libc::SIGSTOP) };
+    }
+    let out = zflow.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        final_weights(&sb) == want,
+        "weights differ after the freeze:\n{stderr}\n{}",
+        sb.ok(&["logs", "r.yaml", "train.p1"]).stdout
+    );
+    let record = events(&sb);
+    assert!(record.contains("hung"), "{record}");
+    // Detected within hang_timeout_s (3 s) of the freeze, plus the supervisor's poll.
+    let detected = sb
+        .ok(&[
+            "query",
+            "zflow-store",
+            "select min(detected_ms) from \"train.p1/events\" where kind = 'failure'",
+        ])
+        .stdout;
+    let detected_ms: u64 = detected
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|w| w.len() >= 12)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no detection time in {detected}"));
+    let stop_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        - stopped_at.elapsed().as_millis() as u64;
+    assert!(
+        detected_ms.saturating_sub(stop_ms) <= 3_000 + 2_000,
+        "hang found {} ms after the freeze",
+        detected_ms.saturating_sub(stop_ms)
+    );
+}
