@@ -9,8 +9,9 @@
 #                                    # torch) as wheels in target/gpu-wheels (~46 MB)
 #   scripts/gpu_check.sh             # on the GPU machine (PyTorch with CUDA installed; no network
 #                                    # needed: carry target/gpu-wheels)
-# PEAK_TFLOPS (default 989, an H100/H200's dense bf16) sets the MFU's denominator; BATCH, SEQ_LEN,
-# STEPS, BLOCKS the workload.
+#   scripts/gpu_check.sh --backend rocm   # on an AMD GPU (PyTorch's ROCm build; MI300X peak)
+# PEAK_TFLOPS (default 989, an H100/H200's dense bf16; 1307, an MI300X's, with --backend rocm)
+# sets the MFU's denominator; BATCH, SEQ_LEN, STEPS, BLOCKS the workload.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels=target/gpu-wheels
@@ -20,6 +21,13 @@ if [ "${1:-}" = "--prepare" ]; then
   du -sh "$wheels"
   exit 0
 fi
+backend=cuda
+if [ "${1:-}" = "--backend" ]; then backend="${2:?--backend cuda|rocm}"; fi
+case "$backend" in
+cuda) peak=${PEAK_TFLOPS:-989} ;;
+rocm) peak=${PEAK_TFLOPS:-1307} ;;
+*) echo "gpu_check.sh: --backend cuda or rocm, not $backend" >&2; exit 2 ;;
+esac
 python=${PYTHON:-python3}
 if ! "$python" -c "import transformers, safetensors, blake3" 2>/dev/null; then
   # Keep the machine's PyTorch (its CUDA build); add the rest from the carried wheels.
@@ -28,7 +36,18 @@ if ! "$python" -c "import transformers, safetensors, blake3" 2>/dev/null; then
   "$python" -m pip install --quiet --no-index --find-links "$wheels" \
     transformers==5.23.0 safetensors==0.8.0 blake3==1.0.11
 fi
-"$python" -c "import torch; assert torch.cuda.is_available(), 'no GPU visible to PyTorch'; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
+"$python" - "$backend" <<'PY'
+import sys, torch
+backend = sys.argv[1]
+assert torch.cuda.is_available(), "no GPU visible to PyTorch"
+if backend == "rocm":
+    assert torch.version.hip, "--backend rocm, but this PyTorch is not a ROCm build"
+    stack = f"HIP {torch.version.hip}, RCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
+else:
+    assert torch.version.cuda, "--backend cuda, but this PyTorch has no CUDA"
+    stack = f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
+print("torch", torch.__version__, torch.cuda.get_device_name(0), stack)
+PY
 cfg=$(mktemp)
 cat > "$cfg" <<JSON
 {"model": {"hidden_size": 2048, "num_blocks": ${BLOCKS:-8}, "vocab_size": 262272,
@@ -42,7 +61,7 @@ cat > "$cfg" <<JSON
   "balance": {"kp": 1.0, "ki": 0.0, "kd": 0.0, "lr": 0.001, "beta1": 0.9, "beta2": 0.99,
    "skip_share": null, "enabled": true}},
  "batch": ${BATCH:-4}, "seq_len": ${SEQ_LEN:-4096}, "steps": ${STEPS:-10}, "threads": 8,
- "peak_tflops": ${PEAK_TFLOPS:-989}, "backend": "cuda"}
+ "peak_tflops": $peak, "backend": "$backend"}
 JSON
 result=$(PYTHONPATH=workers/torch "$python" -m zflow_torch.bench gpu "$cfg" | tail -1)
 echo "$result"

@@ -30,6 +30,12 @@ export ZFLOW_EVAL_DATA="$PWD/target/test-fixtures/data-root"
 # The torch engine's Python, which scripts/setup.sh installed (its tests run with it).
 export ZFLOW_TORCH_PYTHON="$PWD/target/torch-venv/bin/python"
 eval "$(scripts/fixtures.sh)"
+# nextest runs two tests at once on two cores, and many start PyTorch processes that use every
+# core. OpenMP threads that spin long while they wait (libgomp's default, 300,000 turns) then
+# starve the other test's: two 2-thread ranks of the tiny phase on two cores took 28-32 s so,
+# 11 s spinning 1,000 turns. Alone, a process runs as fast either way (9.5 s); with threads that
+# never spin (OMP_WAIT_POLICY=PASSIVE) it took 16.6 s.
+export GOMP_SPINCOUNT=1000
 # Chromium and ChromeDriver for the ui test (tests/ui.rs), which scripts/browser.sh installed.
 eval "$(cat target/browser.env)"
 # nextest (on the machine's image; cargo test where it is missing) runs each test in its own

@@ -176,6 +176,9 @@ fn every_fetch_of_every_shipped_recipe_resolves_and_matches_its_pin() {
             "--store".into(),
             store.display().to_string(),
             "--quiet".into(),
+            // Here, whatever cluster the recipe names (zaya1.yaml's Slurm partition).
+            "--set".into(),
+            "executor={kind: local}".into(),
         ];
         args.extend(until.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

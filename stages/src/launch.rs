@@ -66,6 +66,52 @@ impl SlurmJob {
         }))
     }
 
+    /// The job's nodes that do not run a trivial job step (`true`) within `timeout`: nodes
+    /// that died or whose slurmd stopped answering. One probe per node, all at once.
+    pub fn unreachable(&self, timeout: std::time::Duration) -> Vec<String> {
+        let probes: Vec<_> = (0..self.hosts.len())
+            .map(|node| {
+                Command::new("srun")
+                    .args([
+                        "--ntasks=1",
+                        "--nodes=1",
+                        "--exact",
+                        "--quiet",
+                        "--job-name=zflow-node-probe",
+                        &format!("--relative={node}"),
+                        "true",
+                    ])
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + timeout;
+        probes
+            .into_iter()
+            .zip(&self.hosts)
+            .filter_map(|(probe, host)| {
+                let Ok(mut child) = probe else {
+                    return Some(host.clone());
+                };
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(status)) if status.success() => return None,
+                        Ok(None) if std::time::Instant::now() < deadline => {
+                            std::thread::sleep(std::time::Duration::from_millis(100));
+                        }
+                        _ => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            return Some(host.clone());
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// A job on `hosts`, reached by their names (tests, and `zflow plan --launch`).
     pub fn on_hosts(id: u64, hosts: Vec<String>) -> SlurmJob {
         SlurmJob {

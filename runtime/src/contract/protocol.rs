@@ -30,6 +30,10 @@ pub enum WorkerMessage {
         total_steps: u64,
         /// Parameters in the model.
         params: u64,
+        /// The launch's all-reduce bus bandwidth in GB/s, measured at start with the
+        /// preflight probe (`None` without one, or on one rank).
+        #[serde(default)]
+        allreduce_gbps: Option<f64>,
     },
     /// The preflight probe of this rank's device: sent before training when asked for
     /// (`ZFLOW_PREFLIGHT`), and the one message of a probe-only run (a worker started with `--probe`).

@@ -248,9 +248,11 @@ impl Stage for Train {
         let sup = &c.launch;
         let mut restarts = 0u32;
         let mut world = c.launch.world();
+        let slurm = SlurmJob::from_env()?;
         loop {
             let attempt = events.next_attempt(&describe_launch(c, world))?;
-            match self.attempt(c, ctx, &job_path, attempt, world, &mut metrics, &mut events)? {
+            let launch = (slurm.as_ref(), world, attempt);
+            match self.attempt(c, ctx, &job_path, launch, &mut metrics, &mut events)? {
                 Outcome::Finished => break,
                 Outcome::Exclude { slow } => {
                     world -= slow;
@@ -264,6 +266,9 @@ impl Stage for Train {
                             "the training workers failed: {cause} (not retried: no relaunch can fix this; log: {})",
                             ctx.log().path().display()
                         );
+                    }
+                    if let Some(job) = slurm.as_ref().filter(|j| j.hosts.len() > 1) {
+                        wait_out_lost_nodes(job, c.launch.hang_timeout_s);
                     }
                     if restarts >= sup.max_restarts {
                         events.push(Event::failure(attempt, &cause, step, detected, None))?;
@@ -348,6 +353,29 @@ fn rank_variables(c: &TrainConfig, attempt: u32) -> Vec<(String, String)> {
     }
     vars.extend(c.launch.env.iter().map(|(k, v)| (k.clone(), v.to_string())));
     vars
+}
+
+/// After a failed launch in a Slurm job of several nodes: while a node of the job does not
+/// answer (it died, or its slurmd did), relaunching onto it would only fail again and spend
+/// the restarts. Slurm marks such a node down within its `SlurmdTimeout`, ends this job and
+/// requeues it on nodes that answer (the `--requeue` the executor submits with); the phase
+/// then resumes there from its newest checkpoint. So this waits, until Slurm does that (and
+/// stops this process) or the node answers again (and the relaunch goes ahead as usual).
+fn wait_out_lost_nodes(job: &SlurmJob, probe_timeout_s: u64) {
+    let timeout = Duration::from_secs(probe_timeout_s.clamp(5, 60));
+    loop {
+        let lost = job.unreachable(timeout);
+        if lost.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            "node(s) {} of slurm job {} do not answer: waiting for Slurm to take them out and \
+             requeue the job on the nodes left (the phase resumes from its newest checkpoint)",
+            lost.join(", "),
+            job.id
+        );
+        std::thread::sleep(Duration::from_secs(5));
+    }
 }
 
 /// A launch of `world` ranks as the run record keeps it: the topology and every variable of

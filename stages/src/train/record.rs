@@ -28,8 +28,8 @@ pub(super) fn now_ms() -> u64 {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Event {
     /// `failure` (a launch that crashed, hung or errored), `loss_spike`, `preflight`, or the
-    /// record of a run: `launch` (cause: its ranks and `train.launch.env`) and `placement`
-    /// (cause: each rank's host and device).
+    /// record of a run: `launch` (cause: its ranks and `train.launch.env`), `placement`
+    /// (cause: each rank's host and device) and `network` (the all-reduce bus bandwidth).
     pub kind: String,
     /// Launch number (1 = first launch in this stage directory).
     pub attempt: u32,
@@ -97,8 +97,9 @@ impl Event {
 }
 
 /// Events that record how training ran rather than interrupt it: each launch (its ranks and
-/// environment) and where its ranks ran (`placement`: host and device of each).
-const RECORD_KINDS: &[&str] = &["launch", "placement"];
+/// environment), where its ranks ran (`placement`: host and device of each) and the launch's
+/// all-reduce bus bandwidth (`network`).
+const RECORD_KINDS: &[&str] = &["launch", "placement", "network"];
 
 /// What interrupted training in a train stage's folder (its output, or its partial folder
 /// while it runs): failed launches, loss-spike rollbacks and preflight findings, in order.

@@ -15,6 +15,7 @@ use zflow_runtime::contract::protocol::WorkerMessage;
 
 use super::record::{Event, Events, Metrics, Record, now_ms};
 use super::{Train, TrainConfig};
+use crate::launch::SlurmJob;
 
 /// How one launch of the workers ended.
 pub(super) enum Outcome {
@@ -67,21 +68,19 @@ impl Rank {
 }
 
 impl Train {
-    /// Launches every rank once and watches them until all finish, one fails or hangs, or the
+    /// Launches every rank once (launch number `attempt`, `world` ranks, in the Slurm job
+    /// `slurm` if any) and watches them until all finish, one fails or hangs, or the
     /// run is cancelled; a failed launch has all its ranks stopped before this returns.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn attempt(
         &self,
         c: &TrainConfig,
         ctx: &StageContext,
         job_path: &Path,
-        attempt: u32,
-        world: usize,
+        (slurm, world, attempt): (Option<&SlurmJob>, usize, u32),
         metrics: &mut Metrics,
         events: &mut Events,
     ) -> Result<Outcome> {
-        let slurm = crate::launch::SlurmJob::from_env()?;
-        let spec = super::launch_spec(c, ctx.name(), ctx.threads(), slurm.as_ref(), world, attempt);
+        let spec = super::launch_spec(c, ctx.name(), ctx.threads(), slurm, world, attempt);
         let placements = spec.placements()?;
         let engine = crate::engine::worker_command(&c.train.engine, job_path, &c.train.backend)?;
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
@@ -326,6 +325,7 @@ impl Train {
                 total_steps,
                 params,
                 world,
+                allreduce_gbps,
                 ..
             } => {
                 r.step = start_step;
@@ -342,6 +342,24 @@ impl Train {
                     tracing::info!(
                         "{world} rank(s) on {device}: {params} parameters, {total_steps} steps{from}"
                     );
+                    if let Some(gbps) = allreduce_gbps {
+                        tracing::info!(
+                            "preflight: all-reduce bus bandwidth {gbps:.2} GB/s over {world} ranks"
+                        );
+                        let attempt = events.current_attempt();
+                        events.push(Event {
+                            kind: "network".into(),
+                            ..Event::failure(
+                                attempt,
+                                &format!(
+                                    "all-reduce bus bandwidth {gbps:.2} GB/s over {world} ranks"
+                                ),
+                                start_step,
+                                now_ms(),
+                                None,
+                            )
+                        })?;
+                    }
                 }
             }
             WorkerMessage::Heartbeat { .. } => {}

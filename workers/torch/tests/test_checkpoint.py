@@ -51,11 +51,11 @@ class Checkpoints(unittest.TestCase):
             self.assertEqual(checkpoint.read_verified(root / "step-00000005")["a.bin"], b"abc")
             (root / "step-00000010" / "a.bin").write_bytes(b"xyZ")
             warnings: list[str] = []
-            checkpoint.quarantine_damaged(root, warnings.append)
+            found = checkpoint.newest_verified(root, warnings.append)
             self.assertTrue((root / "quarantine" / "step-00000010").exists())
-            found = checkpoint.latest(root, warnings.append)
             assert found is not None
             self.assertEqual(found[0].name, "step-00000005")
+            self.assertEqual(found[1]["b.json"], b"{}")
             checkpoint.retain(root, 1)
             self.assertEqual([s for s, _ in checkpoint.listing(root)], [5])
 

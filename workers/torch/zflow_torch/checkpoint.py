@@ -39,6 +39,10 @@ OPTIMIZERS = ["muon", "adamw"]
 ENTRY = struct.Struct("<QQ")
 
 
+# Bytes this process has read from checkpoint files (the log reports them after a resume).
+bytes_read = [0]
+
+
 class CheckpointError(ValueError):
     """A checkpoint that does not verify or cannot be read (named with the file)."""
 
@@ -169,6 +173,7 @@ def read_verified(d: Path) -> dict[str, bytes]:
             data = path.read_bytes()
         except OSError as e:
             raise CheckpointError(f"reading {path}: {e}") from e
+        bytes_read[0] += len(data)
         if len(data) != size:
             raise CheckpointError(f"{path}: {len(data)} bytes, the manifest says {size}")
         if blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() != digest:
@@ -187,27 +192,36 @@ def listing(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def latest(root: Path, warn: Callable[[str], None]) -> tuple[Path, dict[str, bytes]] | None:
-    """The newest checkpoint that verifies, with its files."""
+def read_files(d: Path, names: list[str]) -> dict[str, bytes]:
+    """The files ``names`` of checkpoint ``d``, unverified: for the ranks that read their part
+    of a checkpoint another rank has just verified whole (``newest_verified``)."""
+    out = {}
+    for name in names:
+        path = d / name
+        try:
+            out[name] = path.read_bytes()
+        except OSError as e:
+            raise CheckpointError(f"reading {path}: {e}") from e
+        bytes_read[0] += len(out[name])
+    return out
+
+
+def remove_unfinished(root: Path) -> None:
+    """Removes ``.tmp-*`` folders: checkpoints whose writing never finished."""
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith(".tmp-"):
+                shutil.rmtree(p)
+
+
+def newest_verified(
+    root: Path, warn: Callable[[str], None]
+) -> tuple[Path, dict[str, bytes]] | None:
+    """The newest checkpoint that verifies, with its files. Newer ones that do not verify are
+    moved into ``quarantine/``; older ones are not read."""
     for _, d in listing(root):
         try:
             return d, read_verified(d)
-        except CheckpointError as e:
-            warn(f"skipping checkpoint {d}: {e}")
-    return None
-
-
-def quarantine_damaged(root: Path, warn: Callable[[str], None]) -> None:
-    """Removes unfinished ``.tmp-*`` folders and moves checkpoints that do not verify into
-    ``quarantine/``."""
-    if not root.is_dir():
-        return
-    for p in root.iterdir():
-        if p.name.startswith(".tmp-"):
-            shutil.rmtree(p)
-    for _, d in listing(root):
-        try:
-            read_verified(d)
         except CheckpointError as e:
             to = root / "quarantine" / d.name
             to.parent.mkdir(parents=True, exist_ok=True)
@@ -215,6 +229,15 @@ def quarantine_damaged(root: Path, warn: Callable[[str], None]) -> None:
                 shutil.rmtree(to)
             os.rename(d, to)
             warn(f"quarantined checkpoint {to} (it does not verify: {e}); it will not be loaded")
+    return None
+
+
+def shards_holding(layout_json: bytes, optimizer: str, ids: set[int]) -> list[str]:
+    """The shard files of ``optimizer`` that hold the records of parameter ids ``ids``, by
+    the checkpoint's own layout (which may have another number of ranks)."""
+    saved = json.loads(layout_json)
+    owners = sorted({s["owner"] for s in saved["params"] if s["id"] in ids})
+    return [shard_file(optimizer, r) for r in owners]
 
 
 def retain(root: Path, keep: int) -> None:
@@ -302,12 +325,10 @@ def read_shard(
 ) -> dict[int, bytes]:
     """The records of ``optimizer`` for the parameter ids ``mine``, from whichever ranks'
     files hold them (the saved layout may have another number of ranks)."""
-    saved = json.loads(files["layout.json"])
     out = {}
-    for r in range(saved["dp"]):
-        name = shard_file(optimizer, r)
+    for name in shards_holding(files["layout.json"], optimizer, mine):
         if name not in files:
-            raise CheckpointError(f"{d}: the layout has {saved['dp']} ranks but {name} is missing")
+            raise CheckpointError(f"{d}: its layout puts records in {name}, which is missing")
         for pid, record in entries(files[name], f"{d}/{name}"):
             if pid in mine:
                 out[pid] = record

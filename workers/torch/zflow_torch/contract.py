@@ -104,9 +104,16 @@ class Emitter:
                 pass
 
     def hello(
-        self, rank: int, world: int, device: str, start_step: int, total_steps: int, params: int
+        self,
+        rank: int,
+        world: int,
+        device: str,
+        start_step: int,
+        total_steps: int,
+        params: int,
+        allreduce_gbps: float | None = None,
     ) -> None:
-        """First, once per launch."""
+        """First, once per launch; with the launch's all-reduce bus bandwidth when measured."""
         self._emit(
             "hello",
             rank=rank,
@@ -116,6 +123,7 @@ class Emitter:
             start_step=start_step,
             total_steps=total_steps,
             params=params,
+            allreduce_gbps=allreduce_gbps,
         )
 
     def preflight(self, rank: int, gemm_gflops: float, membw_gbps: float, device: str) -> None:

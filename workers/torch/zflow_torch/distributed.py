@@ -71,9 +71,16 @@ def check_own_device(device: torch.device) -> None:
 
 
 def describe(device: torch.device) -> str:
+    """The device and the stack under it, for the run record: on GPUs the HIP or CUDA version
+    and the RCCL or NCCL that torch.distributed runs on."""
     if device.type == "cpu":
         return f"torch {torch.__version__} cpu ({torch.get_num_threads()} threads)"
-    return f"torch {torch.__version__} {torch.cuda.get_device_name(device)}"
+    collectives = ".".join(map(str, torch.cuda.nccl.version()))  # type: ignore[no-untyped-call]
+    if torch.version.hip:
+        stack = f"HIP {torch.version.hip}, RCCL {collectives}"
+    else:
+        stack = f"CUDA {torch.version.cuda}, NCCL {collectives}"
+    return f"torch {torch.__version__} {torch.cuda.get_device_name(device)} ({stack})"
 
 
 # Rank 0's listening sockets, kept open for its store.
@@ -133,9 +140,19 @@ def join_group(rank: int, world: int, backend: str) -> None:
     dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
-def probe(device: torch.device, slow_ms: int) -> tuple[float, float]:
-    """GEMM GFLOP/s and memory bandwidth GB/s (``runtime/src/dist/preflight.rs``): a 512^2 f32
-    matmul and an elementwise add of 4M floats (read two, write one), best of 3."""
+# The GEMM a GPU probe times when the caller names none: ZAYA1's expert up-projection over a
+# 4096-token micro-batch (tokens x hidden @ hidden x 2 x expert width).
+ZAYA1_GEMM = (4096, 2048, 4096)
+
+
+def probe(
+    device: torch.device, slow_ms: int, gemm_shape: tuple[int, int, int] = ZAYA1_GEMM
+) -> tuple[float, float]:
+    """GEMM GFLOP/s and memory bandwidth GB/s (``runtime/src/dist/preflight.rs``), best of 3.
+    On a GPU: a bf16 GEMM of ``gemm_shape`` (m, k, n: the model's own tokens per micro-batch,
+    hidden size and expert width) and a copy of 1 GiB of device memory. On the CPU, where
+    only an outlier matters: a 512^2 f32 matmul and an add of 4M floats (read two, write
+    one)."""
 
     def best_of(f: Callable[[], object]) -> float:
         f()
@@ -149,9 +166,39 @@ def probe(device: torch.device, slow_ms: int) -> tuple[float, float]:
             best = min(best, time.perf_counter() - t)
         return best
 
+    if device.type == "cuda":
+        m, k, n = gemm_shape
+        a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+        length = 1 << 28
+        x, y = torch.empty(length, device=device), torch.empty(length, device=device)
+        gemm = best_of(lambda: a @ b)
+        copy = best_of(lambda: y.copy_(x))
+        return 2.0 * m * k * n / gemm / 1e9, 2.0 * 4.0 * length / copy / 1e9
     n, length = 512, 1 << 22
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     x, y = torch.rand(length, device=device), torch.rand(length, device=device)
     gemm = best_of(lambda: (a @ b).sum().item())
     add = best_of(lambda: (x + y)[:1].item())
     return 2.0 * n**3 / gemm / 1e9, 3.0 * 4.0 * length / add / 1e9
+
+
+def allreduce_busbw(device: torch.device) -> float:
+    """The launch's all-reduce bus bandwidth, GB/s, as nccl-tests defines it (2 (n - 1) / n x
+    bytes / time): a 256 MiB f32 all-reduce on GPUs (4 MiB on the CPU), best of 3. Every rank
+    takes part; the slowest link of the job's nodes sets it."""
+    world = dist.get_world_size()
+    numel = (256 << 20) // 4 if device.type == "cuda" else (4 << 20) // 4
+    x = torch.ones(numel, device=device)
+    best = math.inf
+    for i in range(4):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        t = time.perf_counter()
+        dist.all_reduce(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i > 0:  # the first is a warm-up (connections, buffers)
+            best = min(best, time.perf_counter() - t)
+    return 2.0 * (world - 1) / world * numel * 4 / best / 1e9

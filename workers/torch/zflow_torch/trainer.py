@@ -41,6 +41,7 @@ from zflow_torch.contract import (
     read_job,
 )
 from zflow_torch.distributed import (
+    allreduce_busbw,
     check_own_device,
     describe,
     device_for,
@@ -122,8 +123,18 @@ class Trainer:
         self.ddp: nn.Module = self.net
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
+            # find_unused_parameters keeps DDP's first bucket layout for good: DDP otherwise
+            # rebuilds its buckets after a launch's first step, and where a gradient sits in
+            # a bucket decides the order gloo's ring sums the ranks' values in. Past 2 ranks
+            # that order changes the rounding, so a relaunch (whose first step has the
+            # unrebuilt layout) would not replay the uninterrupted run bit for bit. It also
+            # lets an expert that routed no token in a micro-batch go without a gradient.
             self.ddp = nn.parallel.DistributedDataParallel(
-                self.net, device_ids=ids, broadcast_buffers=False, bucket_cap_mb=25
+                self.net,
+                device_ids=ids,
+                broadcast_buffers=False,
+                bucket_cap_mb=25,
+                find_unused_parameters=True,
             )
 
     def new_optimizers(self) -> None:
@@ -211,40 +222,92 @@ class Trainer:
 
     def start(self) -> State:
         """The state training starts (or restarts after a spike) from: this phase's newest
-        checkpoint that verifies, else the previous phase's final one, else a fresh model."""
+        checkpoint that verifies, else the previous phase's final one, else a fresh model.
+
+        Resume scales with the ranks: rank 0 alone reads and verifies the checkpoint whole and
+        sends the weights to the others; each other rank reads only the optimizer shards that
+        hold its own tensors (and the small trainer state and layout)."""
         self.new_optimizers()
         state = self.fresh_state()
-        found = checkpoint.latest(self.checkpoints, log)
-        if found is None and not self.job.init:
+        found = self.agreed_checkpoint()
+        init = Path(self.job.init) if self.job.init else None
+        if found is None and init is None:
             with torch.no_grad():
                 model.initialise(self.net, self.model_config, self.t.seed)
+            return state
+        d: Path
+        files: dict[str, bytes] | None
         if found is not None:
             d, files = found
-            self.load_weights(files, d)
-            state = State(json.loads(files["trainer.json"]))
-            if state.phase != self.job.phase:
-                raise Fatal(
-                    f"{d}: a checkpoint of phase `{state.phase}` "
-                    f"in phase `{self.job.phase}`'s directory"
-                )
-            self.load_optimizers(files, d)
-            log(f"resuming phase {state.phase} at step {state.step} from {d}")
-        elif self.job.init:
-            init = Path(self.job.init)
+        else:
+            assert init is not None
+            d, files = init, None
+        if files is None and self.rank == 0:
             try:
-                files = checkpoint.read_verified(init)
+                files = checkpoint.read_verified(d)
             except checkpoint.CheckpointError as e:
                 raise checkpoint.CheckpointError(
                     f"the previous phase's checkpoint {init}: {e}"
                 ) from e
-            self.load_weights(files, init)
-            if self.t.carry_optimizer:
-                self.load_optimizers(files, init)
-            # The routing biases are part of the model; the phase's data and step restart.
-            state.balance = State(json.loads(files["trainer.json"])).balance
-            carried = "carried" if self.t.carry_optimizer else "reset"
-            log(f"phase {state.phase} starts from {init} (optimizer state {carried})")
+        carry = found is not None or self.t.carry_optimizer
+        if files is None:
+            files = self.my_part(d, carry)
+        if self.rank == 0:
+            self.load_weights(files, d)
+        self.share_weights()
+        saved = State(json.loads(files["trainer.json"]))
+        if carry:
+            self.load_optimizers(files, d)
+        if found is not None:
+            if saved.phase != self.job.phase:
+                raise Fatal(
+                    f"{d}: a checkpoint of phase `{saved.phase}` "
+                    f"in phase `{self.job.phase}`'s directory"
+                )
+            log(f"resuming phase {saved.phase} at step {saved.step} from {d}")
+            return saved
+        # The routing biases are part of the model; the phase's data and step restart.
+        state.balance = saved.balance
+        carried = "carried" if carry else "reset"
+        log(f"phase {state.phase} starts from {init} (optimizer state {carried})")
         return state
+
+    def agreed_checkpoint(self) -> tuple[Path, dict[str, bytes] | None] | None:
+        """This phase's newest checkpoint that verifies, as rank 0 finds it (it alone reads
+        and hashes its files, quarantining newer ones that fail): rank 0 gets the files, the
+        other ranks its path."""
+        found = None
+        if self.rank == 0:
+            found = checkpoint.newest_verified(self.checkpoints, log)
+        if self.world == 1:
+            return found
+        box: list[Any] = [str(found[0]) if found else None]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is None:
+            return None
+        return (found[0], found[1]) if found else (Path(box[0]), None)
+
+    def my_part(self, d: Path, optimizers: bool) -> dict[str, bytes]:
+        """What a rank other than 0 reads of checkpoint ``d``: the trainer state and layout,
+        and (with ``optimizers``) the shard files that hold its tensors' optimizer state."""
+        files = checkpoint.read_files(d, ["trainer.json", "layout.json"])
+        if optimizers:
+            mine = {self.ids[t.name] for t, _ in self.mine}
+            names = [
+                name
+                for opt, _ in self.optimizers()
+                for name in checkpoint.shards_holding(files["layout.json"], opt, mine)
+            ]
+            files.update(checkpoint.read_files(d, names))
+        return files
+
+    def share_weights(self) -> None:
+        """Rank 0's weights to every rank, a tensor at a time (no second copy of the model)."""
+        if self.world == 1:
+            return
+        with torch.no_grad():
+            for _, p in self.bound:
+                dist.broadcast(p.data, src=0)
 
     # -- one step -------------------------------------------------------------------------------
 
@@ -414,20 +477,33 @@ class Trainer:
         t = self.t
         if self.rank == 0:
             # Before any rank reads the checkpoints (the others wait for rank 0 in the group).
-            checkpoint.quarantine_damaged(self.checkpoints, log)
-        if os.environ.get(PREFLIGHT):
-            gemm, bw = probe(self.device, self.faults.delay_ms(0))
+            checkpoint.remove_unfinished(self.checkpoints)
+        self.open_data()
+        preflight = bool(os.environ.get(PREFLIGHT))
+        if preflight:
+            m = self.model_config
+            shape = (min(t.micro_batch * self.seq_len, 16384), m.hidden_size, 2 * m.expert_ffn)
+            gemm, bw = probe(self.device, self.faults.delay_ms(0), shape)
             self.emit.preflight(self.rank, gemm, bw, describe(self.device))
+        allreduce = None
         if self.world > 1:
             join_group(self.rank, self.world, "cpu" if self.device.type == "cpu" else "gpu")
             if self.device.type != "cpu":
                 check_own_device(self.device)
-        self.open_data()
+            if preflight:
+                allreduce = allreduce_busbw(self.device)
         self.build_model()
         state = self.start()
+        log(f"rank {self.rank} read {checkpoint.bytes_read[0]} bytes of checkpoints")
         params = sum(math.prod(tensor.shape) for tensor, _ in self.bound)
         self.emit.hello(
-            self.rank, self.world, describe(self.device), state.step, self.total_steps, params
+            self.rank,
+            self.world,
+            describe(self.device),
+            state.step,
+            self.total_steps,
+            params,
+            allreduce,
         )
         saver = checkpoint.Saver(t.async_checkpoints)
         spike_fired = False
