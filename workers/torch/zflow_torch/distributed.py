@@ -10,7 +10,7 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import blake3
 import torch
@@ -33,6 +33,13 @@ def device_for(backend: str, index: int) -> torch.device:
         raise Fatal(f"backend {backend}: no GPU is visible to PyTorch")
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+class KeyValues(Protocol):
+    """What the launch's store (torch's TCPStore) offers the rendezvous code."""
+
+    def set(self, key: str, value: str) -> None: ...
+    def get(self, key: str) -> bytes: ...
 
 
 def device_index() -> int:
@@ -59,13 +66,17 @@ def shared_devices(places: list[tuple[str, str]]) -> str | None:
     return None
 
 
-def check_own_device(device: torch.device) -> None:
-    """Every rank on a GPU of its own: the ranks exchange (host, device) and stop, with a
-    fatal error, when two share one (a wrong ``CUDA_VISIBLE_DEVICES``, a Slurm step without its
-    own GPU)."""
-    places: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(places, (socket.gethostname(), device_identity(device)))
-    shared = shared_devices([tuple(p) for p in places])
+def check_own_device(store: KeyValues, rank: int, world: int, device: torch.device) -> None:
+    """Every rank on a GPU of its own: the ranks exchange (host, device) through the launch's
+    store, before any collective (NCCL would stop on a shared GPU with its own, less telling
+    error), and stop with a fatal error naming both when two share one (a wrong
+    ``CUDA_VISIBLE_DEVICES``, a Slurm step without its own GPU)."""
+    store.set(f"zflow/device/{rank}", f"{socket.gethostname()}\n{device_identity(device)}")
+    places = []
+    for r in range(world):
+        host, _, ident = store.get(f"zflow/device/{r}").decode().partition("\n")
+        places.append((host, ident))
+    shared = shared_devices(places)
     if shared:
         raise Fatal(f"{shared}: every rank needs a device of its own")
 
@@ -91,10 +102,11 @@ def _mac(key: bytes, *parts: str) -> str:
     return blake3.blake3("\n".join(parts).encode(), key=key).hexdigest()
 
 
-def join_group(rank: int, world: int, backend: str) -> None:
+def join_group(rank: int, world: int, device: torch.device) -> None:
     """Joins the launch's process group at zflow's rendezvous (rank 0 serves the store there)
     and proves, both ways, that every rank holds the launch secret before any collective runs:
-    each rank answers rank 0's nonce with a keyed BLAKE3 MAC, and rank 0 answers each rank's."""
+    each rank answers rank 0's nonce with a keyed BLAKE3 MAC, and rank 0 answers each rank's.
+    On GPUs the ranks then check that each has a device of its own (``check_own_device``)."""
     host, _, port = os.environ[RENDEZVOUS].rpartition(":")
     if host in ("127.0.0.1", "localhost", "::1"):
         # Gloo's own connections stay on loopback, like the store's clients.
@@ -136,7 +148,9 @@ def join_group(rank: int, world: int, backend: str) -> None:
         answer = store.get(f"zflow/answer/{rank}").decode()
         if not hmac.compare_digest(answer, _mac(key, "root", challenge, nonce, str(rank))):
             raise Fatal("rank 0 did not prove the launch secret; refusing it")
-    dist_backend = "gloo" if backend == "cpu" else "nccl"
+    if device.type != "cpu":
+        check_own_device(store, rank, world, device)
+    dist_backend = "gloo" if device.type == "cpu" else "nccl"
     dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 

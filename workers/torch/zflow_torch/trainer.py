@@ -42,7 +42,6 @@ from zflow_torch.contract import (
 )
 from zflow_torch.distributed import (
     allreduce_busbw,
-    check_own_device,
     describe,
     device_for,
     device_index,
@@ -487,9 +486,7 @@ class Trainer:
             self.emit.preflight(self.rank, gemm, bw, describe(self.device))
         allreduce = None
         if self.world > 1:
-            join_group(self.rank, self.world, "cpu" if self.device.type == "cpu" else "gpu")
-            if self.device.type != "cpu":
-                check_own_device(self.device)
+            join_group(self.rank, self.world, self.device)
             if preflight:
                 allreduce = allreduce_busbw(self.device)
         self.build_model()
