@@ -136,6 +136,37 @@ fn run_past_step_10(sb: &Sandbox, conf: &Path) -> std::process::Child {
     zflow
 }
 
+/// Slurm holds a requeued job for two minutes before it may start again (its `BeginTime`),
+/// which on a cluster is nothing beside a multi-week run and here would be most of the test:
+/// while the process `zflow` runs, each job held so is allowed to start at once (the test
+/// cluster's administrator may; a user would wait).
+fn start_requeued_jobs_now(conf: &Path, zflow: u32) {
+    let conf = conf.to_path_buf();
+    std::thread::spawn(move || {
+        while Path::new(&format!("/proc/{zflow}")).exists() {
+            let out = Command::new("squeue")
+                .args(["-h", "-t", "PD", "-o", "%i %r"])
+                .env("SLURM_CONF", &conf)
+                .output();
+            for line in out.iter().flat_map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .into_owned()
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            }) {
+                if let Some((id, "BeginTime")) = line.split_once(' ') {
+                    let _ = Command::new("scontrol")
+                        .args(["update", &format!("JobId={id}"), "StartTime=now"])
+                        .env("SLURM_CONF", &conf)
+                        .status();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+}
+
 /// The train stage's run record (`events.parquet`) as `kind|cause` lines.
 fn events(sb: &Sandbox) -> String {
     sb.ok(&[
@@ -233,6 +264,7 @@ fn two_nodes_train_as_one_node_survive_a_frozen_node_and_leave_nothing_behind() 
     let zflow = run_past_step_10(&sb, conf);
     let killed = script().args(["kill-node", "1", "KILL"]).status().unwrap();
     assert!(killed.success());
+    start_requeued_jobs_now(conf, zflow.id());
     let out = zflow.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let log = sb.ok(&["logs", "r.yaml", "train.p1"]).stdout;
