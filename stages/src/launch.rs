@@ -343,14 +343,7 @@ impl LaunchSpec<'_> {
             Target::Slurm(job) if job.hosts.len() > 1 => {
                 let rendezvous = format!("{}:{}", job.addresses[0], free_port()?);
                 let secret = zflow_runtime::dist::secret::generate_secret()?;
-                Ok((0..self.world)
-                    .map(|rank| Placement {
-                        rank,
-                        world: self.world,
-                        rendezvous: rendezvous.clone(),
-                        secret: secret.clone(),
-                    })
-                    .collect())
+                Ok(Placement::all(self.world, &rendezvous, &secret))
             }
             _ => Placement::local(self.world),
         }

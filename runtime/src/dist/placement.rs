@@ -65,15 +65,21 @@ impl Placement {
     /// secret.
     pub fn local(world: usize) -> Result<Vec<Placement>> {
         let rendezvous = format!("127.0.0.1:{}", free_port()?);
-        let secret = crate::dist::secret::generate_secret()?;
+        Ok(Placement::all(
+            world,
+            &rendezvous,
+            &crate::dist::secret::generate_secret()?,
+        ))
+    }
+
+    /// Placements for `world` ranks meeting at `rendezvous`, all holding `secret`.
+    pub fn all(world: usize, rendezvous: &str, secret: &str) -> Vec<Placement> {
         (0..world)
-            .map(|rank| {
-                Ok(Placement {
-                    rank,
-                    world,
-                    rendezvous: rendezvous.clone(),
-                    secret: secret.clone(),
-                })
+            .map(|rank| Placement {
+                rank,
+                world,
+                rendezvous: rendezvous.to_string(),
+                secret: secret.to_string(),
             })
             .collect()
     }

@@ -165,14 +165,7 @@ impl Stage for Train {
             Some(job) if job.hosts.len() > 1 => job.hosts[0].clone(),
             _ => "127.0.0.1".to_string(),
         };
-        let placements: Vec<Placement> = (0..world)
-            .map(|rank| Placement {
-                rank,
-                world,
-                rendezvous: format!("{host}:<port>"),
-                secret: "<secret>".into(),
-            })
-            .collect();
+        let placements = Placement::all(world, &format!("{host}:<port>"), "<secret>");
         let engine = crate::engine::worker_command(
             &c.train.engine,
             &on.out_dir.join("job.json"),

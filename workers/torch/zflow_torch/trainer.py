@@ -284,7 +284,7 @@ class Trainer:
         dist.broadcast_object_list(box, src=0)
         if box[0] is None:
             return None
-        return (found[0], found[1]) if found else (Path(box[0]), None)
+        return found if found else (Path(box[0]), None)
 
     def my_part(self, d: Path, optimizers: bool) -> dict[str, bytes]:
         """What a rank other than 0 reads of checkpoint ``d``: the trainer state and layout,
