@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Sandbox, tiny_train_recipe_on};
+use common::{Sandbox, start_requeued_jobs_now, tiny_train_recipe_on};
 
 /// The test cluster of three nodes, started for this test and stopped (its namespaces
 /// removed) when dropped.
@@ -134,37 +134,6 @@ fn run_past_step_10(sb: &Sandbox, conf: &Path) -> std::process::Child {
         std::thread::sleep(Duration::from_millis(50));
     }
     zflow
-}
-
-/// Slurm holds a requeued job for two minutes before it may start again (its `BeginTime`),
-/// which on a cluster is nothing beside a multi-week run and here would be most of the test:
-/// while the process `zflow` runs, each job held so is allowed to start at once (the test
-/// cluster's administrator may; a user would wait).
-fn start_requeued_jobs_now(conf: &Path, zflow: u32) {
-    let conf = conf.to_path_buf();
-    std::thread::spawn(move || {
-        while Path::new(&format!("/proc/{zflow}")).exists() {
-            let out = Command::new("squeue")
-                .args(["-h", "-t", "PD", "-o", "%i %r"])
-                .env("SLURM_CONF", &conf)
-                .output();
-            for line in out.iter().flat_map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .into_owned()
-                    .lines()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            }) {
-                if let Some((id, "BeginTime")) = line.split_once(' ') {
-                    let _ = Command::new("scontrol")
-                        .args(["update", &format!("JobId={id}"), "StartTime=now"])
-                        .env("SLURM_CONF", &conf)
-                        .status();
-                }
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-    });
 }
 
 /// The train stage's run record (`events.parquet`) as `kind|cause` lines.

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Sandbox, tiny_train_recipe_on};
+use common::{Sandbox, start_requeued_jobs_now, tiny_train_recipe_on};
 
 /// The local Slurm's config; panics when its controller does not answer.
 fn slurm_conf() -> PathBuf {
@@ -211,6 +211,7 @@ fn a_job_requeued_mid_phase_resumes_within_the_same_run() {
         .status()
         .unwrap();
     assert!(requeue.success());
+    start_requeued_jobs_now(&conf, zflow.id());
     let out = zflow.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -276,10 +277,31 @@ fn slurm_reuses_a_local_run_and_reports_failed_jobs() {
         "{out_file}"
     );
 
-    // No Slurm to talk to: named, with what was tried.
+    // A SLURM_CONF that names no file: said at once, naming it.
     let out = sb
         .cmd(&["run", "r.yaml"])
         .env("SLURM_CONF", sb.path().join("missing.conf"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("missing.conf names no file"),
+        "{stderr}"
+    );
+    // No controller answering where the configuration says: named, with what was tried.
+    let text = std::fs::read_to_string(&conf).unwrap();
+    let dead: String = text
+        .lines()
+        .map(|l| match l.strip_prefix("SlurmctldPort=") {
+            Some(_) => "SlurmctldPort=1".to_string(),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    sb.write("dead.conf", &dead);
+    let out = sb
+        .cmd(&["run", "r.yaml"])
+        .env("SLURM_CONF", sb.path().join("dead.conf"))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

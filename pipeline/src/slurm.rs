@@ -277,10 +277,19 @@ fn slurm_command(program: &str, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Checks that the Slurm controller answers (`squeue`), naming what was tried if not.
+/// Checks that the Slurm controller answers (`squeue --me`: one call, a short answer), naming
+/// what was tried if not. A `SLURM_CONF` that names no file is said at once: Slurm's clients
+/// would spend a minute looking for a controller elsewhere first.
 pub fn check_reachable() -> Result<()> {
-    slurm_command("squeue", &["-h", "-o", "%i", "-u", "nobody-zflow-probe"])
-        .or_else(|_| slurm_command("squeue", &["-h", "-o", "%i"]))
+    if let Some(conf) = std::env::var_os("SLURM_CONF")
+        && !std::path::Path::new(&conf).is_file()
+    {
+        bail!(
+            "executor slurm: SLURM_CONF={} names no file; point it at the cluster's slurm.conf, or unset it where Slurm finds its own",
+            conf.to_string_lossy()
+        );
+    }
+    slurm_command("squeue", &["-h", "-o", "%i", "--me"])
         .context("executor slurm: the Slurm controller is not reachable")?;
     Ok(())
 }

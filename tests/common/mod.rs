@@ -246,3 +246,34 @@ pub fn reseal(ck: &Path, file: &str) {
     manifest["files"][file] = serde_json::to_value(entry).unwrap();
     std::fs::write(&path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
 }
+
+/// Slurm holds a requeued job for two minutes before it may start again (its `BeginTime`),
+/// which on a cluster is nothing beside a multi-week run and here would be most of the test:
+/// while the process `zflow` runs, each job held so is allowed to start at once (the test
+/// cluster's administrator may; a user would wait).
+pub fn start_requeued_jobs_now(conf: &Path, zflow: u32) {
+    let conf = conf.to_path_buf();
+    std::thread::spawn(move || {
+        while Path::new(&format!("/proc/{zflow}")).exists() {
+            let out = Command::new("squeue")
+                .args(["-h", "-t", "PD", "-o", "%i %r"])
+                .env("SLURM_CONF", &conf)
+                .output();
+            for line in out.iter().flat_map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .into_owned()
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            }) {
+                if let Some((id, "BeginTime")) = line.split_once(' ') {
+                    let _ = Command::new("scontrol")
+                        .args(["update", &format!("JobId={id}"), "StartTime=now"])
+                        .env("SLURM_CONF", &conf)
+                        .status();
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    });
+}
