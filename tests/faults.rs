@@ -700,6 +700,45 @@ fn preflight_leaves_out_a_slow_rank() {
     );
 }
 
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn preflight_names_the_rank_and_host_of_a_slow_network_link() {
+    // Three ranks on a ring, two steps; rank 1's network card is slow (each exchange of the
+    // link probe waits 300 ms). Its neighbours each have one slow exchange (with rank 1) and one
+    // fast one (with each other), so only rank 1 is named, with where it runs.
+    let recipe = recipe(3, 0)
+        .replace("global_batch: 8", "global_batch: 6")
+        .replace("tokens: 30000", "tokens: 768")
+        .replace("hang_timeout_s: 3}", "hang_timeout_s: 3, preflight: {}}");
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &recipe);
+    let (stderr, _) = run_with(&sb, "slow-link@0:ms=300:rank=1");
+    let named: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("preflight: rank") && l.contains("network"))
+        .collect();
+    assert_eq!(named.len(), 1, "{stderr}");
+    assert!(
+        named[0].contains("preflight: rank 1: network")
+            && named[0].contains("with rank 0")
+            && named[0].contains("with rank 2")
+            && named[0].contains(&format!("on {}", hostname())),
+        "{stderr}"
+    );
+    let status = sb.ok(&["status", "r.yaml"]).stdout;
+    assert!(status.contains("rank 1: network"), "{status}");
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
 /// The phase's step count, from a finished run's log ("phase done at step N").
 fn total_steps(sb: &Sandbox) -> u64 {
     let log = log(sb);

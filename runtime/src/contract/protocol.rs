@@ -34,6 +34,10 @@ pub enum WorkerMessage {
         /// preflight probe (`None` without one, or on one rank).
         #[serde(default)]
         allreduce_gbps: Option<f64>,
+        /// This rank's exchanges with its ring neighbours, measured with the all-reduce
+        /// (empty without a preflight, or on one rank).
+        #[serde(default)]
+        links: Vec<crate::dist::preflight::LinkProbe>,
     },
     /// The preflight probe of this rank's device: sent before training when asked for
     /// (`ZFLOW_PREFLIGHT`), and the one message of a probe-only run (a worker started with `--probe`).

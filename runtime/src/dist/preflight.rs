@@ -32,9 +32,94 @@ pub fn outliers(probes: &[Probe], min_ratio: f64) -> Vec<(usize, String)> {
         .collect()
 }
 
+/// One rank's exchange with a peer, measured after the process group forms: both send and
+/// receive the same buffer at once, and this is the bytes one way over the time.
+///
+/// Peers are the rank's two neighbours on a ring of nodes (the same local rank one node
+/// after and one before; on one node, the next and previous rank), exchanged in rounds where
+/// no rank has two partners. A slow link or network card then shows in both of its rank's
+/// figures, and in only one of each neighbour's: that is how [`link_outliers`] names it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinkProbe {
+    /// The other rank.
+    pub peer: usize,
+    /// GB/s one way, best of 3.
+    pub gbps: f64,
+}
+
+/// Ranks whose best link figure is below `min_ratio` x the median of the ranks' best figures,
+/// with why. A neighbour of a slow rank has one fast link besides its slow one, so it is not
+/// named; with only two ranks (or nodes) on the ring the two cannot be told apart, and both are
+/// named when other pairs are fast.
+pub fn link_outliers(links: &[Vec<LinkProbe>], min_ratio: f64) -> Vec<(usize, String)> {
+    let best = |l: &[LinkProbe]| l.iter().map(|l| l.gbps).fold(f64::NEG_INFINITY, f64::max);
+    let mut bests: Vec<f64> = links
+        .iter()
+        .filter(|l| !l.is_empty())
+        .map(|l| best(l))
+        .collect();
+    if bests.is_empty() {
+        return Vec::new();
+    }
+    bests.sort_by(|a, b| a.total_cmp(b));
+    let median = bests[bests.len() / 2];
+    links
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.is_empty() && best(l) < min_ratio * median)
+        .map(|(r, l)| {
+            let shown: Vec<String> = l
+                .iter()
+                .map(|l| format!("{:.2} GB/s with rank {}", l.gbps, l.peer))
+                .collect();
+            (
+                r,
+                format!(
+                    "rank {r}: network {} (median best {median:.2})",
+                    shown.join(", ")
+                ),
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slow_link_names_its_rank_and_not_its_neighbours() {
+        // A ring of 4 nodes, one rank each; rank 2's card is slow, so its exchanges with
+        // ranks 1 and 3 are.
+        let l = |peer, gbps| LinkProbe { peer, gbps };
+        let links = vec![
+            vec![l(1, 10.0), l(3, 11.0)],
+            vec![l(2, 1.0), l(0, 10.0)],
+            vec![l(3, 1.2), l(1, 1.0)],
+            vec![l(0, 11.0), l(2, 1.2)],
+        ];
+        let slow = link_outliers(&links, 0.5);
+        assert_eq!(slow.len(), 1, "{slow:?}");
+        assert_eq!(slow[0].0, 2);
+        assert!(slow[0].1.contains("1.20 GB/s with rank 3"), "{slow:?}");
+        // Two on the ring: both named; none measured: nothing.
+        let pair = vec![vec![l(1, 1.0)], vec![l(0, 1.0)]];
+        assert_eq!(link_outliers(&pair, 0.5).len(), 0);
+        let pair_with_fast = vec![
+            vec![l(1, 1.0)],
+            vec![l(0, 1.0)],
+            vec![l(3, 9.0)],
+            vec![l(2, 9.0)],
+        ];
+        assert_eq!(
+            link_outliers(&pair_with_fast, 0.5)
+                .iter()
+                .map(|o| o.0)
+                .collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+        assert!(link_outliers(&[vec![], vec![]], 0.5).is_empty());
+    }
 
     #[test]
     fn finds_the_slow_rank_against_the_median() {

@@ -47,7 +47,9 @@ struct Rank {
     /// The class its `error` message gave.
     class: Option<Failure>,
     probe: Option<zflow_runtime::dist::preflight::Probe>,
-    /// Where it runs, from its `hello`: "host (device)".
+    /// Its exchanges with its ring neighbours, from its `hello` (empty without a preflight).
+    links: Option<Vec<zflow_runtime::dist::preflight::LinkProbe>>,
+    /// Where it runs, from its `preflight` or `hello`: "host (device)".
     place: Option<String>,
     /// When its output ended (1 = the first rank to leave): the order the ranks left in.
     left: Option<usize>,
@@ -118,6 +120,7 @@ impl Train {
                 error: None,
                 class: None,
                 probe: None,
+                links: None,
                 place: None,
                 left: None,
             });
@@ -134,6 +137,7 @@ impl Train {
         };
         let hang = Duration::from_secs(c.launch.hang_timeout_s);
         let mut preflight_pending = c.launch.preflight.enabled;
+        let mut links_pending = c.launch.preflight.enabled && world > 1;
         let mut placed = false;
         let mut last_tick = Instant::now();
         loop {
@@ -149,11 +153,12 @@ impl Train {
                 }
                 let slow =
                     zflow_runtime::dist::preflight::outliers(&probes, c.launch.preflight.min_ratio);
-                for (_, why) in &slow {
+                for (rank, why) in &slow {
+                    let why = format!("{why}, on {}", place_of(&ranks[*rank]));
                     tracing::warn!("preflight: {why}");
                     events.push(Event {
                         kind: "preflight".into(),
-                        ..Event::failure(attempt, why, 0, now_ms(), None)
+                        ..Event::failure(attempt, &why, 0, now_ms(), None)
                     })?;
                 }
                 let rest = world - slow.len();
@@ -172,6 +177,25 @@ impl Train {
                         c.train.global_batch,
                         c.train.micro_batch
                     );
+                }
+            }
+            if links_pending && ranks.iter().all(|r| r.links.is_some()) {
+                links_pending = false;
+                let links: Vec<_> = ranks
+                    .iter()
+                    .map(|r| r.links.clone().unwrap_or_default())
+                    .collect();
+                let slow = zflow_runtime::dist::preflight::link_outliers(
+                    &links,
+                    c.launch.preflight.min_ratio,
+                );
+                for (rank, why) in slow {
+                    let why = format!("{why}, on {}", place_of(&ranks[rank]));
+                    tracing::warn!("preflight: {why}");
+                    events.push(Event {
+                        kind: "preflight".into(),
+                        ..Event::failure(attempt, &why, 0, now_ms(), None)
+                    })?;
                 }
             }
             match rx.recv_timeout(Duration::from_millis(100)) {
@@ -326,10 +350,12 @@ impl Train {
                 params,
                 world,
                 allreduce_gbps,
+                links,
                 ..
             } => {
                 r.step = start_step;
                 r.place = Some(format!("{host} ({device})"));
+                r.links = Some(links);
                 if rank == 0 {
                     ctx.progress().set_length(total_steps);
                     ctx.progress().set_position(start_step);
@@ -363,7 +389,15 @@ impl Train {
                 }
             }
             WorkerMessage::Heartbeat { .. } => {}
-            WorkerMessage::Preflight { probe, .. } => r.probe = Some(probe),
+            WorkerMessage::Preflight {
+                probe,
+                host,
+                device,
+                ..
+            } => {
+                r.probe = Some(probe);
+                r.place = Some(format!("{host} ({device})"));
+            }
             WorkerMessage::Step(s) => {
                 r.step = s.step;
                 if rank != 0 {
@@ -481,6 +515,11 @@ fn describe(status: &std::process::ExitStatus) -> String {
 
 /// Where every rank of launch `attempt` runs, one host and device each, into the run record
 /// (an `events` row of kind `placement`) and the log.
+/// Where a rank runs, "host (device)", as its messages said.
+fn place_of(r: &Rank) -> &str {
+    r.place.as_deref().unwrap_or("an unknown host")
+}
+
 fn record_placement(ranks: &[Rank], attempt: u32, events: &mut Events) -> Result<()> {
     let places: Vec<String> = ranks
         .iter()

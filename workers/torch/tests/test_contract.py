@@ -50,6 +50,25 @@ class Devices(unittest.TestCase):
             "ranks 0 and 2 both bound device GPU-0 on host a",
         )
 
+    def test_the_link_probe_pairs_each_rank_with_its_ring_neighbours_one_partner_a_round(
+        self,
+    ) -> None:
+        from zflow_torch.distributed import ring_partners
+
+        for world, per_node in [(1, 1), (2, 1), (2, 2), (3, 1), (4, 2), (6, 2), (12, 4), (16, 8)]:
+            rounds = [ring_partners(r, world, per_node) for r in range(world)]
+            self.assertEqual(len({len(p) for p in rounds}), 1, (world, per_node))
+            for rank, partners in enumerate(rounds):
+                for i, peer in enumerate(partners):
+                    if peer is not None:  # partners agree, round by round
+                        self.assertEqual(rounds[peer][i], rank, (world, per_node, rank, i))
+                        if world // per_node > 1:  # across nodes, at the same local rank
+                            self.assertEqual(peer % per_node, rank % per_node)
+                            self.assertNotEqual(peer // per_node, rank // per_node)
+        # Three nodes of two: rank 3 (node 1, local 1) meets ranks 5 and 1.
+        self.assertEqual(sorted(p for p in ring_partners(3, 6, 2) if p is not None), [1, 5])
+        self.assertEqual(ring_partners(0, 1, 1), [])
+
 
 if __name__ == "__main__":
     unittest.main()

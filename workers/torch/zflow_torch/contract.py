@@ -112,8 +112,10 @@ class Emitter:
         total_steps: int,
         params: int,
         allreduce_gbps: float | None = None,
+        links: list[dict[str, Any]] | None = None,
     ) -> None:
-        """First, once per launch; with the launch's all-reduce bus bandwidth when measured."""
+        """First, once per launch; with the launch's all-reduce bus bandwidth and this rank's
+        link figures (``distributed.link_bandwidths``) when measured."""
         self._emit(
             "hello",
             rank=rank,
@@ -124,6 +126,7 @@ class Emitter:
             total_steps=total_steps,
             params=params,
             allreduce_gbps=allreduce_gbps,
+            links=links or [],
         )
 
     def preflight(self, rank: int, gemm_gflops: float, membw_gbps: float, device: str) -> None:

@@ -1,6 +1,7 @@
 """The rank's place in the launch: its device (``device_for``), the process group it joins at
 zflow's rendezvous, proving the launch secret both ways before any collective runs
-(``join_group``; SECURITY.md), and the preflight probe of its device (``probe``)."""
+(``join_group``; SECURITY.md), and the preflight probes of its device (``probe``) and of the
+network (``allreduce_busbw``, ``link_bandwidths``)."""
 
 import hmac
 import math
@@ -16,7 +17,7 @@ import blake3
 import torch
 import torch.distributed as dist
 
-from zflow_torch.contract import DEVICE, RENDEZVOUS, SECRET, Fatal
+from zflow_torch.contract import DEVICE, LOCAL_WORLD, RENDEZVOUS, SECRET, Fatal
 
 
 def device_for(backend: str, index: int) -> torch.device:
@@ -46,6 +47,12 @@ def device_index() -> int:
     """The GPU this rank binds, among those visible to it: ``ZFLOW_DEVICE``, which the
     supervisor sets for every rank (stages/src/launch.rs); 0 for a worker started alone."""
     return int(os.environ.get(DEVICE, "0"))
+
+
+def ranks_per_node(world: int) -> int:
+    """The ranks on each of the launch's nodes: ``LOCAL_WORLD_SIZE``, which the supervisor sets
+    for every rank (stages/src/launch.rs); all of them for a worker started alone."""
+    return int(os.environ.get(LOCAL_WORLD, str(world)))
 
 
 def device_identity(device: torch.device) -> str:
@@ -216,3 +223,59 @@ def allreduce_busbw(device: torch.device) -> float:
         if i > 0:  # the first is a warm-up (connections, buffers)
             best = min(best, time.perf_counter() - t)
     return 2.0 * (world - 1) / world * numel * 4 / best / 1e9
+
+
+def ring_partners(rank: int, world: int, per_node: int) -> list[int | None]:
+    """This rank's partner in each round of the link probe (``None``: it sits the round out).
+
+    The ring runs over nodes, through the ranks of one local rank (``rank +- per_node``); on one
+    node, over the ranks. Its edges are coloured so that no rank has two partners in a round:
+    two colours for an even ring, three for an odd one (its last edge gets the third)."""
+    nodes = world // per_node
+    length, stride = (nodes, per_node) if nodes > 1 else (world, 1)
+    position, offset = divmod(rank, stride)
+    if length < 2:
+        return []
+    if length == 2:  # one edge, both ways round the ring
+        return [(1 - position) * stride + offset]
+
+    def colour(edge: int) -> int:
+        return 2 if length % 2 == 1 and edge == length - 1 else edge % 2
+
+    def rank_at(p: int) -> int:
+        return (p % length) * stride + offset
+
+    rounds: list[int | None] = [None, None, None] if length % 2 == 1 else [None, None]
+    # Edge e joins positions e and e + 1: this rank's are its own and the one before it.
+    rounds[colour(position)] = rank_at(position + 1)
+    if length > 2:
+        rounds[colour((position - 1) % length)] = rank_at(position - 1)
+    return rounds
+
+
+def link_bandwidths(device: torch.device, per_node: int, delay_ms: int) -> list[dict[str, Any]]:
+    """This rank's exchange with each ring neighbour (``ring_partners``): both send and receive
+    64 MiB at once on GPUs (4 MiB on the CPU), best of 3, as GB/s one way; the
+    ``LinkProbe``s of ``runtime/src/dist/preflight.rs``. Every rank takes part in every round's
+    barrier; ``delay_ms`` is the fault hooks' slow link (zero unless injected)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    numel = (64 << 20) // 4 if device.type == "cuda" else (4 << 20) // 4
+    out, into = torch.ones(numel, device=device), torch.empty(numel, device=device)
+    links = []
+    for peer in ring_partners(rank, world, per_node):
+        best = math.inf
+        for i in range(4):
+            dist.barrier()
+            t = time.perf_counter()
+            if peer is not None:
+                time.sleep(delay_ms / 1000)
+                ops = [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, into, peer)]
+                for request in dist.batch_isend_irecv(ops):
+                    request.wait()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            if i > 0:  # the first is a warm-up
+                best = min(best, time.perf_counter() - t)
+        if peer is not None:
+            links.append({"peer": peer, "gbps": numel * 4 / best / 1e9})
+    return links

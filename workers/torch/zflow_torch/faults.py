@@ -1,5 +1,6 @@
-"""Fault injection (``ZFLOW_FAULTS``, for tests): real crashes, hangs, slow steps, deaths in
-the middle of a checkpoint write, corrupted files, garbage batches and ``exit`` (status 0
+"""Fault injection (``ZFLOW_FAULTS``, for tests): real crashes, hangs, slow steps, a slow
+network card (``slow-link``: the preflight's link probe only), deaths in the middle of a
+checkpoint write, corrupted files, garbage batches and ``exit`` (status 0
 without finishing), each ``kind@step`` with ``:rank=R``, ``:attempt=N`` and ``:ms=M`` options.
 A fault fires on its rank (default 0) in its attempt (default 1, ``ZFLOW_ATTEMPT``) only.
 """
@@ -12,7 +13,16 @@ from dataclasses import dataclass
 
 from zflow_torch.contract import ATTEMPT, FAULTS
 
-KINDS = ["crash", "exit", "hang", "slow", "kill-in-checkpoint", "corrupt-checkpoint", "spike"]
+KINDS = [
+    "crash",
+    "exit",
+    "hang",
+    "slow",
+    "slow-link",
+    "kill-in-checkpoint",
+    "corrupt-checkpoint",
+    "spike",
+]
 
 # Set once a hang fault fires: the worker then sends nothing more (heartbeats included).
 HUNG = threading.Event()
@@ -62,8 +72,8 @@ def parse(spec: str) -> list[Fault]:
             if isinstance(e, FaultSpecError):
                 raise
             raise FaultSpecError(f"{FAULTS}: `{item}`: bad number") from e
-        if kind == "slow" and values["ms"] < 0:
-            raise FaultSpecError(f"{FAULTS}: `{item}`: slow needs ms=N")
+        if kind in ("slow", "slow-link") and values["ms"] < 0:
+            raise FaultSpecError(f"{FAULTS}: `{item}`: {kind} needs ms=N")
         out.append(
             Fault(kind, step_number, values["rank"], values["attempt"], max(values["ms"], 0))
         )
@@ -88,6 +98,10 @@ class Faults:
     def delay_ms(self, step: int) -> int:
         """The sleep a slow fault adds to ``step`` (every step from its own on)."""
         return sum(f.ms for f in self.faults if f.kind == "slow" and step >= f.step)
+
+    def link_delay_ms(self) -> int:
+        """The sleep a slow-link fault adds to each exchange of the link probe."""
+        return sum(f.ms for f in self.faults if f.kind == "slow-link")
 
 
 def abort(why: str) -> None:

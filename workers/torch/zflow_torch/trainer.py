@@ -46,7 +46,9 @@ from zflow_torch.distributed import (
     device_for,
     device_index,
     join_group,
+    link_bandwidths,
     probe,
+    ranks_per_node,
 )
 from zflow_torch.job import TrainJob, encode
 from zflow_torch.megatron import ConcatDataset, TokenSource, open_concat
@@ -484,11 +486,13 @@ class Trainer:
             shape = (min(t.micro_batch * self.seq_len, 16384), m.hidden_size, 2 * m.expert_ffn)
             gemm, bw = probe(self.device, self.faults.delay_ms(0), shape)
             self.emit.preflight(self.rank, gemm, bw, describe(self.device))
-        allreduce = None
+        allreduce, links = None, []
         if self.world > 1:
             join_group(self.rank, self.world, self.device)
             if preflight:
                 allreduce = allreduce_busbw(self.device)
+                per_node = ranks_per_node(self.world)
+                links = link_bandwidths(self.device, per_node, self.faults.link_delay_ms())
         self.build_model()
         state = self.start()
         log(f"rank {self.rank} read {checkpoint.bytes_read[0]} bytes of checkpoints")
@@ -501,6 +505,7 @@ class Trainer:
             self.total_steps,
             params,
             allreduce,
+            links,
         )
         saver = checkpoint.Saver(t.async_checkpoints)
         spike_fired = False
