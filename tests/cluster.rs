@@ -160,9 +160,13 @@ fn two_nodes_train_as_one_node_survive_a_frozen_node_and_leave_nothing_behind() 
     reference.ok(&["run", "r.yaml"]);
     let want = final_weights(&reference);
 
-    // a) 2 nodes x 2 ranks.
+    // a) 2 nodes x 2 ranks, with the preflight's probes: the all-reduce and each rank's
+    // exchange with its peer on the other node, over the bridge.
     let sb = Sandbox::new();
-    sb.write("r.yaml", &cluster_recipe(2, 2));
+    sb.write(
+        "r.yaml",
+        &cluster_recipe(2, 2).replace("hang_timeout_s: 3}", "hang_timeout_s: 3, preflight: {}}"),
+    );
     let out = sb
         .cmd(&["run", "r.yaml"])
         .env("SLURM_CONF", conf)
@@ -179,8 +183,14 @@ fn two_nodes_train_as_one_node_survive_a_frozen_node_and_leave_nothing_behind() 
         record.contains("4 rank(s) on 2 node(s)")
             && record.contains("GLOO_SOCKET_IFNAME=zeth0")
             && record.contains("rank 0: n0 (")
-            && record.contains("rank 3: n1 ("),
+            && record.contains("rank 3: n1 (")
+            && record.contains("all-reduce bus bandwidth"),
         "{record}"
+    );
+    let log = sb.ok(&["logs", "r.yaml", "train.p1"]).stdout;
+    assert!(
+        log.contains("preflight rank 0: network") && log.contains("GB/s with rank 2"),
+        "{log}"
     );
 
     // c) The ranks of node 1 freeze mid-phase: found hung, relaunched, same weights.

@@ -185,6 +185,13 @@ impl Train {
                     .iter()
                     .map(|r| r.links.clone().unwrap_or_default())
                     .collect();
+                for (rank, l) in links.iter().enumerate() {
+                    let shown: Vec<String> = l
+                        .iter()
+                        .map(|l| format!("{:.2} GB/s with rank {}", l.gbps, l.peer))
+                        .collect();
+                    tracing::info!("preflight rank {rank}: network {}", shown.join(", "));
+                }
                 let slow = zflow_runtime::dist::preflight::link_outliers(
                     &links,
                     c.launch.preflight.min_ratio,
