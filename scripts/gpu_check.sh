@@ -87,6 +87,9 @@ said = [p.communicate(timeout=300)[0].strip() for p in ranks]
 print(json.dumps({"two_ranks_on_gpu_0": said}))
 assert all("both bound device" in s for s in said), said
 PY
+# The step as the engine runs it (activation checkpointing none, the loss in chunks), then the
+# memory settings' variants (fewer steps): their peak memory and speed side by side.
+bench() { # STEPS ACTIVATION_CHECKPOINTING LOSS
 cfg=$(mktemp)
 cat > "$cfg" <<JSON
 {"model": {"hidden_size": 2048, "num_blocks": ${BLOCKS:-8}, "vocab_size": 262272,
@@ -107,10 +110,18 @@ cat > "$cfg" <<JSON
   "eval_every": 0, "eval_tokens": 0, "engine": "torch", "backend": "$backend",
   "async_checkpoints": true,
   "spike": {"enabled": true, "window": 20, "z": 6.0, "min_jump": 0.5, "min_history": 8,
-   "max_rollbacks": 5}},
- "batch": ${BATCH:-4}, "seq_len": ${SEQ_LEN:-4096}, "steps": ${STEPS:-10}, "threads": 8,
- "peak_tflops": $peak, "backend": "$backend"}
+   "max_rollbacks": 5}, "loss_chunk_tokens": 4096},
+ "batch": ${BATCH:-4}, "seq_len": ${SEQ_LEN:-4096}, "steps": $1, "threads": 8,
+ "peak_tflops": $peak, "backend": "$backend", "activation_checkpointing": "$2", "loss": "$3"}
 JSON
-result=$("$python" -m zflow_torch.bench gpu "$cfg" | tail -1)
+"$python" -m zflow_torch.bench gpu "$cfg" | tail -1
+}
+result=$(bench "${STEPS:-10}" none chunked)
 echo "$result"
 if [ -n "${OUT:-}" ]; then echo "$result" > "$OUT/gpu.json"; fi
+for variant in "full chunked" "selective chunked" "none full"; do
+  # shellcheck disable=SC2086 # two words: the checkpointing mode and the loss
+  line=$(bench 3 $variant || echo "{\"variant\": \"$variant\", \"failed\": true}")
+  echo "$line"
+  if [ -n "${OUT:-}" ]; then echo "$line" >> "$OUT/gpu-memory.jsonl"; fi
+done

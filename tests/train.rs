@@ -232,12 +232,20 @@ fn two_phases(engine: &str) {
     .unwrap();
     assert!(state.get("rope_base").is_none(), "{state}");
 
-    // Same recipe and seed in a fresh store, with a worker that dies after step 7 (checkpoints
-    // at 5, 10, ...): the supervisor relaunches it from step 5, and both phases end
-    // bit-identical to the first, uninterrupted run. (One run proves both: the fresh store's
-    // determinism and the exact resume; tests/faults.rs covers resume alone, fault by fault.)
+    // Same recipe and seed in a fresh store, with selective activation checkpointing and a
+    // worker that dies after step 7 (checkpoints at 5, 10, ...): the supervisor relaunches it
+    // from step 5, and both phases end bit-identical to the first, uninterrupted run, which
+    // kept every activation. (One run proves all three: the fresh store's determinism, that
+    // checkpointing activations changes nothing, and the exact resume; tests/faults.rs covers
+    // resume alone, fault by fault.)
     let c = Sandbox::new();
-    c.write("r.yaml", &recipe_on(engine));
+    c.write(
+        "r.yaml",
+        &recipe_on(engine).replace(
+            "balance: {lr: 0.02}",
+            "balance: {lr: 0.02}\n  activation_checkpointing: selective",
+        ),
+    );
     let crashed = c
         .cmd(&["run", "r.yaml"])
         .env("ZFLOW_FAULTS", "crash@7")
@@ -415,6 +423,16 @@ fn bad_train_settings_are_named() {
             "balance: {lr: 0.02}",
             "balance: {lr: 0.02}\n  launch: {env: {LOCAL_RANK: 3}}",
             "`LOCAL_RANK` is set by zflow for each rank",
+        ),
+        (
+            "balance: {lr: 0.02}",
+            "balance: {lr: 0.02}\n  activation_checkpointing: some",
+            "unknown variant `some`, expected one of `none`, `full`, `selective`",
+        ),
+        (
+            "balance: {lr: 0.02}",
+            "balance: {lr: 0.02}\n  loss_chunk_tokens: 0",
+            "`loss_chunk_tokens` must be at least 1",
         ),
     ] {
         let text = recipe().replace(from, to);

@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod hw;
+mod memory;
 mod tokenize;
 mod train;
 
@@ -107,6 +108,24 @@ pub enum Bench {
         #[arg(long, default_value_t = 2)]
         rounds: usize,
     },
+    /// The training step's time and peak memory with each activation-checkpointing mode, and
+    /// with the loss made in chunks against the full logits, alternating, in one run.
+    Memory {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Sequences per step.
+        #[arg(long, default_value_t = 2)]
+        batch: usize,
+        /// Tokens per sequence.
+        #[arg(long, default_value_t = 1024)]
+        seq_len: usize,
+        /// Timed steps per run (the best one is reported).
+        #[arg(long, default_value_t = 2)]
+        steps: usize,
+        /// Rounds, each running every variant once.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+    },
 }
 
 pub async fn bench(what: Bench) -> Result<ExitCode> {
@@ -120,6 +139,13 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
             steps,
             rounds,
         } => train::run(&recipe, batch, seq_len, steps, rounds),
+        Bench::Memory {
+            recipe,
+            batch,
+            seq_len,
+            steps,
+            rounds,
+        } => memory::run(&recipe, batch, seq_len, steps, rounds),
         Bench::Gemm {
             recipe,
             tokens,

@@ -8,15 +8,16 @@ use anyhow::{Context, Result, ensure};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::contract::settings::TrainSettings;
+use crate::contract::settings::{ActivationCheckpointing, TrainSettings};
 use crate::data::concat::Concat;
 use crate::data::megatron::IndexedDataset;
 use crate::model::config::ModelConfig;
 
 /// The version of the train job document this code writes and reads. 2: a source's tokens and
 /// held-out tokens are lists of datasets (a sharded source's shards). 3: `model` is the phase's
-/// model, resolved ([`TrainJob::phase_model`]); workers derive nothing from `train`.
-pub const JOB_VERSION: u32 = 3;
+/// model, resolved ([`TrainJob::phase_model`]); workers derive nothing from `train`. 4:
+/// `activation_checkpointing`, and `train.loss_chunk_tokens`.
+pub const JOB_VERSION: u32 = 4;
 
 fn version_one() -> u32 {
     1
@@ -79,6 +80,9 @@ pub struct TrainJob {
     pub checkpoints: PathBuf,
     /// The previous phase's final checkpoint to start from.
     pub init: Option<PathBuf>,
+    /// What each decoder layer keeps for the backward pass (not part of the stage's identity:
+    /// every mode computes the same).
+    pub activation_checkpointing: ActivationCheckpointing,
 }
 
 impl TrainJob {

@@ -103,6 +103,26 @@ pub struct TrainSettings {
     pub async_checkpoints: bool,
     /// The loss-spike guard.
     pub spike: SpikeGuard,
+    /// Positions whose logits the loss makes at a time (`workers/torch/zflow_torch/loss.py`):
+    /// the full-vocabulary logits of a long micro-batch never exist at once. A micro-batch of at
+    /// most this many tokens is one chunk, and the loss is the plain cross-entropy's bit for bit.
+    pub loss_chunk_tokens: usize,
+}
+
+/// What each decoder layer keeps for the backward pass (`train.activation_checkpointing`;
+/// `workers/torch/zflow_torch/activation_checkpointing.py`). Every mode gives the same loss
+/// and gradients, bit for bit on the CPU, so it is not part of a phase's identity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ActivationCheckpointing {
+    /// Every activation is kept.
+    #[default]
+    None,
+    /// A layer keeps only its input and runs again in the backward pass.
+    Full,
+    /// A layer keeps the outputs of its matrix multiplies and attention, and makes the rest
+    /// (norms, activations, convolutions, routing arithmetic) again in the backward pass.
+    Selective,
 }
 
 impl Default for TrainSettings {
@@ -126,6 +146,7 @@ impl Default for TrainSettings {
             backend: "cpu".into(),
             async_checkpoints: true,
             spike: SpikeGuard::default(),
+            loss_chunk_tokens: 4096,
         }
     }
 }
@@ -135,6 +156,9 @@ impl TrainSettings {
     pub fn validate(&self) -> Result<(), String> {
         if self.global_batch == 0 || self.micro_batch == 0 {
             return Err("`global_batch` and `micro_batch` must be at least 1".into());
+        }
+        if self.loss_chunk_tokens == 0 {
+            return Err("`loss_chunk_tokens` must be at least 1".into());
         }
         if !self.global_batch.is_multiple_of(self.micro_batch) {
             return Err(format!(

@@ -292,7 +292,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
             nodes.push(NodeSpec {
                 name: name.clone(),
                 kind: "train".into(),
-                config: json!({"phase": phase, "model": model, "train": train.settings, "sources": used, "shards": shards, "previous": previous, "launch": train.launch}),
+                config: json!({"phase": phase, "model": model, "train": train.settings, "sources": used, "shards": shards, "previous": previous, "launch": train.launch, "activation_checkpointing": train.activation_checkpointing}),
                 needs,
                 resources: None,
                 path: format!("{path}.train"),

@@ -1,13 +1,14 @@
 //! The `train:` recipe section: training settings shared by every phase. A phase's own
 //! `train:` overrides them key by key; `launch:` (how the phase runs: ranks, restarts,
-//! preflight) is kept apart from what the phase computes. It adds no stage by itself: each
+//! preflight) and `activation_checkpointing` (what it keeps in memory) are kept apart from what
+//! the phase computes. It adds no stage by itself: each
 //! `train.<phase>` gets its resolved settings ([`PhaseTrain`]).
 
 use serde_json::Value;
 use zflow_files::json::merge;
 use zflow_pipeline::ConfigError;
 use zflow_pipeline::stage::parse_config;
-use zflow_runtime::contract::settings::TrainSettings;
+use zflow_runtime::contract::settings::{ActivationCheckpointing, TrainSettings};
 
 use crate::train::LaunchSettings;
 
@@ -22,6 +23,9 @@ pub struct PhaseTrain {
     pub settings: TrainSettings,
     /// How it runs (not part of the identity).
     pub launch: LaunchSettings,
+    /// What each layer keeps for the backward pass (not part of the identity either: every
+    /// mode computes the same).
+    pub activation_checkpointing: ActivationCheckpointing,
 }
 
 /// The `train:` section; its settings must parse on their own, so a typo is named at
@@ -47,12 +51,20 @@ impl SharedTrain {
     }
 }
 
-/// Parses settings at recipe path `path`, their `launch:` part apart.
+/// Parses settings at recipe path `path`, their `launch:` and `activation_checkpointing` parts
+/// apart.
 fn split(mut value: Value, path: &str) -> Result<PhaseTrain, ConfigError> {
     let launch = value
         .as_object_mut()
         .and_then(|m| m.remove("launch"))
         .unwrap_or_else(|| Value::Object(Default::default()));
+    let activation_checkpointing = match value
+        .as_object_mut()
+        .and_then(|m| m.remove("activation_checkpointing"))
+    {
+        Some(v) => parse_config(v, &format!("{path}.activation_checkpointing"))?,
+        None => ActivationCheckpointing::None,
+    };
     let settings: TrainSettings = parse_config(value, path)?;
     if settings.checkpoint_every == 0 {
         return Err(ConfigError::new(
@@ -70,7 +82,11 @@ fn split(mut value: Value, path: &str) -> Result<PhaseTrain, ConfigError> {
     launch
         .check()
         .map_err(|e| ConfigError::new(format!("{path}.launch.{}", e.path), e.message))?;
-    Ok(PhaseTrain { launch, settings })
+    Ok(PhaseTrain {
+        launch,
+        settings,
+        activation_checkpointing,
+    })
 }
 
 #[cfg(test)]

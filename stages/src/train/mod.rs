@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use zflow_pipeline::stage::LaunchSite;
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 use zflow_runtime::contract::job::{JOB_VERSION, SourcePaths, TrainJob};
+use zflow_runtime::contract::settings::ActivationCheckpointing;
 use zflow_runtime::contract::settings::TrainSettings;
 use zflow_runtime::dist::placement::Placement;
 use zflow_runtime::model::config::ModelConfig;
@@ -71,13 +72,19 @@ pub struct TrainConfig {
     /// gradient sums), and a phase started on 2 ranks can finish on 4.
     #[serde(default, skip_serializing)]
     pub launch: LaunchSettings,
+    /// What each decoder layer keeps for the backward pass. Not part of the identity either:
+    /// every mode gives the same loss and gradients, so a phase that ran out of memory resumes
+    /// with it changed.
+    #[serde(default, skip_serializing)]
+    pub activation_checkpointing: ActivationCheckpointing,
 }
 
 impl Stage for Train {
     type Config = TrainConfig;
     const KIND: &'static str = "train";
-    // Bump when the runtime's numerics change (model, init, optimizer, data order).
-    const VERSION: u32 = 2;
+    // Bump when the runtime's numerics change (model, init, optimizer, data order). 3: the
+    // loss made in chunks of `train.loss_chunk_tokens` positions.
+    const VERSION: u32 = 3;
 
     fn validate(&self, c: &TrainConfig, needs: &[String]) -> Result<(), ConfigError> {
         c.train
@@ -224,6 +231,7 @@ impl Stage for Train {
                 .as_ref()
                 .map(|p| ctx.input(p).map(|d| d.join("final")))
                 .transpose()?,
+            activation_checkpointing: c.activation_checkpointing,
         };
         let job_path = out.join("job.json");
         std::fs::write(&job_path, serde_json::to_vec_pretty(&job)?)?;

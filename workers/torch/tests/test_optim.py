@@ -1,5 +1,4 @@
-"""The one private torch function zflow replaces (``zflow_torch.optim``): pinned to the torch
-release it was written against, and checked to be the one Muon calls."""
+"""Muon with batched Newton-Schulz (``zflow_torch.optim``) against torch.optim.Muon."""
 
 import unittest
 
@@ -8,30 +7,49 @@ from torch.optim import _muon
 
 from zflow_torch import optim
 
+COEFFICIENTS = (3.4445, -4.775, 2.0315)
 
-class NewtonSchulz(unittest.TestCase):
-    def test_the_torch_it_patches_is_the_pinned_release(self) -> None:
-        # workers/torch/requirements.lock pins torch 2.15.0; another release may rename or
-        # change `_zeropower_via_newtonschulz`: read its source again before moving the pin.
-        self.assertEqual(torch.__version__.split("+")[0], "2.15.0")
-        self.assertTrue(hasattr(_muon, "_zeropower_via_newtonschulz"))
 
-    def test_muon_runs_the_f32_iteration_once_installed(self) -> None:
-        original = _muon._zeropower_via_newtonschulz
-        try:
-            optim.use_f32_newton_schulz()
-            self.assertIs(_muon._zeropower_via_newtonschulz, optim.newton_schulz_f32)
-            w = torch.nn.Parameter(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))
-            w.grad = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
-            before = w.detach().clone()
-            torch.optim.Muon([w], lr=0.1).step()  # type: ignore[no-untyped-call]
-            self.assertFalse(torch.equal(before, w.detach()))
-            # The f32 iteration orthogonalises: singular values near one.
-            g = torch.randn(16, 8, generator=torch.Generator().manual_seed(2))
-            s = torch.linalg.svdvals(optim.newton_schulz_f32(g, (3.4445, -4.775, 2.0315), 5, 1e-7))
+def matrices(n: int, rows: int, cols: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, rows, cols, generator=torch.Generator().manual_seed(seed))
+
+
+class BatchedNewtonSchulz(unittest.TestCase):
+    def test_a_batch_is_each_matrix_on_its_own_and_torch_s_iteration(self) -> None:
+        for rows, cols in [(16, 8), (8, 16), (12, 12)]:
+            g = matrices(5, rows, cols, rows)
+            batched = optim.newton_schulz(g, COEFFICIENTS, 5, 1e-7)
+            for i in range(5):
+                alone = optim.newton_schulz(g[i : i + 1], COEFFICIENTS, 5, 1e-7)[0]
+                torch.testing.assert_close(batched[i], alone, rtol=1e-5, atol=1e-6)
+                # torch's own iteration, in bf16: equal to bf16 rounding.
+                theirs = _muon._zeropower_via_newtonschulz(g[i], COEFFICIENTS, 5, 1e-7)
+                torch.testing.assert_close(batched[i], theirs.float(), rtol=0.05, atol=0.03)
+            # It orthogonalises: singular values near one.
+            s = torch.linalg.svdvals(batched)
             self.assertTrue(bool(((s > 0.5) & (s < 1.5)).all()), s)
-        finally:
-            _muon._zeropower_via_newtonschulz = original
+
+    def test_a_step_is_torch_muon_s_with_its_state_and_settings(self) -> None:
+        shapes = [(8, 4), (8, 4), (8, 4), (6, 6)]
+        ours = [torch.nn.Parameter(matrices(1, *s, i)[0]) for i, s in enumerate(shapes)]
+        theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+        settings = {"lr": 0.02, "weight_decay": 0.1, "adjust_lr_fn": "match_rms_adamw"}
+        a = optim.BatchedMuon(ours, **settings)  # type: ignore[arg-type]
+        b = torch.optim.Muon(theirs, **settings)  # type: ignore[arg-type]
+        for step in range(3):
+            for i, (p, q) in enumerate(zip(ours, theirs, strict=True)):
+                p.grad = matrices(1, *shapes[i], 100 * step + i)[0]
+                q.grad = p.grad.clone()
+            a.step()
+            b.step()  # type: ignore[no-untyped-call]
+        for p, q in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(p, q, rtol=0.02, atol=2e-3)
+        # The same state and settings: a checkpoint of one is a checkpoint of the other.
+        sa, sb = a.state_dict(), b.state_dict()
+        self.assertEqual(sa["param_groups"], sb["param_groups"])
+        self.assertEqual(
+            {k: set(v) for k, v in sa["state"].items()}, {k: set(v) for k, v in sb["state"].items()}
+        )
 
 
 if __name__ == "__main__":

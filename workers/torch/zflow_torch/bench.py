@@ -1,9 +1,13 @@
 """The torch engine's hot paths, timed through its own code, for ``zflow bench``:
 
-- ``python -m zflow_torch.bench train CONFIG_JSON`` (``zflow bench train``): the worker's
-  training step, ``Trainer.train_step`` (forward, backward, clipping, Muon + AdamW), on random
-  tokens: the real worker's step, without the data plane and checkpoints. Prints ``step_s``
-  (the best of the timed steps), ``tokens_per_s``, ``torch``.
+- ``python -m zflow_torch.bench train CONFIG_JSON`` (``zflow bench train``, ``zflow bench
+  memory``): the worker's training step, ``Trainer.train_step`` (forward, backward, clipping,
+  Muon + AdamW), on random tokens: the real worker's step, without the data plane and
+  checkpoints. The config may set ``activation_checkpointing`` and ``loss: full`` (the plain
+  ``cross_entropy`` of the whole micro-batch's logits instead of the engine's chunks). Prints
+  ``step_s`` (the best of the timed steps), ``tokens_per_s``, ``torch``, and the peak memory:
+  ``peak_bytes`` (GPU: the allocator's peak; CPU: the process's peak RSS above
+  ``baseline_bytes``, its RSS once torch and the model's module were loaded).
 - ``python -m zflow_torch.bench checkpoint CONFIG_JSON`` (``zflow bench checkpoint``): the
   worker's checkpoint of that model after one step (``Trainer.snapshot`` into host memory,
   then ``checkpoint.commit``: files, fsync, BLAKE3, manifest, rename; best of 3), and the step
@@ -13,7 +17,8 @@
   ``background_s``, ``inline_s`` (and each mode's ``*_rounds_s``).
 
 - ``python -m zflow_torch.bench gpu CONFIG_JSON`` (``scripts/gpu_check.sh``): the worker's step
-  on GPU 0 (bf16 autocast, f32 master weights, SDPA), for a ZAYA1-shaped model; prints
+  on GPU 0 (bf16 autocast, f32 master weights, SDPA), for a ZAYA1-shaped model, with the
+  config's ``activation_checkpointing`` and ``loss`` as for ``train``; prints
   ``tokens_per_s``, ``mfu`` against ``peak_tflops`` (the GPU's dense bf16 peak, from the
   config) and ``peak_memory_gb``.
 
@@ -25,6 +30,7 @@ import copy
 import functools
 import io
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -53,6 +59,7 @@ def _trainer(cfg: dict[str, Any], checkpoints: str, backend: str = "cpu") -> tra
         "sources": [],
         "checkpoints": checkpoints,
         "init": None,
+        "activation_checkpointing": cfg.get("activation_checkpointing", "none"),
     }
     job = decode(TrainJob, raw, "bench config")
     t = trainer.Trainer(job, backend, Emitter(io.StringIO()))
@@ -63,7 +70,29 @@ def _trainer(cfg: dict[str, Any], checkpoints: str, backend: str = "cpu") -> tra
     t.new_optimizers()
     m = job.model
     model.set_biases(t.net, [[0.0] * m.num_experts + [-1.0]] * m.num_blocks)
+    if cfg.get("loss") == "full":
+        t.ddp = FullLogitsLoss(t.net)
     return t
+
+
+class FullLogitsLoss(torch.nn.Module):
+    """The loss as plain transformers computes it: the whole micro-batch's logits, then one
+    ``cross_entropy`` (the alternative ``loss.CausalLmLoss`` is measured against)."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.net(input_ids=inputs).logits
+        return torch.nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
+        )
+
+
+def _rss_bytes() -> int:
+    """This process's peak resident set so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _stepper(t: trainer.Trainer, cfg: dict[str, Any]) -> Callable[[], None]:
@@ -78,6 +107,7 @@ def _stepper(t: trainer.Trainer, cfg: dict[str, Any]) -> Callable[[], None]:
 
 
 def train(cfg: dict[str, Any]) -> dict[str, Any]:
+    baseline = _rss_bytes()
     with tempfile.TemporaryDirectory() as d:
         t = _trainer(cfg, d)
         step = _stepper(t, cfg)
@@ -90,7 +120,13 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     # The best step, as `zflow bench train` reports every side's.
     step_s = min(times)
     tokens = cfg["batch"] * cfg["seq_len"]
-    return {"step_s": step_s, "tokens_per_s": tokens / step_s, "torch": torch.__version__}
+    return {
+        "step_s": step_s,
+        "tokens_per_s": tokens / step_s,
+        "torch": torch.__version__,
+        "peak_bytes": _rss_bytes() - baseline,
+        "baseline_bytes": baseline,
+    }
 
 
 def checkpoints(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -181,6 +217,8 @@ def gpu(cfg: dict[str, Any]) -> dict[str, Any]:
     flops = flops_per_token(decode(ModelConfig, cfg["model"]), cfg["seq_len"])
     return {
         "device": torch.cuda.get_device_name(0),
+        "activation_checkpointing": cfg.get("activation_checkpointing", "none"),
+        "loss": cfg.get("loss", "chunked"),
         "step_s": step_s,
         "tokens_per_s": tokens_per_s,
         "model_tflops": tokens_per_s * flops / 1e12,

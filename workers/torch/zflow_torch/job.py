@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 
 SkipOutput = Literal["zero", "input"]
 DecayShape = Literal["linear", "cosine", "sqrt"]
+ActivationCheckpointing = Literal["none", "full", "selective"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class TrainSettings:
     backend: str
     async_checkpoints: bool
     spike: SpikeGuard
+    loss_chunk_tokens: int
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,7 @@ class TrainJob:
     sources: list[SourcePaths]
     checkpoints: str
     init: str | None
+    activation_checkpointing: ActivationCheckpointing
 
 
 class DecodeError(ValueError):

@@ -23,12 +23,19 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from zflow_torch import balance, checkpoint, faults, model, schedule, spike
+from zflow_torch import (
+    activation_checkpointing,
+    balance,
+    checkpoint,
+    faults,
+    model,
+    schedule,
+    spike,
+)
 from zflow_torch.contract import (
     PREFLIGHT,
     RANK,
@@ -51,9 +58,10 @@ from zflow_torch.distributed import (
     ranks_per_node,
 )
 from zflow_torch.job import TrainJob, encode
+from zflow_torch.loss import CausalLmLoss
 from zflow_torch.megatron import ConcatDataset, TokenSource, open_concat
 from zflow_torch.mixture import DataCursor, MixtureReader
-from zflow_torch.optim import use_f32_newton_schulz
+from zflow_torch.optim import BatchedMuon
 from zflow_torch.rng import SplitMix64
 from zflow_torch.state import State
 
@@ -67,8 +75,6 @@ class Trainer:
         self.rank = int(os.environ.get(RANK, "0"))
         self.world = int(os.environ.get(WORLD, "1"))
         self.device = device_for(backend, device_index())
-        if self.device.type == "cpu":
-            use_f32_newton_schulz()
         self.faults = faults.Faults.from_env(self.rank)
         t = self.t
         if t.global_batch % (self.world * t.micro_batch) != 0:
@@ -109,6 +115,9 @@ class Trainer:
         m = self.model_config
         # `start` initialises or loads the weights.
         self.net = model.build(m, None).to(self.device)
+        activation_checkpointing.apply(self.net, self.job.activation_checkpointing)
+        # The loss owns the model: DistributedDataParallel wraps it whole.
+        self.lm_loss = CausalLmLoss(self.net, self.t.loss_chunk_tokens)
         self.bound = model.bind(self.net, m)
         self.ids = {t.name: model.param_id(t.name) for t, _ in self.bound}
         self.layout = checkpoint.layout(
@@ -121,7 +130,7 @@ class Trainer:
         self.mine = [(t, p) for t, p in self.bound if owner[t.name] == self.rank]
         self.routes = m.num_experts + int(m.mod_skip)
         self.target = balance.target_shares(self.routes, m.mod_skip, self.t.balance)
-        self.ddp: nn.Module = self.net
+        self.ddp: nn.Module = self.lm_loss
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             # find_unused_parameters keeps DDP's first bucket layout for good: DDP otherwise
@@ -131,7 +140,7 @@ class Trainer:
             # unrebuilt layout) would not replay the uninterrupted run bit for bit. It also
             # lets an expert that routed no token in a micro-batch go without a gradient.
             self.ddp = nn.parallel.DistributedDataParallel(
-                self.net,
+                self.lm_loss,
                 device_ids=ids,
                 broadcast_buffers=False,
                 bucket_cap_mb=25,
@@ -144,7 +153,7 @@ class Trainer:
         rest = [p for tensor, p in self.mine if not tensor.linear]
         mu, aw = t.muon, t.adamw
         self.muon = (
-            torch.optim.Muon(
+            BatchedMuon(
                 matrices,
                 lr=0.0,
                 weight_decay=mu.weight_decay,
@@ -337,14 +346,11 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def loss(
-        self, module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, reduction: str
-    ) -> torch.Tensor:
+    def loss(self, module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The summed next-token loss (``module``: the loss itself, or its DDP wrapper)."""
         with self.autocast():
-            logits = module(input_ids=inputs).logits
-        return F.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction
-        )
+            total: torch.Tensor = module(inputs, targets)
+        return total
 
     def train_step(
         self, micro: list[tuple[torch.Tensor, torch.Tensor]], lr: float
@@ -358,7 +364,7 @@ class Trainer:
             sync = self.world == 1 or i == n - 1
             ctx = contextlib.nullcontext() if sync else self.ddp.no_sync()  # type: ignore[operator]
             with ctx:
-                loss = self.loss(self.ddp, inputs, targets, "mean")
+                loss = self.loss(self.ddp, inputs, targets) / targets.numel()
                 torch.autograd.backward(loss / n)
             loss_sum += loss.detach().double()
             counts += model.route_counts(self.net)
@@ -414,7 +420,7 @@ class Trainer:
                 for at in range(0, len(windows), self.t.micro_batch):
                     chunk = windows[at : at + self.t.micro_batch]
                     rows = torch.tensor(chunk, dtype=torch.long, device=self.device)
-                    total += float(self.loss(self.net, rows[:, :-1], rows[:, 1:], "sum").item())
+                    total += float(self.loss(self.lm_loss, rows[:, :-1], rows[:, 1:]).item())
                     count += len(chunk) * s
                 out.append((name, total / count))
         return out
