@@ -3,7 +3,7 @@
 
 mod checkpoint;
 mod hw;
-mod memory;
+mod step;
 mod tokenize;
 mod train;
 
@@ -108,9 +108,10 @@ pub enum Bench {
         #[arg(long, default_value_t = 2)]
         rounds: usize,
     },
-    /// The training step's time and peak memory with each activation-checkpointing mode, and
-    /// with the loss made in chunks against the full logits, alternating, in one run.
-    Memory {
+    /// The torch engine's training step under each of its memory and optimizer settings
+    /// (activation checkpointing, the loss in chunks or from the full logits, batched Muon,
+    /// torch's own Muon, AdamW alone): time and peak memory, alternating, in one run.
+    Step {
         #[command(flatten)]
         recipe: RecipeArgs,
         /// Sequences per step.
@@ -139,13 +140,13 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
             steps,
             rounds,
         } => train::run(&recipe, batch, seq_len, steps, rounds),
-        Bench::Memory {
+        Bench::Step {
             recipe,
             batch,
             seq_len,
             steps,
             rounds,
-        } => memory::run(&recipe, batch, seq_len, steps, rounds),
+        } => step::run(&recipe, batch, seq_len, steps, rounds),
         Bench::Gemm {
             recipe,
             tokens,

@@ -1,10 +1,12 @@
 """The torch engine's hot paths, timed through its own code, for ``zflow bench``:
 
 - ``python -m zflow_torch.bench train CONFIG_JSON`` (``zflow bench train``, ``zflow bench
-  memory``): the worker's training step, ``Trainer.train_step`` (forward, backward, clipping,
+  step``): the worker's training step, ``Trainer.train_step`` (forward, backward, clipping,
   Muon + AdamW), on random tokens: the real worker's step, without the data plane and
-  checkpoints. The config may set ``activation_checkpointing`` and ``loss: full`` (the plain
-  ``cross_entropy`` of the whole micro-batch's logits instead of the engine's chunks). Prints
+  checkpoints. The config may set ``activation_checkpointing``, ``loss: full`` (the plain
+  ``cross_entropy`` of the whole micro-batch's logits instead of the engine's chunks) and
+  ``optimizer`` for the matrices (``muon``, the engine's; ``torch-muon``, torch.optim.Muon as
+  shipped; ``adamw``). Prints
   ``step_s`` (the best of the timed steps), ``tokens_per_s``, ``torch``, and the peak memory:
   ``peak_bytes`` (GPU: the allocator's peak; CPU: the process's peak RSS above
   ``baseline_bytes``, its RSS once torch and the model's module were loaded).
@@ -72,6 +74,23 @@ def _trainer(cfg: dict[str, Any], checkpoints: str, backend: str = "cpu") -> tra
     model.set_biases(t.net, [[0.0] * m.num_experts + [-1.0]] * m.num_blocks)
     if cfg.get("loss") == "full":
         t.ddp = FullLogitsLoss(t.net)
+    matrices = [p for tensor, p in t.mine if tensor.linear]
+    mu = job.train.muon
+    if cfg.get("optimizer") == "torch-muon":
+        t.muon = torch.optim.Muon(
+            matrices,
+            lr=0.0,
+            weight_decay=mu.weight_decay,
+            momentum=mu.momentum,
+            nesterov=mu.nesterov,
+            ns_steps=mu.ns_steps,
+            adjust_lr_fn="match_rms_adamw",
+        )
+    elif cfg.get("optimizer") == "adamw":
+        aw = job.train.adamw
+        t.muon = torch.optim.AdamW(
+            matrices, lr=0.0, betas=(aw.beta1, aw.beta2), eps=aw.eps, weight_decay=aw.weight_decay
+        )
     return t
 
 

@@ -152,7 +152,7 @@ class Trainer:
         matrices = [p for tensor, p in self.mine if tensor.linear]
         rest = [p for tensor, p in self.mine if not tensor.linear]
         mu, aw = t.muon, t.adamw
-        self.muon = (
+        self.muon: torch.optim.Optimizer | None = (
             BatchedMuon(
                 matrices,
                 lr=0.0,

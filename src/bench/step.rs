@@ -1,9 +1,13 @@
-//! `zflow bench memory`: what the torch engine's memory settings cost and save on the recipe's
-//! model. Each variant is the worker's own training step (`python -m zflow_torch.bench train`)
-//! in a process of its own, so that each peak is its own: activation checkpointing `none`,
-//! `full` and `selective` with the engine's chunked loss, and `none` with the loss made from the
-//! full logits (plain transformers' way). The variants alternate within each round, so a change
-//! in the machine's load shows as a spread between rounds, not as a difference between them.
+//! `zflow bench step`: what the torch engine's memory and optimizer settings cost and save on
+//! the recipe's model. Each variant is the worker's own training step (`python -m
+//! zflow_torch.bench train`) in a process of its own, so that each peak is its own:
+//! - activation checkpointing `none`, `full` and `selective`, with the engine's chunked loss;
+//! - the loss made from the full logits (plain transformers' way);
+//! - the matrices' optimizer: the engine's batched Muon, torch.optim.Muon as shipped (one matrix
+//!   at a time, bf16 Newton-Schulz), and AdamW (Muon's cost is the gap to it).
+//!
+//! The variants alternate within each round, so a change in the machine's load shows as a
+//! spread between rounds, not as a difference between them.
 
 use std::process::ExitCode;
 
@@ -11,16 +15,19 @@ use anyhow::Result;
 
 use crate::RecipeArgs;
 
-/// One variant: its label and what it adds to the benchmark's config.
-const VARIANTS: [(&str, &str, &str); 4] = [
-    ("checkpointing none, chunked loss", "none", "chunked"),
-    ("checkpointing full, chunked loss", "full", "chunked"),
+/// One variant: its label, activation checkpointing, loss and the matrices' optimizer.
+const VARIANTS: [(&str, &str, &str, &str); 6] = [
+    ("engine (checkpointing none)", "none", "chunked", "muon"),
+    ("checkpointing full", "full", "chunked", "muon"),
+    ("checkpointing selective", "selective", "chunked", "muon"),
+    ("loss from the full logits", "none", "full", "muon"),
     (
-        "checkpointing selective, chunked loss",
-        "selective",
+        "torch.optim.Muon as shipped",
+        "none",
         "chunked",
+        "torch-muon",
     ),
-    ("checkpointing none, full logits", "none", "full"),
+    ("AdamW for the matrices too", "none", "chunked", "adamw"),
 ];
 
 /// Runs every variant `rounds` times; prints a row per variant and round.
@@ -51,10 +58,11 @@ pub fn run(
         "", "step (s)", "tokens/s", "peak (MiB)"
     );
     for round in 1..=rounds {
-        for (label, checkpointing, loss) in VARIANTS {
+        for (label, checkpointing, loss, optimizer) in VARIANTS {
             let config = serde_json::json!({
                 "model": model, "batch": batch, "seq_len": seq_len, "steps": steps,
                 "threads": threads, "activation_checkpointing": checkpointing, "loss": loss,
+                "optimizer": optimizer,
             });
             match super::train::torch_engine_bench("train", config) {
                 Ok(t) => println!(
