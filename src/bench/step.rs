@@ -38,20 +38,9 @@ pub fn run(
     steps: usize,
     rounds: usize,
 ) -> Result<ExitCode> {
-    let engine = crate::commands::open(args)?;
-    let model = crate::commands::recipe_doc(&engine)?.model_or_default();
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
     let chunk = zflow_runtime::contract::settings::TrainSettings::default().loss_chunk_tokens;
-    println!(
-        "model: {} (hidden {}, {} blocks, {} experts, vocab {}), batch {batch} x {seq_len} tokens, loss chunks of {chunk} positions, {threads} threads, {rounds} rounds",
-        engine.recipe.name,
-        model.hidden_size,
-        model.num_blocks,
-        model.num_experts,
-        model.vocab_size
-    );
+    let workload = format!("batch {batch} x {seq_len} tokens, loss chunks of {chunk} positions");
+    let (model, threads) = super::train::recipe_model(args, &workload, rounds)?;
     println!();
     println!(
         "{:<48} {:>10} {:>10} {:>16}",

@@ -20,19 +20,8 @@ pub fn run(
     steps: usize,
     rounds: usize,
 ) -> Result<ExitCode> {
-    let engine = crate::commands::open(args)?;
-    let model = crate::commands::recipe_doc(&engine)?.model_or_default();
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    println!(
-        "model: {} (hidden {}, {} blocks, {} experts, vocab {}), batch {batch} x {seq_len} tokens, {threads} threads, {rounds} rounds",
-        engine.recipe.name,
-        model.hidden_size,
-        model.num_blocks,
-        model.num_experts,
-        model.vocab_size
-    );
+    let (model, threads) =
+        recipe_model(args, &format!("batch {batch} x {seq_len} tokens"), rounds)?;
 
     let peak = zflow_runtime::bench::matmul_gflops(1024, 5);
     println!();
@@ -105,6 +94,29 @@ pub fn run(
         flops_per_token as f64 / 1e6
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The recipe's model and this machine's cores, once printed with what the benchmark runs
+/// (`workload`) and its `rounds`.
+pub(crate) fn recipe_model(
+    args: &RecipeArgs,
+    workload: &str,
+    rounds: usize,
+) -> Result<(zflow_runtime::model::config::ModelConfig, usize)> {
+    let engine = crate::commands::open(args)?;
+    let model = crate::commands::recipe_doc(&engine)?.model_or_default();
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    println!(
+        "model: {} (hidden {}, {} blocks, {} experts, vocab {}), {workload}, {threads} threads, {rounds} rounds",
+        engine.recipe.name,
+        model.hidden_size,
+        model.num_blocks,
+        model.num_experts,
+        model.vocab_size
+    );
+    Ok((model, threads))
 }
 
 /// The torch engine's own step (`python -m zflow_torch.bench`), in the engine's Python.

@@ -75,17 +75,8 @@ def _trainer(cfg: dict[str, Any], checkpoints: str, backend: str = "cpu") -> tra
     if cfg.get("loss") == "full":
         t.ddp = FullLogitsLoss(t.net)
     matrices = [p for tensor, p in t.mine if tensor.linear]
-    mu = job.train.muon
     if cfg.get("optimizer") == "torch-muon":
-        t.muon = torch.optim.Muon(
-            matrices,
-            lr=0.0,
-            weight_decay=mu.weight_decay,
-            momentum=mu.momentum,
-            nesterov=mu.nesterov,
-            ns_steps=mu.ns_steps,
-            adjust_lr_fn="match_rms_adamw",
-        )
+        t.muon = torch.optim.Muon(matrices, **t.muon_settings())
     elif cfg.get("optimizer") == "adamw":
         aw = job.train.adamw
         t.muon = torch.optim.AdamW(

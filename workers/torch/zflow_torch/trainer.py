@@ -151,19 +151,9 @@ class Trainer:
         t = self.t
         matrices = [p for tensor, p in self.mine if tensor.linear]
         rest = [p for tensor, p in self.mine if not tensor.linear]
-        mu, aw = t.muon, t.adamw
+        aw = t.adamw
         self.muon: torch.optim.Optimizer | None = (
-            BatchedMuon(
-                matrices,
-                lr=0.0,
-                weight_decay=mu.weight_decay,
-                momentum=mu.momentum,
-                nesterov=mu.nesterov,
-                ns_steps=mu.ns_steps,
-                adjust_lr_fn="match_rms_adamw",
-            )
-            if matrices
-            else None
+            BatchedMuon(matrices, **self.muon_settings()) if matrices else None
         )
         self.adamw = (
             torch.optim.AdamW(
@@ -176,6 +166,18 @@ class Trainer:
             if rest
             else None
         )
+
+    def muon_settings(self) -> dict[str, Any]:
+        """torch.optim.Muon's settings for this phase (learning rates come from the schedule)."""
+        mu = self.t.muon
+        return {
+            "lr": 0.0,
+            "weight_decay": mu.weight_decay,
+            "momentum": mu.momentum,
+            "nesterov": mu.nesterov,
+            "ns_steps": mu.ns_steps,
+            "adjust_lr_fn": "match_rms_adamw",
+        }
 
     def optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
         named = [("muon", self.muon), ("adamw", self.adamw)]
