@@ -126,6 +126,9 @@ pub enum Bench {
         /// Rounds, each running every variant once.
         #[arg(long, default_value_t = 2)]
         rounds: usize,
+        /// Positions per chunk of the engine's loss (default: `train.loss_chunk_tokens`'s).
+        #[arg(long)]
+        loss_chunk_tokens: Option<usize>,
     },
 }
 
@@ -146,7 +149,8 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
             seq_len,
             steps,
             rounds,
-        } => step::run(&recipe, batch, seq_len, steps, rounds),
+            loss_chunk_tokens,
+        } => step::run(&recipe, batch, seq_len, steps, rounds, loss_chunk_tokens),
         Bench::Gemm {
             recipe,
             tokens,

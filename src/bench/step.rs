@@ -37,8 +37,13 @@ pub fn run(
     seq_len: usize,
     steps: usize,
     rounds: usize,
+    loss_chunk_tokens: Option<usize>,
 ) -> Result<ExitCode> {
-    let chunk = zflow_runtime::contract::settings::TrainSettings::default().loss_chunk_tokens;
+    let mut train = zflow_runtime::contract::settings::TrainSettings::default();
+    if let Some(chunk) = loss_chunk_tokens {
+        train.loss_chunk_tokens = chunk;
+    }
+    let chunk = train.loss_chunk_tokens;
     let workload = format!("batch {batch} x {seq_len} tokens, loss chunks of {chunk} positions");
     let (model, threads) = super::train::recipe_model(args, &workload, rounds)?;
     println!();
@@ -51,7 +56,7 @@ pub fn run(
             let config = serde_json::json!({
                 "model": model, "batch": batch, "seq_len": seq_len, "steps": steps,
                 "threads": threads, "activation_checkpointing": checkpointing, "loss": loss,
-                "optimizer": optimizer,
+                "optimizer": optimizer, "train": train,
             });
             match super::train::torch_engine_bench("train", config) {
                 Ok(t) => println!(

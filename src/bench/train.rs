@@ -132,15 +132,18 @@ fn torch_engine_step(
 }
 
 /// Runs `python -m zflow_torch.bench WHAT CONFIG` (the torch engine's own code, in its
-/// Python) with `config` plus the default training settings; returns its JSON line.
+/// Python) with `config`, plus the default training settings where it has none; returns its
+/// JSON line.
 pub(crate) fn torch_engine_bench(
     what: &str,
     mut config: serde_json::Value,
 ) -> Result<serde_json::Value> {
     let dir = tempfile::tempdir()?;
     let cfg = dir.path().join("bench.json");
-    config["train"] =
-        serde_json::to_value(zflow_runtime::contract::settings::TrainSettings::default())?;
+    if config.get("train").is_none() {
+        config["train"] =
+            serde_json::to_value(zflow_runtime::contract::settings::TrainSettings::default())?;
+    }
     std::fs::write(&cfg, serde_json::to_vec(&config)?)?;
     let command = zflow_stages::engine::torch_module(
         "zflow_torch.bench",

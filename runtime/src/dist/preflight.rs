@@ -47,6 +47,12 @@ pub struct LinkProbe {
     pub gbps: f64,
 }
 
+impl std::fmt::Display for LinkProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.2} GB/s with rank {}", self.gbps, self.peer)
+    }
+}
+
 /// Ranks whose best link figure is below `min_ratio` x the median of the ranks' best figures,
 /// with why. A neighbour of a slow rank has one fast link besides its slow one, so it is not
 /// named; with only two ranks (or nodes) on the ring the two cannot be told apart, and both are
@@ -68,10 +74,7 @@ pub fn link_outliers(links: &[Vec<LinkProbe>], min_ratio: f64) -> Vec<(usize, St
         .enumerate()
         .filter(|(_, l)| !l.is_empty() && best(l) < min_ratio * median)
         .map(|(r, l)| {
-            let shown: Vec<String> = l
-                .iter()
-                .map(|l| format!("{:.2} GB/s with rank {}", l.gbps, l.peer))
-                .collect();
+            let shown: Vec<String> = l.iter().map(ToString::to_string).collect();
             (
                 r,
                 format!(

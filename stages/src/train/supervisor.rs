@@ -181,29 +181,7 @@ impl Train {
             }
             if links_pending && ranks.iter().all(|r| r.links.is_some()) {
                 links_pending = false;
-                let links: Vec<_> = ranks
-                    .iter()
-                    .map(|r| r.links.clone().unwrap_or_default())
-                    .collect();
-                for (rank, l) in links.iter().enumerate() {
-                    let shown: Vec<String> = l
-                        .iter()
-                        .map(|l| format!("{:.2} GB/s with rank {}", l.gbps, l.peer))
-                        .collect();
-                    tracing::info!("preflight rank {rank}: network {}", shown.join(", "));
-                }
-                let slow = zflow_runtime::dist::preflight::link_outliers(
-                    &links,
-                    c.launch.preflight.min_ratio,
-                );
-                for (rank, why) in slow {
-                    let why = format!("{why}, on {}", place_of(&ranks[rank]));
-                    tracing::warn!("preflight: {why}");
-                    events.push(Event {
-                        kind: "preflight".into(),
-                        ..Event::failure(attempt, &why, 0, now_ms(), None)
-                    })?;
-                }
+                record_links(&ranks, c.launch.preflight.min_ratio, attempt, events)?;
             }
             match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok((rank, Some(line))) => {
@@ -520,13 +498,36 @@ fn describe(status: &std::process::ExitStatus) -> String {
     }
 }
 
-/// Where every rank of launch `attempt` runs, one host and device each, into the run record
-/// (an `events` row of kind `placement`) and the log.
 /// Where a rank runs, "host (device)", as its messages said.
 fn place_of(r: &Rank) -> &str {
     r.place.as_deref().unwrap_or("an unknown host")
 }
 
+/// Every rank's link figures into the log, and a rank with a slow link (with where it runs)
+/// into the log and the run record (an `events` row of kind `preflight`).
+fn record_links(ranks: &[Rank], min_ratio: f64, attempt: u32, events: &mut Events) -> Result<()> {
+    use zflow_runtime::dist::preflight::link_outliers;
+    let links: Vec<_> = ranks
+        .iter()
+        .map(|r| r.links.clone().unwrap_or_default())
+        .collect();
+    for (rank, l) in links.iter().enumerate() {
+        let shown: Vec<String> = l.iter().map(ToString::to_string).collect();
+        tracing::info!("preflight rank {rank}: network {}", shown.join(", "));
+    }
+    for (rank, why) in link_outliers(&links, min_ratio) {
+        let why = format!("{why}, on {}", place_of(&ranks[rank]));
+        tracing::warn!("preflight: {why}");
+        events.push(Event {
+            kind: "preflight".into(),
+            ..Event::failure(attempt, &why, 0, now_ms(), None)
+        })?;
+    }
+    Ok(())
+}
+
+/// Where every rank of launch `attempt` runs, one host and device each, into the run record
+/// (an `events` row of kind `placement`) and the log.
 fn record_placement(ranks: &[Rank], attempt: u32, events: &mut Events) -> Result<()> {
     let places: Vec<String> = ranks
         .iter()
