@@ -72,7 +72,7 @@ pub fn run(
     }
     println!();
     println!(
-        "peak: the process's peak resident memory above its size once torch was loaded (the model, its gradients, the optimizer state and the step's activations)"
+        "peak: the step's peak resident memory above the process's size after a warm-up step (the model and the optimizer's state): the gradients, activations, logits and the loss"
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -7,9 +7,10 @@
   ``cross_entropy`` of the whole micro-batch's logits instead of the engine's chunks) and
   ``optimizer`` for the matrices (``muon``, the engine's; ``torch-muon``, torch.optim.Muon as
   shipped; ``adamw``). Prints
-  ``step_s`` (the best of the timed steps), ``tokens_per_s``, ``torch``, and the peak memory:
-  ``peak_bytes`` (GPU: the allocator's peak; CPU: the process's peak RSS above
-  ``baseline_bytes``, its RSS once torch and the model's module were loaded).
+  ``step_s`` (the best of the timed steps), ``tokens_per_s``, ``torch``, and the step's memory:
+  ``peak_bytes``, the process's peak resident set during the timed steps above
+  ``baseline_bytes``, its size after the warm-up step (the model and the optimizer's state
+  resident; the gradients are freed between steps).
 - ``python -m zflow_torch.bench checkpoint CONFIG_JSON`` (``zflow bench checkpoint``): the
   worker's checkpoint of that model after one step (``Trainer.snapshot`` into host memory,
   then ``checkpoint.commit``: files, fsync, BLAKE3, manifest, rename; best of 3), and the step
@@ -32,7 +33,6 @@ import copy
 import functools
 import io
 import json
-import resource
 import statistics
 import sys
 import tempfile
@@ -100,9 +100,20 @@ class FullLogitsLoss(torch.nn.Module):
         )
 
 
-def _rss_bytes() -> int:
-    """This process's peak resident set so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def _status_bytes(field: str) -> int:
+    """A memory figure of this process from /proc/self/status (``VmRSS``, ``VmHWM``)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    """Starts this process's peak resident set (VmHWM) again from its current size (Linux's
+    ``clear_refs`` 5), so that a peak is the step's, not the model's initialisation's."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def _stepper(t: trainer.Trainer, cfg: dict[str, Any]) -> Callable[[], None]:
@@ -117,11 +128,12 @@ def _stepper(t: trainer.Trainer, cfg: dict[str, Any]) -> Callable[[], None]:
 
 
 def train(cfg: dict[str, Any]) -> dict[str, Any]:
-    baseline = _rss_bytes()
     with tempfile.TemporaryDirectory() as d:
         t = _trainer(cfg, d)
         step = _stepper(t, cfg)
-        step()  # warm-up: allocation, first-call costs
+        step()  # warm-up: allocation, first-call costs, the optimizer's state
+        _reset_peak()
+        baseline = _status_bytes("VmRSS")
         times = []
         for _ in range(cfg["steps"]):
             started = time.perf_counter()
@@ -134,7 +146,7 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
         "step_s": step_s,
         "tokens_per_s": tokens / step_s,
         "torch": torch.__version__,
-        "peak_bytes": _rss_bytes() - baseline,
+        "peak_bytes": _status_bytes("VmHWM") - baseline,
         "baseline_bytes": baseline,
     }
 
