@@ -3,6 +3,7 @@ zflow's rendezvous, proving the launch secret both ways before any collective ru
 (``join_group``; SECURITY.md), and the preflight probes of its device (``probe``) and of the
 network (``allreduce_busbw``, ``link_bandwidths``)."""
 
+import functools
 import hmac
 import math
 import os
@@ -204,6 +205,23 @@ def probe(
     return 2.0 * n**3 / gemm / 1e9, 3.0 * 4.0 * length / add / 1e9
 
 
+def collective_seconds(device: torch.device, run: Callable[[], object]) -> float:
+    """The best of 3 timings of ``run`` on every rank, after a warm-up (connections, buffers),
+    each started together behind a barrier and ended once the GPU has finished."""
+    best = math.inf
+    for i in range(4):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        t = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i > 0:
+            best = min(best, time.perf_counter() - t)
+    return best
+
+
 def allreduce_busbw(device: torch.device) -> float:
     """The launch's all-reduce bus bandwidth, GB/s, as nccl-tests defines it (2 (n - 1) / n x
     bytes / time): a 256 MiB f32 all-reduce on GPUs (4 MiB on the CPU), best of 3. Every rank
@@ -211,17 +229,7 @@ def allreduce_busbw(device: torch.device) -> float:
     world = dist.get_world_size()
     numel = (256 << 20) // 4 if device.type == "cuda" else (4 << 20) // 4
     x = torch.ones(numel, device=device)
-    best = math.inf
-    for i in range(4):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dist.barrier()
-        t = time.perf_counter()
-        dist.all_reduce(x)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i > 0:  # the first is a warm-up (connections, buffers)
-            best = min(best, time.perf_counter() - t)
+    best = collective_seconds(device, lambda: dist.all_reduce(x))
     return 2.0 * (world - 1) / world * numel * 4 / best / 1e9
 
 
@@ -248,8 +256,7 @@ def ring_partners(rank: int, world: int, per_node: int) -> list[int | None]:
     rounds: list[int | None] = [None, None, None] if length % 2 == 1 else [None, None]
     # Edge e joins positions e and e + 1: this rank's are its own and the one before it.
     rounds[colour(position)] = rank_at(position + 1)
-    if length > 2:
-        rounds[colour((position - 1) % length)] = rank_at(position - 1)
+    rounds[colour((position - 1) % length)] = rank_at(position - 1)
     return rounds
 
 
@@ -261,21 +268,18 @@ def link_bandwidths(device: torch.device, per_node: int, delay_ms: int) -> list[
     rank, world = dist.get_rank(), dist.get_world_size()
     numel = (64 << 20) // 4 if device.type == "cuda" else (4 << 20) // 4
     out, into = torch.ones(numel, device=device), torch.empty(numel, device=device)
+
+    def exchange(peer: int) -> None:
+        time.sleep(delay_ms / 1000)
+        ops = [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, into, peer)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+
     links = []
     for peer in ring_partners(rank, world, per_node):
-        best = math.inf
-        for i in range(4):
-            dist.barrier()
-            t = time.perf_counter()
-            if peer is not None:
-                time.sleep(delay_ms / 1000)
-                ops = [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, into, peer)]
-                for request in dist.batch_isend_irecv(ops):
-                    request.wait()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-            if i > 0:  # the first is a warm-up
-                best = min(best, time.perf_counter() - t)
-        if peer is not None:
-            links.append({"peer": peer, "gbps": numel * 4 / best / 1e9})
+        if peer is None:  # sits the round out, but keeps to its barriers
+            collective_seconds(device, lambda: None)
+            continue
+        best = collective_seconds(device, functools.partial(exchange, peer))
+        links.append({"peer": peer, "gbps": numel * 4 / best / 1e9})
     return links
