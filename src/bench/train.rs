@@ -159,7 +159,7 @@ pub(crate) fn torch_engine_bench(
 
 /// The last stdout line of a finished benchmark process, parsed; its stderr's last line as
 /// the error if it failed.
-fn last_json_line(out: &std::process::Output, what: &str) -> Result<serde_json::Value> {
+pub(crate) fn last_json_line(out: &std::process::Output, what: &str) -> Result<serde_json::Value> {
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         anyhow::bail!("{what} failed: {}", err.lines().last().unwrap_or(""));

@@ -36,6 +36,8 @@ KEPT = {
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
+    # The MoE layer's grouped expert path (``model.RoutedMoe``, ``grouped``).
+    aten._grouped_mm.default,
 }
 
 

@@ -111,6 +111,38 @@ def hf_config(model: ModelConfig) -> ZayaConfig:
     )
 
 
+# How ``RoutedMoe`` runs its experts (``set_expert_path``; ``build`` gives ``loop``). Every path
+# gives the same output, gradients and route counts: on the CPU ``grouped`` bit for bit, the
+# padded ones to f32 rounding (``bmm``'s kernels are not ``mm``'s), see
+# ``workers/torch/tests/test_experts.py``; ``python -m zflow_torch.experts_bench`` times them.
+#
+# - ``loop``: each expert on its slice of the tokens grouped by route, one ``F.linear`` pair
+#   per expert, the slices cut at the route counts (``counts.tolist()``: one host sync per MoE
+#   layer per forward).
+# - ``grouped``: ``torch._grouped_mm`` over the grouped tokens with the experts' matrices
+#   stacked (``[E, out, in]``), cut at cumulative int32 offsets computed on the device: no host
+#   sync. On the CPU (f32, bf16, f16) torch runs it as one ``mm`` per expert; on CUDA bf16 on
+#   sm90/sm100 has a CUTLASS kernel, other dtypes or GPUs may take that same fallback, which
+#   copies the offsets to the host there (a sync again).
+# - ``padded``: the grouped tokens gathered into ``[E, capacity, H]`` with capacity = the
+#   number of tokens (an upper bound that needs no host sync), one ``torch.bmm`` per matrix,
+#   gathered back: no host sync, but E times the loop's expert FLOPs and activation memory
+#   (zero rows).
+# - ``padded_max``: ``padded`` with capacity = the largest expert's token count, read with one
+#   host sync (``.item()``), as ``loop`` has.
+#
+# The stacked paths copy the expert matrices into one tensor per forward (``torch.stack``,
+# differentiable: every expert's parameter gets a gradient, zero where it had no tokens, as
+# DistributedDataParallel expects) and the gradients out of it in the backward pass. A token on
+# the skip route costs no expert FLOPs on any path.
+EXPERT_PATHS = ("loop", "grouped", "padded", "padded_max")
+
+
+def grouped_mm_available() -> bool:
+    """Whether this torch has ``torch._grouped_mm`` (the ``grouped`` path)."""
+    return hasattr(torch, "_grouped_mm")
+
+
 class Experts(nn.Module):
     """One SwiGLU expert per route: ``gate_up[e]`` is ``[2F, H]`` (gate rows, then up rows),
     ``down[e]`` is ``[H, F]``, as nn.Linear weights."""
@@ -129,13 +161,34 @@ class Experts(nn.Module):
         out: torch.Tensor = F.linear(F.silu(gate) * up, self.down[expert])
         return out
 
+    def stacked(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every expert's matrices in one tensor each, transposed for ``x @ w``:
+        ``[E, H, 2F]`` and ``[E, F, H]`` (views of a copy made each call; differentiable)."""
+        gate_up = torch.stack(list(self.gate_up)).to(dtype)
+        down = torch.stack(list(self.down)).to(dtype)
+        return gate_up.transpose(1, 2), down.transpose(1, 2)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the experts' matrix multiplies run in: autocast's where it is on (it does not
+    cover ``_grouped_mm``, so the stacked paths cast themselves, as autocast casts ``linear``)."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
 
 class RoutedMoe(nn.Module):
     """The MoE sub-layer with zflow's routing (see the module page); replaces
     ``ZayaSparseMoeBlock`` in each decoder layer, keeping its router (``gate``)."""
 
     def __init__(
-        self, gate: nn.Module, experts: Experts, num_experts: int, skip_zero: bool
+        self,
+        gate: nn.Module,
+        experts: Experts,
+        num_experts: int,
+        skip_zero: bool,
+        expert_path: str = "loop",
     ) -> None:
         super().__init__()
         # transformers' ZayaRouter: down_proj, router_states_scale (EDA), router_mlp, and the
@@ -146,6 +199,8 @@ class RoutedMoe(nn.Module):
         # The skip route's output: zero (transformers' semantics, ``skip_output: zero``) or
         # the normed input (``input``, the older one); see ``runtime/src/model/config.rs``.
         self.skip_zero = skip_zero
+        # How the experts run (``EXPERT_PATHS``, ``set_expert_path``).
+        self.expert_path = expert_path
         # Tokens per route in the last forward (experts, then skip), on the device.
         self.counts: torch.Tensor | None = None
 
@@ -162,22 +217,104 @@ class RoutedMoe(nn.Module):
         biased = probs.detach().float() + gate.balancing_biases
         # argmax returns the first of equal maxima (a strict `>` scan).
         choice = biased.argmax(dim=-1)
-        counts = torch.bincount(choice, minlength=routes)
-        self.counts = counts
-        # Group the tokens by route (stable), run each expert on its slice, put them back.
+        # Group the tokens by route (stable), run the experts on their groups, put them back.
         order = torch.argsort(choice, stable=True)
         flat = hidden_states.reshape(batch * seq, hidden)
-        pieces = torch.split(flat.index_select(0, order), counts.tolist())
+        grouped = flat.index_select(0, order)
+        if self.expert_path == "loop":
+            counts = torch.bincount(choice, minlength=routes)
+            self.counts = counts
+            routed_out = self._loop(grouped, counts)
+        else:
+            # The same counts, from the sorted routes: CUDA's bincount reads its input's
+            # largest value on the host, searchsorted needs no sync.
+            route = choice.index_select(0, order)
+            ends = torch.searchsorted(route, torch.arange(1, routes + 1, device=route.device))
+            counts = torch.diff(ends, prepend=ends.new_zeros(1))
+            self.counts = counts
+            routed_out = self._stacked(grouped, route, counts)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        out = routed_out.index_select(0, inverse)
+        out = out * probs.gather(1, choice[:, None])
+        return out.reshape(batch, seq, hidden), state
+
+    def _loop(self, grouped: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        pieces = torch.split(grouped, counts.tolist())
         # Every expert runs, on an empty slice if need be, so that every parameter has a
         # gradient in every step (DistributedDataParallel's buckets expect all of them).
         outputs = [self.experts(e, pieces[e]) for e in range(self.num_experts)]
         skipped = pieces[self.num_experts]
         outputs.append(torch.zeros_like(skipped) if self.skip_zero else skipped)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        out = torch.cat(outputs).index_select(0, inverse)
-        out = out * probs.gather(1, choice[:, None])
-        return out.reshape(batch, seq, hidden), state
+        return torch.cat(outputs)
+
+    def _stacked(
+        self, grouped: torch.Tensor, route: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
+        """The stacked paths: ``grouped`` holds the tokens sorted by ``route`` (the skip
+        route's last)."""
+        experts = self.num_experts
+        # The rows an expert takes; the rest are the skip route's.
+        routed = (route < experts)[:, None]
+        dtype = _compute_dtype(grouped)
+        gate_up, down = self.experts.stacked(dtype)
+        if self.expert_path == "grouped":
+            ends = torch.cumsum(counts[:experts], 0, dtype=torch.int32)
+            # `_grouped_mm` leaves the rows past the last offset unset, in its output and in
+            # its input's gradient: the skip rows go in as zeros, which also keeps whatever its
+            # backward leaves there out of their gradient, and come out masked below.
+            rows = torch.where(routed, grouped, 0.0).to(dtype)
+            gate, up = torch._grouped_mm(rows, gate_up, offs=ends).chunk(2, dim=-1)
+            out = torch._grouped_mm(F.silu(gate) * up, down, offs=ends)
+        elif self.expert_path in ("padded", "padded_max"):
+            out = self._padded(grouped.to(dtype), route, counts, gate_up, down)
+        else:
+            raise ValueError(
+                f"expert path `{self.expert_path}`: expected one of {', '.join(EXPERT_PATHS)}"
+            )
+        # In `loop`'s dtype: its `cat` promotes the experts' outputs (autocast's dtype) and the
+        # skip rows (the input's) to a common one.
+        out = out.to(torch.promote_types(out.dtype, grouped.dtype))
+        return torch.where(routed, out, 0.0 if self.skip_zero else grouped)
+
+    def _padded(
+        self,
+        grouped: torch.Tensor,
+        route: torch.Tensor,
+        counts: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+    ) -> torch.Tensor:
+        experts = self.num_experts
+        tokens, hidden = grouped.shape
+        if self.expert_path == "padded":
+            capacity = tokens
+        else:
+            capacity = max(int(counts[:experts].max().item()), 1) if tokens else 0
+        starts = torch.cumsum(counts, 0) - counts
+        # Slot (e, p) of the batch takes grouped row starts[e] + p when p < counts[e], else the
+        # zero row appended at `tokens`.
+        place = torch.arange(capacity, device=grouped.device)
+        source = torch.where(place < counts[:experts, None], starts[:experts, None] + place, tokens)
+        padded = torch.cat([grouped, grouped.new_zeros(1, hidden)])
+        batch = padded.index_select(0, source.reshape(-1)).view(experts, capacity, hidden)
+        gate, up = torch.bmm(batch, gate_up).chunk(2, dim=-1)
+        out = torch.bmm(F.silu(gate) * up, down).reshape(experts * capacity, hidden)
+        # A routed row's slot; the skip rows read slot 0 and are masked by the caller.
+        rank = torch.arange(tokens, device=grouped.device) - starts.index_select(0, route)
+        slot = torch.where(route < experts, route * capacity + rank, 0)
+        return out.index_select(0, slot)
+
+
+def set_expert_path(net: nn.Module, path: str) -> None:
+    """Runs every ``RoutedMoe`` of ``net`` on ``path`` (one of ``EXPERT_PATHS``)."""
+    if path not in EXPERT_PATHS:
+        raise ValueError(f"expert path `{path}`: expected one of {', '.join(EXPERT_PATHS)}")
+    if path == "grouped" and not grouped_mm_available():
+        raise ValueError(f"expert path `grouped`: torch {torch.__version__} has no _grouped_mm")
+    for module in net.modules():
+        if isinstance(module, RoutedMoe):
+            module.expert_path = path
 
 
 def build(model: ModelConfig, seed: int | None) -> ZayaForCausalLM:
