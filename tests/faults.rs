@@ -1063,3 +1063,65 @@ fn sigkill_of_zflow_run_at_drawn_moments_ends_with_the_uninterrupted_outputs() {
         );
     }
 }
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn a_context_parallel_phase_resumes_on_one_rank_with_the_same_data() {
+    // Each sequence split over 2 ranks (one data-parallel group) until a crash after the
+    // step-5 checkpoint; the same phase then resumes on 1 rank (`launch` is not part of the
+    // stage's identity). Every step's loss and routing must be the uninterrupted 1-rank run's:
+    // the data cursor and the checkpoint do not depend on the split.
+    let short = recipe(1, 0).replace("tokens: 30000", "tokens: 8000");
+    let split = short.replace(
+        "data_parallel: 1,",
+        "data_parallel: 1, context_parallel: 2,",
+    );
+    assert_ne!(split, short);
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &split);
+    let out = sb
+        .cmd(&["run", "r.yaml"])
+        .env("ZFLOW_FAULTS", "crash@7")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the crash at step 7 ends the run");
+    sb.write("r.yaml", &short);
+    sb.ok(&["run", "r.yaml"]);
+    assert!(
+        log(&sb).contains("resuming phase p1 at step 5"),
+        "{}",
+        log(&sb)
+    );
+
+    let reference = Sandbox::new();
+    reference.write("r.yaml", &short);
+    reference.ok(&["run", "r.yaml"]);
+    let steps = |sb: &Sandbox| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(sb.output("train.p1").join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|m| m["type"] == "step")
+            .collect()
+    };
+    let (resumed, uninterrupted) = (steps(&sb), steps(&reference));
+    assert_eq!(resumed.len(), uninterrupted.len());
+    for (a, b) in resumed.iter().zip(&uninterrupted) {
+        assert_eq!(
+            (&a["step"], &a["tokens"], &a["expert_load"]),
+            (&b["step"], &b["tokens"], &b["expert_load"])
+        );
+        let (x, y) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+        assert!(
+            (x - y).abs() <= 1e-5 * y.abs(),
+            "step {}: {x} vs {y}",
+            a["step"]
+        );
+    }
+    let state =
+        |sb: &Sandbox| trainer_state(&sb.output("train.p1").join("final"))["cursor"].clone();
+    assert_eq!(state(&sb), state(&reference));
+}

@@ -417,7 +417,7 @@ fn bad_train_settings_are_named() {
         (
             "balance: {lr: 0.02}",
             "balance: {lr: 0.02}\n  launch: {nodes: 2, ranks_per_node: 2, data_parallel: 2}",
-            "`data_parallel` (2) must equal nodes (2) x ranks_per_node (2) = 4, or be left out",
+            "`data_parallel` (2) x context_parallel (1) must equal nodes (2) x ranks_per_node (2) = 4, or be left out",
         ),
         (
             "balance: {lr: 0.02}",
@@ -428,6 +428,11 @@ fn bad_train_settings_are_named() {
             "balance: {lr: 0.02}",
             "balance: {lr: 0.02}\n  activation_checkpointing: some",
             "unknown variant `some`, expected one of `none`, `full`, `selective`",
+        ),
+        (
+            "balance: {lr: 0.02}",
+            "balance: {lr: 0.02}\n  launch: {context_parallel: 0}",
+            "`context_parallel` must be at least 1",
         ),
         (
             "balance: {lr: 0.02}",
@@ -484,7 +489,11 @@ fn plan_launch_shows_the_cluster_submission_of_zaya1_rank_by_rank() {
         );
         assert!(seen.insert((node, local)));
     }
-    // Phase 3 runs on 64 of the nodes.
+    // Phase 3 splits each 32K sequence over 2 ranks: all 128 nodes, 512 groups of 2.
     let o = sb.zflow(&["plan", recipe.to_str().unwrap(), "--launch", "train.phase3"]);
-    assert!(o.stdout.contains("#SBATCH --nodes=64\n"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("#SBATCH --nodes=128\n") && o.stdout.contains("1024 rank(s)"),
+        "{}",
+        o.stdout
+    );
 }

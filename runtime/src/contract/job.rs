@@ -16,8 +16,8 @@ use crate::model::config::ModelConfig;
 /// The version of the train job document this code writes and reads. 2: a source's tokens and
 /// held-out tokens are lists of datasets (a sharded source's shards). 3: `model` is the phase's
 /// model, resolved ([`TrainJob::phase_model`]); workers derive nothing from `train`. 4:
-/// `activation_checkpointing`, and `train.loss_chunk_tokens`.
-pub const JOB_VERSION: u32 = 4;
+/// `activation_checkpointing`, and `train.loss_chunk_tokens`. 5: `context_parallel`.
+pub const JOB_VERSION: u32 = 5;
 
 fn version_one() -> u32 {
     1
@@ -83,6 +83,11 @@ pub struct TrainJob {
     /// What each decoder layer keeps for the backward pass (not part of the stage's identity:
     /// every mode computes the same).
     pub activation_checkpointing: ActivationCheckpointing,
+    /// Ranks each sequence is split over (`train.launch.context_parallel`): consecutive ranks
+    /// form a group, `rank / context_parallel` is a rank's data-parallel index. Not part of the
+    /// stage's identity either: the data, the checkpoints and (to float rounding) the
+    /// gradients do not depend on it.
+    pub context_parallel: usize,
 }
 
 impl TrainJob {

@@ -21,11 +21,16 @@ pub struct LaunchSettings {
     /// Ranks on each node, one per device (Slurm `--ntasks-per-node` and, on GPUs,
     /// `--gpus-per-node`). Default: `data_parallel / nodes`.
     pub ranks_per_node: Option<usize>,
-    /// Data-parallel worker processes (ranks) in all; the optimizer state is sharded over them
-    /// (ZeRO-1). `global_batch` must be a multiple of `data_parallel x micro_batch`. Default:
-    /// `nodes x ranks_per_node` (1 when neither is given); when given with `ranks_per_node`,
-    /// it must equal their product.
+    /// Data-parallel groups, each of `context_parallel` ranks; the optimizer state is sharded
+    /// over all ranks (ZeRO-1). `global_batch` must be a multiple of `data_parallel x
+    /// micro_batch`. Default: `nodes x ranks_per_node / context_parallel` (`nodes` when
+    /// `ranks_per_node` is not given either); when given with `ranks_per_node`,
+    /// `data_parallel x context_parallel` must equal `nodes x ranks_per_node`.
     pub data_parallel: Option<usize>,
+    /// Ranks each sequence is split over (context parallelism,
+    /// `workers/torch/zflow_torch/context_parallel.py`): each holds `seq_len /
+    /// context_parallel` of its tokens. 1 (the default) splits nothing.
+    pub context_parallel: usize,
     /// CPU cores each rank uses (its thread count; Slurm `--cpus-per-task`). Default: on this
     /// machine its cores shared by its ranks; under Slurm the cores the job's task was given.
     pub cpus_per_rank: Option<u32>,
@@ -95,6 +100,7 @@ impl Default for LaunchSettings {
             nodes: 1,
             ranks_per_node: None,
             data_parallel: None,
+            context_parallel: 1,
             cpus_per_rank: None,
             env: BTreeMap::new(),
             max_restarts: 3,
@@ -120,10 +126,24 @@ const RESERVED: &[&str] = &[
 ];
 
 impl LaunchSettings {
-    /// Ranks in all: `data_parallel`, or `nodes x ranks_per_node`.
+    /// Ranks in all: `data_parallel x context_parallel`, else `nodes x ranks_per_node`, else
+    /// one context-parallel group per node.
     pub fn world(&self) -> usize {
-        self.data_parallel
-            .unwrap_or(self.nodes * self.ranks_per_node.unwrap_or(1))
+        match (self.data_parallel, self.ranks_per_node) {
+            (Some(dp), _) => dp * self.context_parallel(),
+            (None, Some(per_node)) => self.nodes * per_node,
+            (None, None) => self.nodes * self.context_parallel(),
+        }
+    }
+
+    /// Ranks each sequence is split over (at least 1).
+    pub fn context_parallel(&self) -> usize {
+        self.context_parallel.max(1)
+    }
+
+    /// Data-parallel groups: ranks that read different sequences.
+    pub fn data_parallel_groups(&self) -> usize {
+        self.world() / self.context_parallel()
     }
 
     /// Ranks on each node.
@@ -152,23 +172,41 @@ impl LaunchSettings {
                 "`data_parallel` must be at least 1, got 0",
             ));
         }
+        if self.context_parallel == 0 {
+            return Err(ConfigError::new(
+                "context_parallel",
+                "`context_parallel` must be at least 1 (ranks per sequence), got 0",
+            ));
+        }
+        let cp = self.context_parallel;
         match (self.data_parallel, self.ranks_per_node) {
-            (Some(dp), Some(g)) if dp != self.nodes * g => {
+            (Some(dp), Some(g)) if dp * cp != self.nodes * g => {
                 return Err(ConfigError::new(
                     "data_parallel",
                     format!(
-                        "`data_parallel` ({dp}) must equal nodes ({}) x ranks_per_node ({g}) = {}, or be left out",
+                        "`data_parallel` ({dp}) x context_parallel ({cp}) must equal nodes ({}) x ranks_per_node ({g}) = {}, or be left out",
                         self.nodes,
                         self.nodes * g
                     ),
                 ));
             }
-            (Some(dp), None) if !dp.is_multiple_of(self.nodes) => {
+            (Some(dp), None) if !(dp * cp).is_multiple_of(self.nodes) => {
                 return Err(ConfigError::new(
                     "data_parallel",
                     format!(
-                        "`data_parallel` ({dp}) must be a multiple of nodes ({}): ranks fill nodes evenly (or give `ranks_per_node`)",
+                        "`data_parallel` ({dp}) x context_parallel ({cp}) must be a multiple of nodes ({}): ranks fill nodes evenly (or give `ranks_per_node`)",
                         self.nodes
+                    ),
+                ));
+            }
+            (None, _) if !self.world().is_multiple_of(cp) => {
+                return Err(ConfigError::new(
+                    "context_parallel",
+                    format!(
+                        "`context_parallel` ({cp}) must divide the ranks (nodes {} x ranks_per_node {} = {}): each sequence is split over a whole group",
+                        self.nodes,
+                        self.ranks_per_node(),
+                        self.world()
                     ),
                 ));
             }

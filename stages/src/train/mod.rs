@@ -93,7 +93,7 @@ impl Stage for Train {
         c.launch
             .check()
             .map_err(|e| ConfigError::new(format!("train.launch.{}", e.path), e.message))?;
-        let ranks = c.launch.world();
+        let ranks = c.launch.data_parallel_groups();
         if !c
             .train
             .global_batch
@@ -232,6 +232,7 @@ impl Stage for Train {
                 .map(|p| ctx.input(p).map(|d| d.join("final")))
                 .transpose()?,
             activation_checkpointing: c.activation_checkpointing,
+            context_parallel: c.launch.context_parallel(),
         };
         let job_path = out.join("job.json");
         std::fs::write(&job_path, serde_json::to_vec_pretty(&job)?)?;

@@ -163,10 +163,13 @@ impl Train {
                 }
                 let rest = world - slow.len();
                 if c.launch.preflight.exclude && !slow.is_empty() {
+                    // Context parallelism leaves out whole groups only.
+                    let cp = c.launch.context_parallel();
                     if rest > 0
+                        && rest.is_multiple_of(cp)
                         && c.train
                             .global_batch
-                            .is_multiple_of(rest * c.train.micro_batch)
+                            .is_multiple_of(rest / cp * c.train.micro_batch)
                     {
                         stop_all(&mut ranks);
                         return Ok(Outcome::Exclude { slow: slow.len() });

@@ -11,6 +11,12 @@
   ``peak_bytes``, the process's peak resident set during the timed steps above
   ``baseline_bytes``, its size after the warm-up step (the model and the optimizer's state
   resident; the gradients are freed between steps).
+- ``python -m zflow_torch.bench memory CONFIG_JSON`` (``zflow bench memory``): the peak memory
+  of the worker's training, set-up included, against what ``zflow size`` predicts: the
+  process's peak resident set from the model's first allocation to the end of ``steps`` steps
+  (the optimizer's state made in the first), above its size before (``peak_bytes``). The
+  initial weights' random draws, which run once per phase and before any step, are left out
+  (the peak restarts after them).
 - ``python -m zflow_torch.bench checkpoint CONFIG_JSON`` (``zflow bench checkpoint``): the
   worker's checkpoint of that model after one step (``Trainer.snapshot`` into host memory,
   then ``checkpoint.commit``: files, fsync, BLAKE3, manifest, rename; best of 3), and the step
@@ -33,7 +39,11 @@ import copy
 import functools
 import io
 import json
+import os
+import secrets
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,24 +54,28 @@ from typing import Any
 import torch
 
 from zflow_torch import checkpoint, model, trainer
-from zflow_torch.contract import JOB_VERSION, Emitter
+from zflow_torch.contract import JOB_VERSION, RANK, RENDEZVOUS, SECRET, WORLD, Emitter
+from zflow_torch.distributed import join_group
 from zflow_torch.job import ModelConfig, TrainJob, decode
 from zflow_torch.mixture import DataCursor
 
 
 def _trainer(cfg: dict[str, Any], checkpoints: str, backend: str = "cpu") -> trainer.Trainer:
     batch = cfg["batch"]
+    ranks = int(cfg.get("ranks", 1)) // int(cfg.get("context_parallel", 1))
     torch.set_num_threads(cfg["threads"])
     raw = {
         "version": JOB_VERSION,
         "phase": "bench",
         "model": cfg["model"],
-        "train": {**cfg["train"], "global_batch": batch, "micro_batch": batch},
+        # Every data-parallel group reads `batch` sequences per step.
+        "train": {**cfg["train"], "global_batch": batch * ranks, "micro_batch": batch},
         "mixture": "",
         "sources": [],
         "checkpoints": checkpoints,
         "init": None,
         "activation_checkpointing": cfg.get("activation_checkpointing", "none"),
+        "context_parallel": int(cfg.get("context_parallel", 1)),
     }
     job = decode(TrainJob, raw, "bench config")
     t = trainer.Trainer(job, backend, Emitter(io.StringIO()))
@@ -122,7 +136,8 @@ def _stepper(t: trainer.Trainer, cfg: dict[str, Any]) -> Callable[[], None]:
 
     def step() -> None:
         rows = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(t.device)
-        t.train_step([(rows[:, :-1], rows[:, 1:])], 1e-3)
+        # This rank's part of each sequence (all of it without context parallelism).
+        t.train_step([(t.cp.chunk(rows[:, :-1]), t.cp.chunk(rows[:, 1:]))], 1e-3)
 
     return step
 
@@ -148,6 +163,65 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
         "torch": torch.__version__,
         "peak_bytes": _status_bytes("VmHWM") - baseline,
         "baseline_bytes": baseline,
+    }
+
+
+def memory(cfg: dict[str, Any], path: str) -> dict[str, Any]:
+    """Runs ``cfg["ranks"]`` processes of ``memory-rank`` (a process group on loopback when
+    more than one) and returns the largest rank's peak.
+
+    glibc keeps freed blocks for reuse and lifts its mmap threshold as large blocks are freed, so
+    a CPU process's resident size follows what it once held, not what it holds. The ranks run
+    with a fixed mmap threshold (``MALLOC_MMAP_THRESHOLD_``), which returns every freed tensor to
+    the system: their peak is then the peak of live memory that ``zflow size`` predicts."""
+    ranks = int(cfg.get("ranks", 1))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        WORLD: str(ranks),
+        RENDEZVOUS: f"127.0.0.1:{port}",
+        SECRET: secrets.token_hex(16),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "zflow_torch.bench", "memory-rank", path],
+            env={**env, RANK: str(r)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(ranks)
+    ]
+    results = []
+    for p in procs:
+        out, _ = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"a memory-rank process failed with exit status {p.returncode}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return max(results, key=lambda r: int(r["peak_bytes"]))
+
+
+def memory_rank(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One rank of ``memory``: its peak resident set from before the model is built to the end
+    of ``steps`` steps, above its size before."""
+    rank, world = int(os.environ.get(RANK, "0")), int(os.environ.get(WORLD, "1"))
+    if world > 1:
+        join_group(rank, world, torch.device("cpu"))
+    baseline = _status_bytes("VmRSS")
+    with tempfile.TemporaryDirectory() as d:
+        t = _trainer(cfg, d)
+        _reset_peak()
+        step = _stepper(t, cfg)
+        for _ in range(cfg["steps"]):
+            step()
+        peak = _status_bytes("VmHWM") - baseline
+    return {
+        "rank": rank,
+        "peak_bytes": peak,
+        "baseline_bytes": baseline,
+        "torch": torch.__version__,
     }
 
 
@@ -259,7 +333,15 @@ def main(argv: list[str]) -> None:
     what, path = argv
     with open(path) as f:
         cfg = json.load(f)
-    result = {"train": train, "checkpoint": checkpoints, "gpu": gpu}[what](cfg)
+    if what == "memory":
+        result = memory(cfg, path)
+    else:
+        result = {
+            "train": train,
+            "checkpoint": checkpoints,
+            "gpu": gpu,
+            "memory-rank": memory_rank,
+        }[what](cfg)
     print(json.dumps(result))
 
 

@@ -56,7 +56,7 @@ EXIT_CODES = {
 }
 
 # The train job version this worker reads (runtime/src/contract/job.rs).
-JOB_VERSION = 4
+JOB_VERSION = 5
 
 
 class JobError(ValueError):

@@ -152,6 +152,7 @@ class TrainJob:
     checkpoints: str
     init: str | None
     activation_checkpointing: ActivationCheckpointing
+    context_parallel: int
 
 
 class DecodeError(ValueError):

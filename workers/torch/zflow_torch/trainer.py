@@ -31,11 +31,13 @@ from zflow_torch import (
     activation_checkpointing,
     balance,
     checkpoint,
+    context_parallel,
     faults,
     model,
     schedule,
     spike,
 )
+from zflow_torch.context_parallel import ContextParallel
 from zflow_torch.contract import (
     PREFLIGHT,
     RANK,
@@ -77,12 +79,21 @@ class Trainer:
         self.device = device_for(backend, device_index())
         self.faults = faults.Faults.from_env(self.rank)
         t = self.t
-        if t.global_batch % (self.world * t.micro_batch) != 0:
+        # Context parallelism: consecutive ranks split each sequence (a group of
+        # `context_parallel`); the data is read by data-parallel index.
+        self.cp_size = job.context_parallel
+        if self.cp_size < 1 or self.world % self.cp_size != 0:
+            raise Fatal(
+                f"phase `{job.phase}`: context_parallel {self.cp_size} does not divide "
+                f"{self.world} ranks"
+            )
+        self.dp_rank, self.dp_world = self.rank // self.cp_size, self.world // self.cp_size
+        if t.global_batch % (self.dp_world * t.micro_batch) != 0:
             raise Fatal(
                 f"phase `{job.phase}`: global_batch {t.global_batch} is not a multiple of "
-                f"{self.world} ranks x micro_batch {t.micro_batch}"
+                f"{self.dp_world} data-parallel groups x micro_batch {t.micro_batch}"
             )
-        self.accumulation = t.global_batch // (self.world * t.micro_batch)
+        self.accumulation = t.global_batch // (self.dp_world * t.micro_batch)
         # The phase's model, resolved by the train stage (`TrainJob::phase_model`).
         self.model_config = job.model
         try:
@@ -115,6 +126,13 @@ class Trainer:
         m = self.model_config
         # `start` initialises or loads the weights.
         self.net = model.build(m, None).to(self.device)
+        if self.device.type == "cuda" and model.grouped_mm_available():
+            # One grouped product per expert matrix, and no host sync (bit-identical to the
+            # loop where both run; `zflow bench experts` times them).
+            model.set_expert_path(self.net, "grouped")
+        log(f"rank {self.rank}: MoE expert path {self.net.model.layers[0].mlp.expert_path}")
+        self.cp = self.context_parallel_group()
+        context_parallel.enable(self.net, self.cp)
         activation_checkpointing.apply(self.net, self.job.activation_checkpointing)
         # The loss owns the model: DistributedDataParallel wraps it whole.
         self.lm_loss = CausalLmLoss(self.net, self.t.loss_chunk_tokens)
@@ -145,7 +163,24 @@ class Trainer:
                 broadcast_buffers=False,
                 bucket_cap_mb=25,
                 find_unused_parameters=True,
+                # ZeRO-1 without DDP's extra copy of the gradients: they are views into its
+                # buckets, which exist from the backward pass to `zero_grad` only.
+                gradient_as_bucket_view=True,
+                lazy_bucket_allocation=True,
             )
+
+    def context_parallel_group(self) -> ContextParallel:
+        """This rank's context-parallel group: ranks ``[g * C, (g + 1) * C)`` for data-parallel
+        index ``g``, neighbours on one node where nodes hold whole groups. Every rank makes
+        every group, in the same order, as ``new_group`` requires."""
+        if self.cp_size == 1:
+            return ContextParallel.single()
+        mine = None
+        for g in range(self.dp_world):
+            group = dist.new_group(list(range(g * self.cp_size, (g + 1) * self.cp_size)))
+            if g == self.dp_rank:
+                mine = group
+        return ContextParallel.over(mine)
 
     def new_optimizers(self) -> None:
         t = self.t
@@ -327,7 +362,7 @@ class Trainer:
         self, state: State, garbage: bool, batch_start: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         t, vocab = self.t, self.model_config.vocab_size
-        b = self.reader.batch(state.cursor, self.rank, self.world, t.micro_batch)
+        b = self.reader.batch(state.cursor, self.dp_rank, self.dp_world, t.micro_batch)
         tokens = b.tokens
         bad = next((x for x in tokens if x >= vocab), None)
         if bad is not None:
@@ -341,7 +376,8 @@ class Trainer:
             tokens = [rng.below(vocab) for _ in tokens]
         rows = torch.tensor(tokens, dtype=torch.long).view(t.micro_batch, self.seq_len + 1)
         rows = rows.to(self.device)
-        return rows[:, :-1], rows[:, 1:]
+        # The whole sequences' inputs and targets, then this rank's part of each.
+        return self.cp.chunk(rows[:, :-1]), self.cp.chunk(rows[:, 1:])
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.device.type == "cuda":
@@ -406,7 +442,8 @@ class Trainer:
         ``eval_tokens + 1`` tokens of the held-out documents in windows of ``seq_len``."""
         out = []
         want = self.t.eval_tokens + 1
-        with torch.no_grad():
+        # Rank 0 alone scores whole windows: no context-parallel collectives.
+        with torch.no_grad(), context_parallel.whole_sequences(self.net):
             for name, ds in self.heldout:
                 stream: list[int] = []
                 for doc in range(ds.num_docs()):
@@ -539,7 +576,7 @@ class Trainer:
             micro = []
             for _ in range(self.accumulation):
                 micro.append(self.batch(state, garbage, batch_start))
-                state.cursor = state.cursor.advance(self.world, t.micro_batch)
+                state.cursor = state.cursor.advance(self.dp_world, t.micro_batch)
             lr = schedule.lr(t.schedule, state.step, self.total_steps)
             loss, grad_norm, counts = self.train_step(micro, lr)
             delay = self.faults.delay_ms(state.step + 1)
