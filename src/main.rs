@@ -144,6 +144,10 @@ enum Command {
         /// its environment.
         #[arg(long, value_name = "STAGE")]
         launch: Option<String>,
+        /// Refuse the recipe if a phase's predicted memory per rank (`zflow size`) exceeds
+        /// this hardware's: `mi300x`, `h200` or `this`.
+        #[arg(long)]
+        hardware: Option<String>,
     },
     /// Explain one stage: cached, or why it will run.
     Why {
@@ -208,19 +212,24 @@ enum Command {
     Size {
         #[command(flatten)]
         recipe: RecipeArgs,
-        /// Data-parallel ranks (ZeRO-1 shards optimizer state across them).
-        #[arg(long, default_value_t = 1)]
-        dp: usize,
-        /// Sequences per rank per micro-step (for the activation estimate).
-        #[arg(long, default_value_t = 1)]
-        micro_batch: usize,
-        /// Also project step time, tokens/s, GPU-hours and days per phase on this hardware:
-        /// `mi300x`, `h200` (datasheet numbers) or `this` (measured on this machine now).
+        /// Data-parallel groups (default: each phase's `train.launch`).
+        #[arg(long)]
+        dp: Option<usize>,
+        /// Sequences per rank per micro-step (default: each phase's `train.micro_batch`).
+        #[arg(long)]
+        micro_batch: Option<usize>,
+        /// Also check each phase's memory against this hardware's and project step time,
+        /// tokens/s, GPU-hours and days per phase on it: `mi300x`, `h200` (datasheet numbers)
+        /// or `this` (measured on this machine now).
         #[arg(long)]
         hardware: Option<String>,
-        /// GPUs for the projection (default: each phase's `train.launch.data_parallel`).
+        /// GPUs for the projection (default: each phase's ranks).
         #[arg(long)]
         gpus: Option<usize>,
+        /// Print each phase's memory per rank as JSON: `{"phases": [{"name", "setup",
+        /// "peak_bytes_per_rank", <each term>}]}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Checkpoint tools.
     Ckpt {
@@ -366,7 +375,8 @@ fn main() -> ExitCode {
                 recipe,
                 force,
                 launch,
-            } => commands::plan(&recipe, &force, launch.as_deref()),
+                hardware,
+            } => commands::plan(&recipe, &force, launch.as_deref(), hardware.as_deref()),
             Command::Why { recipe, stage } => commands::why(&recipe, &stage),
             Command::Status { recipe } => commands::status(&recipe),
             Command::Graph { recipe, format } => commands::graph(&recipe, &format),
@@ -392,7 +402,17 @@ fn main() -> ExitCode {
                 micro_batch,
                 hardware,
                 gpus,
-            } => commands::size(&recipe, dp, micro_batch, hardware.as_deref(), gpus),
+                json,
+            } => commands::size(
+                &recipe,
+                commands::size::SizeArgs {
+                    dp,
+                    micro_batch,
+                    hardware: hardware.as_deref(),
+                    gpus,
+                    json,
+                },
+            ),
             Command::Bench { what } => bench::bench(what).await,
             Command::ExecStage { spec } => commands::exec_stage(&spec).await,
             Command::Ckpt {

@@ -52,3 +52,70 @@ fn sizing_rules_warn_by_name_and_model_typos_are_located() {
         out.stderr
     );
 }
+
+#[test]
+fn zaya1_fits_an_mi300x_as_the_report_ran_it_and_plan_refuses_what_would_not() {
+    let sb = Sandbox::new();
+    let recipe = format!("{}/recipes/zaya1.yaml", env!("CARGO_MANIFEST_DIR"));
+    let out = sb
+        .ok(&["size", &recipe, "--hardware", "mi300x", "--json"])
+        .stdout;
+    let sized: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let phases = sized["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 3, "{out}");
+    for p in phases {
+        let peak = p["peak_bytes_per_rank"].as_u64().unwrap();
+        assert!(peak < 192_000_000_000, "{}: {peak}", p["name"]);
+        assert_eq!(p["hardware_bytes"], 192_000_000_000u64);
+        for term in [
+            "master_weights",
+            "gradients",
+            "optimizer_shard",
+            "activations",
+        ] {
+            assert!(p[term].as_u64().unwrap() > 0, "{term}: {p}");
+        }
+    }
+    // Phase 3 as the report ran it: 32K split over 2 ranks, 512 groups, 1024 GPUs.
+    let phase3 = &phases[2]["setup"];
+    assert_eq!(
+        (
+            &phase3["seq_len"],
+            &phase3["context_parallel"],
+            &phase3["data_parallel"]
+        ),
+        (&32768.into(), &2.into(), &512.into())
+    );
+    let text = sb.ok(&["size", &recipe, "--hardware", "mi300x"]).stdout;
+    assert!(
+        text.contains("fits MI300X") && text.contains("headroom"),
+        "{text}"
+    );
+
+    // Every activation kept and a whole 32K sequence per rank: refused when asked, named.
+    let shipped = std::fs::read_to_string(&recipe).unwrap();
+    let heavy = shipped
+        .replace(
+            "activation_checkpointing: selective",
+            "activation_checkpointing: none",
+        )
+        .replace("launch: {context_parallel: 2}", "launch: {nodes: 64}");
+    assert_ne!(heavy, shipped);
+    sb.write("heavy.yaml", &heavy);
+    let refused = sb.zflow(&["plan", "heavy.yaml", "--hardware", "mi300x"]);
+    assert!(
+        refused.code != 0
+            && refused.stderr.contains("heavy.yaml")
+            && refused.stderr.contains("phases.phase3")
+            && refused.stderr.contains("over MI300X's 192.0 GB"),
+        "{}",
+        refused.stderr
+    );
+    // Not asked, the plan goes on.
+    let planned = sb.zflow(&["plan", "heavy.yaml"]);
+    assert!(
+        !planned.stderr.contains("does not fit"),
+        "{}",
+        planned.stderr
+    );
+}

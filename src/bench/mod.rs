@@ -2,7 +2,9 @@
 //! that dispatches to them.
 
 mod checkpoint;
+mod experts;
 mod hw;
+mod memory;
 mod step;
 mod tokenize;
 mod train;
@@ -108,6 +110,37 @@ pub enum Bench {
         #[arg(long, default_value_t = 2)]
         rounds: usize,
     },
+    /// The MoE layer's expert paths (per-expert loop, grouped matmul, padded batched matmul)
+    /// on one layer of the recipe's model: each checked against the loop, then timed,
+    /// alternating; prints the fastest correct one.
+    Experts {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Tokens through the layer per step.
+        #[arg(long, default_value_t = 4096)]
+        tokens: usize,
+        /// `cpu`, or `cuda` (GPU 0, bf16 autocast as training runs there).
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Rounds, each timing every path.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Also write the whole result (every path's figures, the fastest) here as JSON.
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
+    /// `zflow size`'s memory per rank against the torch engine's measured peak, for every
+    /// phase of the recipe, on this machine's CPU.
+    Memory {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Training steps per phase (the optimizer's state is made in the first).
+        #[arg(long, default_value_t = 2)]
+        steps: usize,
+        /// One JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// The torch engine's training step under each of its memory and optimizer settings
     /// (activation checkpointing, the loss in chunks or from the full logits, batched Muon,
     /// torch's own Muon, AdamW alone): time and peak memory, alternating, in one run.
@@ -143,6 +176,18 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
             steps,
             rounds,
         } => train::run(&recipe, batch, seq_len, steps, rounds),
+        Bench::Experts {
+            recipe,
+            tokens,
+            device,
+            rounds,
+            out,
+        } => experts::run(&recipe, tokens, &device, rounds, out.as_deref()),
+        Bench::Memory {
+            recipe,
+            steps,
+            json,
+        } => memory::run(&recipe, steps, json),
         Bench::Step {
             recipe,
             batch,

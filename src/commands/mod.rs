@@ -17,7 +17,7 @@ use crate::RecipeArgs;
 
 mod ckpt;
 mod query;
-mod size;
+pub mod size;
 
 pub use ckpt::{ckpt_export, ckpt_import, ckpt_reshape};
 pub use size::size;
@@ -269,8 +269,16 @@ fn total_memory_gb() -> f64 {
         .unwrap_or(f64::MAX)
 }
 
-pub fn plan(args: &RecipeArgs, force: &[String], launch: Option<&str>) -> Result<ExitCode> {
+pub fn plan(
+    args: &RecipeArgs,
+    force: &[String],
+    launch: Option<&str>,
+    hardware: Option<&str>,
+) -> Result<ExitCode> {
     let engine = open(args)?;
+    if let Some(name) = hardware {
+        size::check_fits(&recipe_doc(&engine)?, &args.recipe, name)?;
+    }
     let force = indices(&engine, force)?;
     let states = engine.plan(&force)?;
     if let Some(stage) = launch {

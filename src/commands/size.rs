@@ -5,56 +5,180 @@ use crate::RecipeArgs;
 use anyhow::{Context, Result};
 use std::process::ExitCode;
 use std::time::Instant;
+use zflow_runtime::model::config::ModelConfig;
+use zflow_runtime::size::memory::RankSetup;
+use zflow_runtime::size::projection::Hardware;
 
-pub fn size(
-    args: &RecipeArgs,
-    dp: usize,
-    micro_batch: usize,
-    hardware: Option<&str>,
-    gpus: Option<usize>,
-) -> Result<ExitCode> {
+/// What `zflow size` is asked: overrides of the phases' own layout, hardware, output form.
+pub struct SizeArgs<'a> {
+    /// Data-parallel groups instead of each phase's.
+    pub dp: Option<usize>,
+    /// Sequences per micro-batch instead of each phase's.
+    pub micro_batch: Option<usize>,
+    /// The hardware to project onto and to check the memory against.
+    pub hardware: Option<&'a str>,
+    /// GPUs for the projection.
+    pub gpus: Option<usize>,
+    /// Print the memory per phase as JSON instead of the tables.
+    pub json: bool,
+}
+
+pub fn size(args: &RecipeArgs, ask: SizeArgs<'_>) -> Result<ExitCode> {
     let engine = open(args)?;
     let doc = super::recipe_doc(&engine)?;
     let model = doc.model_or_default();
-    // One report per phase (sequence length differs); without phases, ZAYA1's 4K context.
-    let mut phases: Vec<(String, usize)> = doc
-        .phases
-        .iter()
-        .map(|p| (p.name.clone(), p.phase.seq_len))
-        .collect();
-    if phases.is_empty() {
-        phases.push(("(no phases)".into(), 4096));
+    let phases = phase_setups(&doc, ask.dp, ask.micro_batch);
+    let hw = match ask.hardware {
+        Some(name) => Some(hardware(name)?),
+        None => None,
+    };
+    if ask.json {
+        let phases: Vec<serde_json::Value> = phases
+            .iter()
+            .map(|(name, setup)| {
+                let mut v = serde_json::to_value(model.engine_memory(setup))
+                    .expect("plain numbers serialise");
+                v["name"] = name.clone().into();
+                v["setup"] = serde_json::to_value(setup).expect("plain numbers serialise");
+                if let Some(hw) = &hw {
+                    v["hardware_bytes"] = hw.memory_bytes.into();
+                }
+                v
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "phases": phases }));
+        return Ok(ExitCode::SUCCESS);
     }
-    for (i, (phase, seq_len)) in phases.iter().enumerate() {
+    for (i, (phase, setup)) in phases.iter().enumerate() {
         if i > 0 {
             println!();
         }
         println!(
-            "== {} phase {phase}: seq_len {seq_len}, dp {dp}, micro-batch {micro_batch}",
-            engine.recipe.name
+            "== {} phase {phase}: seq_len {}, {} data-parallel x {} context-parallel ranks, micro-batch {}",
+            engine.recipe.name,
+            setup.seq_len,
+            setup.data_parallel,
+            setup.context_parallel,
+            setup.micro_batch
         );
-        print!("{}", model.report(*seq_len, micro_batch, dp));
+        print!("{}", model.report(setup));
+        if let Some(hw) = &hw {
+            println!("  {}", fit_line(&model, setup, hw));
+        }
     }
-    if let Some(name) = hardware {
-        project(&doc, &model, name, gpus)?;
+    if let Some(hw) = hw {
+        project(&doc, &model, hw, ask.gpus)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every phase's name and rank setup (ZAYA1's 4K context on one rank without phases), with
+/// `zflow size`'s overrides applied.
+fn phase_setups(
+    doc: &zflow_stages::recipe::RecipeDoc,
+    dp: Option<usize>,
+    micro_batch: Option<usize>,
+) -> Vec<(String, RankSetup)> {
+    let mut phases: Vec<(String, RankSetup)> = doc
+        .phases
+        .iter()
+        .map(|p| (p.name.clone(), p.train.rank_setup(p.phase.seq_len)))
+        .collect();
+    if phases.is_empty() {
+        let train = zflow_stages::recipe::train::parse(None)
+            .and_then(|t| t.resolve("", None))
+            .expect("the default settings parse");
+        phases.push(("(no phases)".into(), train.rank_setup(4096)));
+    }
+    for (_, setup) in &mut phases {
+        if let Some(dp) = dp {
+            setup.data_parallel = dp;
+        }
+        if let Some(mb) = micro_batch {
+            setup.micro_batch = mb;
+        }
+    }
+    phases
+}
+
+/// Whether a phase fits the hardware's memory, with the headroom.
+fn fit_line(model: &ModelConfig, setup: &RankSetup, hw: &Hardware) -> String {
+    let peak = model.engine_memory(setup).peak_bytes_per_rank;
+    let gb = |b: u64| b as f64 / 1e9;
+    if peak <= hw.memory_bytes {
+        format!(
+            "fits {}: {:.1} GB of {:.1} GB per rank, headroom {:.1} GB ({:.0}%)",
+            hw.name,
+            gb(peak),
+            gb(hw.memory_bytes),
+            gb(hw.memory_bytes - peak),
+            100.0 * (hw.memory_bytes - peak) as f64 / hw.memory_bytes as f64
+        )
+    } else {
+        format!(
+            "DOES NOT FIT {}: {:.1} GB per rank, {:.1} GB over its {:.1} GB",
+            hw.name,
+            gb(peak),
+            gb(peak - hw.memory_bytes),
+            gb(hw.memory_bytes)
+        )
+    }
+}
+
+/// Refuses the recipe (`recipe`, for the message) if a phase's predicted peak per rank
+/// exceeds the memory of hardware `name`: `zflow plan --hardware`.
+pub fn check_fits(
+    doc: &zflow_stages::recipe::RecipeDoc,
+    recipe: &std::path::Path,
+    name: &str,
+) -> Result<()> {
+    let hw = hardware(name)?;
+    let model = doc.model_or_default();
+    let mut over = Vec::new();
+    for (phase, setup) in phase_setups(doc, None, None) {
+        let m = model.engine_memory(&setup);
+        if m.peak_bytes_per_rank > hw.memory_bytes {
+            over.push(format!(
+                "  phases.{phase}: {:.1} GB per rank, over {}'s {:.1} GB by {:.1} GB (activations {:.1} GB at activation_checkpointing {}, {} tokens per rank)",
+                m.peak_bytes_per_rank as f64 / 1e9,
+                hw.name,
+                hw.memory_bytes as f64 / 1e9,
+                (m.peak_bytes_per_rank - hw.memory_bytes) as f64 / 1e9,
+                m.activations as f64 / 1e9,
+                format!("{:?}", setup.activation_checkpointing).to_lowercase(),
+                setup.tokens_per_rank(),
+            ));
+        }
+    }
+    anyhow::ensure!(
+        over.is_empty(),
+        "{}: the predicted memory does not fit {}:\n{}\n`zflow size {} --hardware {name}` shows every term; `train.activation_checkpointing`, `train.launch.context_parallel` or a smaller `train.micro_batch` lower it",
+        recipe.display(),
+        hw.name,
+        over.join("\n"),
+        recipe.display()
+    );
+    Ok(())
+}
+
+/// A named hardware profile, or this machine measured now.
+fn hardware(name: &str) -> Result<Hardware> {
+    match name {
+        "this" => measure_this_machine(),
+        _ => Hardware::named(name)
+            .with_context(|| format!("--hardware {name}: expected mi300x, h200 or this")),
+    }
 }
 
 /// The cost projection part of `zflow size --hardware`: every phase's step time, tokens/s,
 /// GPU-hours and days on the named hardware (or this machine, measured now).
 fn project(
     doc: &zflow_stages::recipe::RecipeDoc,
-    model: &zflow_runtime::model::config::ModelConfig,
-    name: &str,
+    model: &ModelConfig,
+    hw: Hardware,
     gpus: Option<usize>,
 ) -> Result<()> {
-    use zflow_runtime::size::projection::{self, Assumptions, Hardware};
-    let hw = match name {
-        "this" => measure_this_machine()?,
-        _ => Hardware::named(name)
-            .with_context(|| format!("--hardware {name}: expected mi300x, h200 or this"))?,
-    };
+    use zflow_runtime::size::projection::{self, Assumptions};
     let a = Assumptions::default();
     println!("
 == cost projection on {} ({}): bf16 {:.1} TFLOP/s x {:.0}% for GEMMs, memory {:.0} GB/s, link {:.1} GB/s bus bandwidth", hw.name, hw.source, hw.bf16_tflops, 100.0 * a.gemm_efficiency, hw.hbm_gbps, hw.link_gbps);
@@ -126,7 +250,7 @@ fn project(
 /// This machine as a [`Hardware`]: the f32 matmul peak of its cores (as the "bf16"
 /// throughput, with the efficiency applied on top), STREAM triad, and the bandwidth of one TCP
 /// stream over loopback (what two ranks on this machine would exchange gradients over).
-fn measure_this_machine() -> Result<zflow_runtime::size::projection::Hardware> {
+fn measure_this_machine() -> Result<Hardware> {
     let gflops = zflow_runtime::bench::matmul_gflops(1024, 3);
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -138,11 +262,12 @@ fn measure_this_machine() -> Result<zflow_runtime::size::projection::Hardware> {
         3,
     );
     let link = loopback_gbps(64 << 20)?;
-    Ok(zflow_runtime::size::projection::Hardware {
+    Ok(Hardware {
         name: "this machine".into(),
         bf16_tflops: gflops / 1e3,
         hbm_gbps: membw,
         link_gbps: link,
+        memory_bytes: memory_total()?,
         source: format!(
             "measured now: matmul {gflops:.1} GFLOP/s f32, STREAM triad {membw:.1} GB/s, loopback TCP {link:.2} GB/s"
         ),
@@ -176,4 +301,14 @@ fn loopback_gbps(bytes: usize) -> Result<f64> {
         .join()
         .map_err(|_| anyhow::anyhow!("the reading thread panicked"))??;
     Ok(bytes as f64 / best / 1e9)
+}
+
+/// This machine's RAM (`MemTotal` of /proc/meminfo), bytes.
+fn memory_total() -> Result<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+        .context("/proc/meminfo has no MemTotal")
 }

@@ -1,5 +1,5 @@
 //! The sizing arithmetic of a ZAYA1 model configuration ([`crate::model::config`]): parameter counts, FLOPs per
-//! token, memory per device under data parallelism with ZeRO-1, and a sizing lint. Pure
+//! token, the torch engine's memory per rank ([`memory`]), and a sizing lint. Pure
 //! arithmetic, no tensors; `zflow size` prints [`ModelConfig::report`].
 //!
 //! Every number comes from the ZAYA1 report (arXiv 2511.17127, "the report" below) and the
@@ -9,9 +9,12 @@
 //! active without the 537M tied embedding.
 //!
 
+pub mod memory;
 pub mod projection;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+use self::memory::{EngineMemory, RankSetup};
 
 use crate::model::config::ModelConfig;
 use crate::model::{Part, TensorSpec, tensors};
@@ -90,72 +93,6 @@ pub struct FlopsPerToken {
     /// `2 * forward`.
     pub backward: u64,
     /// `3 * forward`.
-    pub total: u64,
-}
-
-/// Storage precisions and recomputation assumed by [`ModelConfig::memory_with`].
-///
-/// The optimizer assumption (the report, "Optimizer"): Muon for the matrices inside the blocks,
-/// AdamW for the rest. Every parameter has an fp32 master copy; Muon keeps one momentum per
-/// matrix weight, AdamW two moments per other parameter. The convolution filters are 3-D and
-/// tiny, so they go with AdamW. With ZeRO-1 only this optimizer state (master copy included)
-/// is sharded across the data-parallel ranks; weights and gradients are whole on every rank.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MemoryOptions {
-    /// Bytes per weight as used in forward/backward. 2 (bf16; checkpoints are bf16).
-    pub weight_bytes: u64,
-    /// Bytes per gradient. 4 (fp32): gradients accumulate over micro-batches, and summing
-    /// many small bf16 updates loses precision. Use 2 for bf16 gradients.
-    pub grad_bytes: u64,
-    /// Bytes per master weight held by the optimizer. 4 (fp32).
-    pub master_bytes: u64,
-    /// Bytes per optimizer moment (Muon momentum, AdamW first and second moments). 4 (fp32).
-    pub moment_bytes: u64,
-    /// Bytes per saved activation element. 2 (bf16).
-    pub activation_bytes: u64,
-    /// Full activation checkpointing: keep only each block's inputs and recompute the block
-    /// in backward.
-    pub activation_checkpointing: bool,
-}
-
-impl Default for MemoryOptions {
-    /// bf16 weights and activations, fp32 gradients, fp32 master weights and moments, no
-    /// activation checkpointing.
-    fn default() -> Self {
-        MemoryOptions {
-            weight_bytes: 2,
-            grad_bytes: 4,
-            master_bytes: 4,
-            moment_bytes: 4,
-            activation_bytes: 2,
-            activation_checkpointing: false,
-        }
-    }
-}
-
-/// Memory one data-parallel rank needs for training, in bytes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct MemoryEstimate {
-    /// Tokens per sequence.
-    pub seq_len: usize,
-    /// Sequences per micro-batch on this rank.
-    pub micro_batch: usize,
-    /// Data-parallel ranks the optimizer state is sharded over.
-    pub dp: usize,
-    /// The precisions this estimate assumed.
-    pub options: MemoryOptions,
-    /// All weights (ZeRO-1 keeps a full copy per rank).
-    pub weights: u64,
-    /// All gradients (ZeRO-1 does not shard them).
-    pub gradients: u64,
-    /// This rank's shard of master weights and optimizer moments.
-    pub optimizer: u64,
-    /// Activations saved for backward for one micro-batch (see
-    /// [`ModelConfig::activation_elements_per_token`]).
-    pub activations: u64,
-    /// The sum of the above; excludes framework workspace, communication buffers and
-    /// fragmentation, so leave headroom.
     pub total: u64,
 }
 
@@ -289,80 +226,6 @@ impl ModelConfig {
         }
     }
 
-    /// Activation elements saved for backward per token, for the whole model: a per-block
-    /// estimate that counts each tensor autograd keeps once, assuming flash attention (no
-    /// `seq_len x seq_len` score matrix is stored) and a fused loss (only the logits are kept).
-    ///
-    /// - attention sub-layer: `5 h` (residual-scaling inputs x2, norm input, norm output, the
-    ///   time-shifted copy for `val_proj2`) + `4 c` (`[q;k]` before, between and after the
-    ///   convolutions, and after L2 norm + RoPE) + `kv_latent` (values) + `q_latent`
-    ///   (attention output, input of `o_proj`);
-    /// - MoE sub-layer: `4 h` (residual-scaling inputs x2, norm input and output) +
-    ///   `2 * router_mlp_layers * router_dim` (router state, its norm, each hidden layer before
-    ///   and after GELU) + `2 * router_outputs` (logits, probabilities) + per chosen expert
-    ///   `2 h + 3 F` (permuted input, gate+up output, SwiGLU output, expert output);
-    /// - head: `4 h` (final residual-scaling inputs, final norm input and output) + `vocab`.
-    ///
-    /// With `checkpointing`, a block keeps only its two `h`-wide inputs (hidden state and
-    /// residual), and one block's full activations exist at a time while it is recomputed.
-    pub fn activation_elements_per_token(&self, checkpointing: bool) -> u64 {
-        let h = w(self.hidden_size);
-        let c = w(self.qk_channels());
-        let attention = 5 * h + 4 * c + w(self.kv_latent()) + w(self.q_latent());
-        let router =
-            2 * w(self.router_mlp_layers) * w(self.router_dim) + 2 * w(self.router_outputs());
-        let experts = w(self.top_k.min(self.num_experts)) * (2 * h + 3 * w(self.expert_ffn));
-        let moe = 4 * h + router + experts;
-        let block = attention + moe;
-        let head = 4 * h + w(self.vocab_size);
-        let n = w(self.num_blocks);
-        if checkpointing {
-            n * 2 * h + block + head
-        } else {
-            n * block + head
-        }
-    }
-
-    /// Memory per device for data parallelism with ZeRO-1 over `dp` ranks (0 is read as 1),
-    /// `micro_batch` sequences of `seq_len` tokens, with the default [`MemoryOptions`].
-    pub fn memory(&self, seq_len: usize, micro_batch: usize, dp: usize) -> MemoryEstimate {
-        self.memory_with(seq_len, micro_batch, dp, &MemoryOptions::default())
-    }
-
-    /// [`ModelConfig::memory`] with explicit precisions.
-    pub fn memory_with(
-        &self,
-        seq_len: usize,
-        micro_batch: usize,
-        dp: usize,
-        options: &MemoryOptions,
-    ) -> MemoryEstimate {
-        let p = self.params();
-        let all = p.total_with_embeddings;
-        let weights = all * options.weight_bytes;
-        let gradients = all * options.grad_bytes;
-        // Master copy of everything, one Muon momentum per matrix weight, two AdamW moments
-        // per other parameter; ZeRO-1 splits it evenly, the last shard rounded up.
-        let optimizer_all =
-            all * options.master_bytes + (p.muon + 2 * p.adamw) * options.moment_bytes;
-        let optimizer = optimizer_all.div_ceil(w(dp.max(1)));
-        let activations = self.activation_elements_per_token(options.activation_checkpointing)
-            * w(seq_len)
-            * w(micro_batch)
-            * options.activation_bytes;
-        MemoryEstimate {
-            seq_len,
-            micro_batch,
-            dp: dp.max(1),
-            options: options.clone(),
-            weights,
-            gradients,
-            optimizer,
-            activations,
-            total: weights + gradients + optimizer + activations,
-        }
-    }
-
     /// Sizing warnings; empty for ZAYA1-base.
     ///
     /// The report's systems section (the report, "The systems side") asks for hidden, head, FFN
@@ -451,11 +314,11 @@ impl ModelConfig {
         &self,
         params: &ParamCounts,
         flops: &FlopsPerToken,
-        memory: &MemoryEstimate,
+        setup: &RankSetup,
+        memory: &EngineMemory,
         lints: &[Lint],
     ) -> String {
         let mut out = String::new();
-        let o = &memory.options;
 
         title(&mut out, "parameters");
         row(&mut out, "", "w/o embedding", "with embedding");
@@ -507,36 +370,7 @@ impl ModelConfig {
         row(&mut out, "backward (2x forward)", &flop(flops.backward), "");
         row(&mut out, "total (3x forward)", &flop(flops.total), "");
 
-        title(
-            &mut out,
-            &format!(
-                "\nmemory per device: seq_len {}, micro_batch {}, ZeRO-1 over {} ranks{}",
-                memory.seq_len,
-                memory.micro_batch,
-                memory.dp,
-                if o.activation_checkpointing {
-                    ", activation checkpointing"
-                } else {
-                    ""
-                }
-            ),
-        );
-        row(
-            &mut out,
-            &format!("weights ({})", dtype(o.weight_bytes)),
-            &gib(memory.weights),
-            "",
-        );
-        row(
-            &mut out,
-            &format!("gradients ({})", dtype(o.grad_bytes)),
-            &gib(memory.gradients),
-            "",
-        );
-        row(&mut out, "optimizer shard", &gib(memory.optimizer), "");
-        let act = format!("activations ({})", dtype(o.activation_bytes));
-        row(&mut out, &act, &gib(memory.activations), "");
-        row(&mut out, "total", &gib(memory.total), "");
+        render_memory(&mut out, setup, memory);
 
         if lints.is_empty() {
             title(&mut out, "\nsizing lint: clean");
@@ -555,15 +389,56 @@ impl ModelConfig {
         out
     }
 
-    /// Computes everything and renders it: what `zflow size` prints.
-    pub fn report(&self, seq_len: usize, micro_batch: usize, dp: usize) -> String {
+    /// Computes everything for one phase's `setup` and renders it: what `zflow size` prints.
+    pub fn report(&self, setup: &RankSetup) -> String {
         self.render(
             &self.params(),
-            &self.flops(seq_len),
-            &self.memory(seq_len, micro_batch, dp),
+            &self.flops(setup.seq_len),
+            setup,
+            &self.engine_memory(setup),
             &self.lint(),
         )
     }
+}
+
+/// The memory table: each term of [`EngineMemory`] for one rank of `setup`.
+fn render_memory(out: &mut String, setup: &RankSetup, m: &EngineMemory) {
+    let checkpointing = format!("{:?}", setup.activation_checkpointing).to_lowercase();
+    title(
+        out,
+        &format!(
+            "\nmemory per rank ({:?}): {} tokens per micro-batch (micro_batch {} x seq_len {} / context_parallel {}), {} ranks, activation checkpointing {checkpointing}, loss chunks of {} tokens",
+            setup.device,
+            setup.tokens_per_rank(),
+            setup.micro_batch,
+            setup.seq_len,
+            setup.context_parallel,
+            setup.world(),
+            setup.loss_chunk_tokens,
+        )
+        .to_lowercase(),
+    );
+    for (label, bytes) in [
+        ("master weights (fp32)", m.master_weights),
+        ("bf16 weight copies", m.bf16_weights),
+        ("gradients (fp32)", m.gradients),
+        ("optimizer shard (ZeRO-1)", m.optimizer_shard),
+        ("optimizer step temporaries", m.optimizer_step),
+        ("activations", m.activations),
+        ("recomputed block", m.recomputed_block),
+        ("logits and loss (a chunk)", m.logits_and_loss),
+        ("communication buffers", m.communication),
+    ] {
+        row(out, label, &gib(bytes), "");
+    }
+    row(
+        out,
+        "forward/backward peak",
+        &gib(m.forward_backward_peak),
+        "",
+    );
+    row(out, "optimizer step peak", &gib(m.step_peak), "");
+    row(out, "peak per rank", &gib(m.peak_bytes_per_rank), "");
 }
 
 /// Appends a line as is (section titles, lint messages).
@@ -606,16 +481,6 @@ fn gib(bytes: u64) -> String {
         format!("{:.2} GiB", bytes as f64 / GIB)
     } else {
         format!("{bytes} B")
-    }
-}
-
-/// A storage width as a dtype name.
-fn dtype(bytes: u64) -> String {
-    match bytes {
-        1 => "fp8".into(),
-        2 => "bf16".into(),
-        4 => "fp32".into(),
-        n => format!("{n}B"),
     }
 }
 

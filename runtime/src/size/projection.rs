@@ -28,12 +28,15 @@ pub struct Hardware {
     pub hbm_gbps: f64,
     /// Bus bandwidth per GPU for collectives across nodes, GB/s.
     pub link_gbps: f64,
+    /// Memory one rank may use, bytes (the GPU's HBM; a CPU's RAM).
+    pub memory_bytes: u64,
     /// Where the numbers come from.
     pub source: String,
 }
 
 impl Hardware {
-    /// AMD Instinct MI300X: 1307.4 TFLOP/s dense bf16, 5.3 TB/s HBM3 (AMD datasheet); one
+    /// AMD Instinct MI300X: 1307.4 TFLOP/s dense bf16, 5.3 TB/s and 192 GB of HBM3 (AMD
+    /// datasheet); one
     /// 400 Gb/s Pollara NIC per GPU, as in ZAYA1's cluster (report: 8 NICs per node) = 50 GB/s.
     pub fn mi300x() -> Hardware {
         Hardware {
@@ -41,11 +44,13 @@ impl Hardware {
             bf16_tflops: 1307.4,
             hbm_gbps: 5300.0,
             link_gbps: 50.0,
-            source: "AMD MI300X datasheet; 400 Gb/s NIC per GPU".into(),
+            memory_bytes: 192_000_000_000,
+            source: "AMD MI300X datasheet (192 GB HBM3); 400 Gb/s NIC per GPU".into(),
         }
     }
 
-    /// NVIDIA H200 SXM: 989.4 TFLOP/s dense bf16, 4.8 TB/s HBM3e (NVIDIA datasheet); one
+    /// NVIDIA H200 SXM: 989.4 TFLOP/s dense bf16, 4.8 TB/s and 141 GB of HBM3e (NVIDIA
+    /// datasheet); one
     /// 400 Gb/s NDR InfiniBand NIC per GPU = 50 GB/s.
     pub fn h200() -> Hardware {
         Hardware {
@@ -53,7 +58,8 @@ impl Hardware {
             bf16_tflops: 989.4,
             hbm_gbps: 4800.0,
             link_gbps: 50.0,
-            source: "NVIDIA H200 SXM datasheet; 400 Gb/s NIC per GPU".into(),
+            memory_bytes: 141_000_000_000,
+            source: "NVIDIA H200 SXM datasheet (141 GB HBM3e); 400 Gb/s NIC per GPU".into(),
         }
     }
 
@@ -169,6 +175,7 @@ mod tests {
             bf16_tflops: 100.0,
             hbm_gbps: 1000.0,
             link_gbps: 10.0,
+            memory_bytes: 80_000_000_000,
             source: "test".into(),
         };
         let a = Assumptions::default();

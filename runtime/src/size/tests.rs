@@ -1,4 +1,6 @@
+use super::memory::{Device, RankSetup, block_elements};
 use super::*;
+use crate::contract::settings::ActivationCheckpointing;
 
 /// A config small enough to count by hand: h 4, 1 block, vocab 8, 2 query heads and 1 KV
 /// head of 2 channels (q latent 4, k latent 2, [q;k] 6 channels, value halves of 1),
@@ -163,41 +165,75 @@ fn zaya1_base_flops() {
     assert_eq!(cfg.flops(8192).attention, 2 * f.attention);
 }
 
-#[test]
-fn tiny_memory_by_hand() {
-    let m = tiny().memory(8, 1, 2);
-    assert_eq!(m.weights, 307 * 2);
-    assert_eq!(m.gradients, 307 * 4);
-    // fp32 master 307 x 4, Muon momentum 166 x 4, AdamW moments 141 x 8, over 2 ranks.
-    assert_eq!(m.optimizer, (307 * 4 + 166 * 4 + 141 * 8) / 2);
-    // Per token: attention 5x4 + 4x6 + 2 + 4 = 50; MoE 4x4 + 2x3x2 + 2x3 + (2x4 + 3x4) = 54;
-    // head 4x4 + 8 = 24. 128 elements x 8 tokens x 2 bytes.
-    assert_eq!(tiny().activation_elements_per_token(false), 50 + 54 + 24);
-    assert_eq!(m.activations, 128 * 8 * 2);
-    assert_eq!(m.total, 614 + 1228 + 1510 + 2048);
-
-    // Checkpointing keeps 2h per block plus one block being recomputed; bf16 grads halve
-    // the gradient buffer; 2 sequences double the activations.
-    let opts = MemoryOptions {
-        grad_bytes: 2,
-        activation_checkpointing: true,
-        ..Default::default()
-    };
-    let c = tiny().memory_with(8, 2, 2, &opts);
-    assert_eq!(c.gradients, 307 * 2);
-    assert_eq!(c.activations, (8 + 104 + 24) * 8 * 2 * 2);
-
-    // dp 0 is read as 1; an odd shard rounds up.
-    assert_eq!(tiny().memory(8, 1, 0).optimizer, 3020);
-    assert_eq!(tiny().memory(8, 1, 7).optimizer, 3020u64.div_ceil(7));
+fn setup(world: usize, mode: ActivationCheckpointing, device: Device) -> RankSetup {
+    RankSetup {
+        seq_len: 8,
+        micro_batch: 1,
+        global_batch: world,
+        data_parallel: world,
+        context_parallel: 1,
+        activation_checkpointing: mode,
+        loss_chunk_tokens: 4,
+        device,
+    }
 }
 
 #[test]
-fn zaya1_base_fits_an_mi300x() {
-    // The report: "192 GB HBM per GPU holds the whole model" with plain DP + ZeRO-1.
-    let m = ModelConfig::zaya1_base().memory(4096, 1, 1024);
-    assert!(m.total < 192_000_000_000, "{m:?}");
-    assert_eq!(m.weights, 8_840_488_784 * 2);
+fn tiny_engine_memory_by_hand() {
+    let none = ActivationCheckpointing::None;
+    let m = tiny().engine_memory(&setup(1, none, Device::Cpu));
+    // 307 parameters: 166 in matrices (Muon: one momentum), 141 others (AdamW: two moments).
+    assert_eq!((m.master_weights, m.gradients), (307 * 4, 307 * 4));
+    assert_eq!(m.bf16_weights, 0);
+    assert_eq!(m.optimizer_shard, 166 * 4 + 141 * 8);
+    // Per token, one block: 12x4 + 4x4 + 6x4 + 6x2 + 7x2 + 3 + 4x3 = 129; head 4x4 + 2 x 1 rope dim = 18.
+    let e = block_elements(&tiny(), none);
+    assert_eq!((e.whole, e.kept, e.head), (129, 129, 18));
+    assert_eq!(m.activations, (129 + 18) * 8 * 4);
+    assert_eq!(m.recomputed_block, 0);
+    // One chunk of 4 positions over 8 tokens of vocabulary: logits, log-softmax, gradient.
+    assert_eq!(m.logits_and_loss, 4 * 8 * 3 * 4);
+    assert_eq!(
+        m.peak_bytes_per_rank,
+        m.forward_backward_peak.max(m.step_peak)
+    );
+
+    // Full checkpointing keeps h + r per block and runs one block again, with three h-wide
+    // gradients.
+    let full = tiny().engine_memory(&setup(1, ActivationCheckpointing::Full, Device::Cpu));
+    assert_eq!(full.activations, (6 + 18) * 8 * 4);
+    assert_eq!(full.recomputed_block, (129 + 3 * 4) * 8 * 4);
+    // Two ranks split the optimizer state.
+    let two = tiny().engine_memory(&setup(2, none, Device::Cpu));
+    assert!(two.optimizer_shard < m.optimizer_shard, "{two:?}");
+    // A GPU adds autocast's bf16 copies of the matrices and the tied embedding (8 x 4).
+    let gpu = tiny().engine_memory(&setup(1, none, Device::Gpu));
+    assert_eq!(gpu.bf16_weights, (166 + 32) * 2);
+}
+
+#[test]
+fn zaya1_at_32k_needs_context_parallelism_and_checkpointing_on_an_mi300x() {
+    let zaya1 = ModelConfig::zaya1_base();
+    let phase = |micro_batch, seq_len, dp, cp, mode| RankSetup {
+        seq_len,
+        micro_batch,
+        global_batch: 4096,
+        data_parallel: dp,
+        context_parallel: cp,
+        activation_checkpointing: mode,
+        loss_chunk_tokens: 4096,
+        device: Device::Gpu,
+    };
+    let mi300x = 192_000_000_000;
+    // A whole 32K sequence per rank, every activation kept: far over.
+    let none = zaya1.engine_memory(&phase(1, 32768, 512, 1, ActivationCheckpointing::None));
+    assert!(none.peak_bytes_per_rank > mi300x, "{none:?}");
+    let full = zaya1.engine_memory(&phase(4, 4096, 1024, 1, ActivationCheckpointing::Full));
+    assert!(full.peak_bytes_per_rank < mi300x, "{full:?}");
+    assert_eq!(full.master_weights, 8_840_488_784 * 4);
+    // 32K over two ranks holds the tokens of 16K on each.
+    let long = zaya1.engine_memory(&phase(1, 32768, 512, 2, ActivationCheckpointing::Selective));
+    assert!(long.peak_bytes_per_rank < mi300x, "{long:?}");
 }
 
 #[test]
@@ -229,7 +265,8 @@ fn zaya1_base_lints_clean_and_bad_dims_warn_by_name() {
 
 #[test]
 fn report_shows_the_headline_numbers() {
-    let text = ModelConfig::zaya1_base().report(4096, 1, 1024);
+    let text =
+        ModelConfig::zaya1_base().report(&setup(1024, ActivationCheckpointing::Full, Device::Gpu));
     for want in [
         "8.303 B",
         "8.840 B",
@@ -248,6 +285,6 @@ fn report_shows_the_headline_numbers() {
         hidden_size: 2000,
         ..ModelConfig::default()
     }
-    .report(4096, 1, 8);
+    .report(&setup(8, ActivationCheckpointing::None, Device::Cpu));
     assert!(warned.contains("hidden_size = 2000"), "{warned}");
 }

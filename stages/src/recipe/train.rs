@@ -9,6 +9,7 @@ use zflow_files::json::merge;
 use zflow_pipeline::ConfigError;
 use zflow_pipeline::stage::parse_config;
 use zflow_runtime::contract::settings::{ActivationCheckpointing, TrainSettings};
+use zflow_runtime::size::memory::{Device, RankSetup};
 
 use crate::train::LaunchSettings;
 
@@ -26,6 +27,23 @@ pub struct PhaseTrain {
     /// What each layer keeps for the backward pass (not part of the identity either: every
     /// mode computes the same).
     pub activation_checkpointing: ActivationCheckpointing,
+}
+
+impl PhaseTrain {
+    /// What one rank of this phase holds in memory depends on (`zflow size`, `zflow plan
+    /// --hardware`), for sequences of `seq_len` tokens.
+    pub fn rank_setup(&self, seq_len: usize) -> RankSetup {
+        RankSetup {
+            seq_len,
+            micro_batch: self.settings.micro_batch,
+            global_batch: self.settings.global_batch,
+            data_parallel: self.launch.data_parallel_groups(),
+            context_parallel: self.launch.context_parallel(),
+            activation_checkpointing: self.activation_checkpointing,
+            loss_chunk_tokens: self.settings.loss_chunk_tokens,
+            device: Device::of_backend(&self.settings.backend),
+        }
+    }
 }
 
 /// The `train:` section; its settings must parse on their own, so a typo is named at
