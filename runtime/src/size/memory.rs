@@ -24,7 +24,8 @@
 //! - **activations**: what autograd keeps for one micro-batch of `micro_batch x seq_len /
 //!   context_parallel` tokens, per block and per checkpointing mode ([`block_elements`]);
 //! - **recomputed block**: under checkpointing, the one block the backward pass runs again
-//!   (what it did not keep, and its gradients' temporaries: three `h`-wide tensors per token);
+//!   (what it did not keep, its gradients' temporaries: three `h`-wide tensors per token, and
+//!   its parameters' gradients);
 //! - **logits and loss**: one chunk of `loss_chunk_tokens` positions' f32 logits, their
 //!   log-softmax and its gradient (`loss.py`; plus the bf16 logits on a GPU);
 //! - **communication**: ZeRO-1's all-gather, which broadcasts each owner's updated tensors as one
@@ -307,17 +308,26 @@ impl ModelConfig {
         } else {
             (0, 0)
         };
+        // A block's parameters: their gradients are made while that block runs again.
+        let block_grads = F32
+            * all
+                .iter()
+                .filter(|t| t.block == Some(self.num_blocks.saturating_sub(1)))
+                .map(|t| t.numel())
+                .sum::<u64>();
         let (kept_kv, recomputed) = match setup.activation_checkpointing {
             ActivationCheckpointing::None => (blocks * gathered_kv + mask, 0),
             // The block runs again whole, plus its backward pass's temporaries (gradients of
-            // its input, output and residual: three `h`-wide tensors per token).
-            ActivationCheckpointing::Full => {
-                (0, F32 * tokens * (e.whole + 3 * h) + gathered_kv + mask)
-            }
+            // its input, output and residual: three `h`-wide tensors per token) and its
+            // parameters' gradients (measured: the peak is in the last block's backward pass).
+            ActivationCheckpointing::Full => (
+                0,
+                F32 * tokens * (e.whole + 3 * h) + gathered_kv + mask + block_grads,
+            ),
             // Only what was not kept runs again.
             ActivationCheckpointing::Selective => (
                 blocks * gathered_kv + mask,
-                F32 * tokens * (e.whole - e.kept + 3 * h),
+                F32 * tokens * (e.whole - e.kept + 3 * h) + block_grads,
             ),
         };
         let kept = F32 * tokens * blocks * e.kept + kept_kv;
