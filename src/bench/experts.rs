@@ -6,7 +6,7 @@
 //! prints a row per path and the fastest correct one, and with `--out` writes the whole result
 //! as JSON, the record of which path this machine should run.
 
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
@@ -29,19 +29,7 @@ pub fn run(
         "dtype": if device == "cpu" { "float32" } else { "bfloat16" },
         "rounds": rounds, "threads": threads,
     });
-    let dir = tempfile::tempdir()?;
-    let cfg = dir.path().join("experts.json");
-    std::fs::write(&cfg, serde_json::to_vec(&config)?)?;
-    let command = zflow_stages::engine::torch_module(
-        "zflow_torch.experts_bench",
-        vec![cfg.into_os_string()],
-    )?;
-    let output = Command::new(&command.program)
-        .args(&command.args)
-        .envs(command.env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .with_context(|| format!("running {}", command.program.display()))?;
-    let result = super::train::last_json_line(&output, "python -m zflow_torch.experts_bench")?;
+    let result = super::train::torch_module_json("zflow_torch.experts_bench", None, &config)?;
     println!(
         "{:<12} {:>6} {:>9} {:>12} {:>12} {:>12}",
         "path", "ok", "bitwise", "max rel err", "s/step", "tokens/s"

@@ -138,28 +138,41 @@ pub(crate) fn torch_engine_bench(
     what: &str,
     mut config: serde_json::Value,
 ) -> Result<serde_json::Value> {
-    let dir = tempfile::tempdir()?;
-    let cfg = dir.path().join("bench.json");
     if config.get("train").is_none() {
         config["train"] =
             serde_json::to_value(zflow_runtime::contract::settings::TrainSettings::default())?;
     }
-    std::fs::write(&cfg, serde_json::to_vec(&config)?)?;
-    let command = zflow_stages::engine::torch_module(
-        "zflow_torch.bench",
-        vec![what.into(), cfg.clone().into_os_string()],
-    )?;
+    torch_module_json("zflow_torch.bench", Some(what), &config)
+}
+
+/// Runs `python -m MODULE [WHAT] CONFIG_FILE` in the torch engine's Python with `config`
+/// written to a temporary file; returns the JSON of its last stdout line.
+pub(crate) fn torch_module_json(
+    module: &str,
+    what: Option<&str>,
+    config: &serde_json::Value,
+) -> Result<serde_json::Value> {
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("config.json");
+    std::fs::write(&cfg, serde_json::to_vec(config)?)?;
+    let mut args: Vec<std::ffi::OsString> = what.map(Into::into).into_iter().collect();
+    args.push(cfg.into_os_string());
+    let command = zflow_stages::engine::torch_module(module, args)?;
     let out = Command::new(&command.program)
         .args(&command.args)
         .envs(command.env.iter().map(|(k, v)| (k, v)))
         .output()
         .with_context(|| format!("running {}", command.program.display()))?;
-    last_json_line(&out, &format!("python -m zflow_torch.bench {what}"))
+    let label = match what {
+        Some(w) => format!("python -m {module} {w}"),
+        None => format!("python -m {module}"),
+    };
+    last_json_line(&out, &label)
 }
 
 /// The last stdout line of a finished benchmark process, parsed; its stderr's last line as
 /// the error if it failed.
-pub(crate) fn last_json_line(out: &std::process::Output, what: &str) -> Result<serde_json::Value> {
+fn last_json_line(out: &std::process::Output, what: &str) -> Result<serde_json::Value> {
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         anyhow::bail!("{what} failed: {}", err.lines().last().unwrap_or(""));

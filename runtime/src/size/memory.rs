@@ -271,11 +271,13 @@ impl ModelConfig {
             (state, muon.max(adamw), F32 * owned)
         };
         // The most loaded rank: the largest state plus step temporaries.
-        let (optimizer_shard, optimizer_step, _) = (0..world)
-            .map(rank_bytes)
+        let ranks: Vec<(u64, u64, u64)> = (0..world).map(rank_bytes).collect();
+        let (optimizer_shard, optimizer_step, _) = ranks
+            .iter()
+            .copied()
             .max_by_key(|(state, step, _)| state + step)
             .unwrap_or((0, 0, 0));
-        let gather_buffer = (0..world).map(|r| rank_bytes(r).2).max().unwrap_or(0);
+        let gather_buffer = ranks.iter().map(|r| r.2).max().unwrap_or(0);
 
         let master_weights = F32 * params;
         let bf16_weights = if gpu {
