@@ -13,6 +13,7 @@ pub mod engine;
 pub mod eval;
 pub mod export;
 pub mod fetch;
+pub mod filters;
 pub mod ingest;
 pub mod ingest_stats;
 mod jsonl;
