@@ -378,3 +378,103 @@ fn the_gemma3_tokenizer_loads_from_npm_and_tokenizes_with_i32_ids() {
     let heldout = python_read(&stage_dir(&store, "tokenize.notes").join("heldout"));
     assert_eq!(heldout["sequence_lengths"].as_array().unwrap().len(), 4);
 }
+
+/// The texts of an ingest stage's `documents.parquet`, in order.
+fn documents(sb: &Sandbox, stage: &str) -> Vec<String> {
+    use arrow::array::{Array, StringArray};
+    let file = std::fs::File::open(sb.output(stage).join("documents.parquet")).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let col = batch.column_by_name("text").unwrap();
+        let texts = col.as_any().downcast_ref::<StringArray>().unwrap();
+        out.extend((0..texts.len()).map(|i| texts.value(i).to_string()));
+    }
+    out
+}
+
+#[test]
+fn a_zstd_jsonl_source_read_in_place_through_the_quality_filters() {
+    let sb = Sandbox::new();
+    // Real prose: passes every filter (its e-mail address and public IP are redacted).
+    let good = "The river rises in the hills to the north of the town and flows south through \
+        a wide valley of farms and small villages. In the spring the water is high and fast, and \
+        the old stone bridge at the market square has stood through many floods. Farmers have \
+        grown wheat and barley along its banks for centuries, and the mills that once ground \
+        their grain are now museums that are open to visitors in the summer. The town council \
+        keeps a record of every flood since the year the bridge was built. You can write to the \
+        archive at archive.office@rivertown.org or reach its server at 93.184.216.34 for copies.";
+    let german = "Der Fluss entspringt in den Hügeln nördlich der Stadt und fließt durch ein \
+        weites Tal mit Bauernhöfen und kleinen Dörfern nach Süden. Im Frühjahr ist das Wasser \
+        hoch und schnell, und die alte Steinbrücke am Marktplatz hat schon viele Hochwasser \
+        überstanden. Die Bauern bauen seit Jahrhunderten Weizen und Gerste an seinen Ufern an.";
+    // The same English paragraph over and over: duplicate paragraphs, for Gopher's rules.
+    let repeated = format!("{}\n\n", &good[..good.find(" In the spring").unwrap()]).repeat(10);
+    let code = "fn main() { let x = vec![1, 2, 3]; for i in x { println!(\"{}\", i); } }";
+    let lines: Vec<String> = [good, german, repeated.as_str(), code]
+        .iter()
+        .map(|t| serde_json::json!({"text": t, "url": "https://example.com"}).to_string())
+        .collect();
+    std::fs::create_dir_all(sb.path().join("web")).unwrap();
+    std::fs::write(
+        sb.path().join("web/part-0.jsonl.zst"),
+        zstd::encode_all((lines.join("\n") + "\n").as_bytes(), 3).unwrap(),
+    )
+    .unwrap();
+    sb.write(
+        "r.yaml",
+        r#"
+name: filters
+sources:
+  web:
+    url: "web/*.jsonl.zst"
+    filters:
+      language: {languages: [en]}
+      gopher_repetition: {}
+      gopher_quality: {}
+      c4: {}
+      fineweb: {}
+      pii: {}
+"#,
+    );
+    sb.ok(&["run", "r.yaml"]);
+    let docs = documents(&sb, "ingest.web");
+    assert_eq!(docs.len(), 1, "{docs:?}");
+    assert!(docs[0].starts_with("The river rises"), "{}", docs[0]);
+    assert!(docs[0].contains("email@example.com"), "{}", docs[0]);
+    assert!(!docs[0].contains("93.184.216.34"), "{}", docs[0]);
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(sb.output("ingest.web").join("stats.json")).unwrap())
+            .unwrap();
+    let dropped = |rule: &str| {
+        stats["dropped"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r[0] == rule)
+            .map(|r| r[1].as_u64().unwrap())
+    };
+    assert_eq!(dropped("language"), Some(2), "German and code: {stats}");
+    assert_eq!(dropped("gopher_repetition"), Some(1), "{stats}");
+    let pii = stats["edited"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r[0] == "pii")
+        .unwrap();
+    assert_eq!(
+        (pii[1].as_u64(), pii[3].as_u64()),
+        (Some(1), Some(2)),
+        "{stats}"
+    );
+    // Read where it is: the fetch holds a pointer, not the file.
+    let pointer = std::fs::read_to_string(sb.output("fetch.web").join("part-0.jsonl.zst")).unwrap();
+    assert!(
+        pointer.contains("\"path\":\"web/part-0.jsonl.zst\""),
+        "{pointer}"
+    );
+}

@@ -295,3 +295,87 @@ fn a_fifo_or_a_device_as_a_fetch_path_is_an_error_not_a_hang() {
         );
     }
 }
+
+/// The bytes this process and its reaped children have read through `read(2)` and the like
+/// (`rchar` of /proc/self/io).
+fn bytes_read() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_plan_reads_no_byte_of_a_local_corpus_and_its_fetch_copies_none() {
+    let sb = Sandbox::new();
+    // 64 MiB in 16 files, sparse: free to make, and read(2) of them counts as much as any data.
+    std::fs::create_dir_all(sb.path().join("corpus")).unwrap();
+    for i in 0..16 {
+        std::fs::File::create(sb.path().join(format!("corpus/part-{i:02}.txt")))
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+    }
+    sb.write(
+        "r.yaml",
+        "name: in-place\nsources:\n  corpus:\n    url: \"corpus/*.txt\"\n    format: text\n",
+    );
+    // `zflow plan` runs in a shell whose own reads are a few hundred bytes; the kernel adds a
+    // reaped child's counts to its parent's, so the shell's rchar after the plan is the plan's.
+    let script = format!(
+        "'{}' plan r.yaml >/dev/null && cat /proc/$$/io",
+        env!("CARGO_BIN_EXE_zflow")
+    );
+    let plan_reads = || -> u64 {
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .current_dir(sb.path())
+            .env_remove("ZFLOW_STORE")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("rchar: "))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let corpus = 64u64 << 20;
+    let before = plan_reads();
+    assert!(
+        before < corpus / 16,
+        "a plan read {before} bytes of a {corpus}-byte corpus"
+    );
+
+    // The fetch hashes each file once and copies none; a plan after it still reads none.
+    let start = bytes_read();
+    sb.ok(&["run", "r.yaml", "--until", "fetch.corpus"]);
+    let fetch_reads = bytes_read() - start;
+    assert!(
+        (corpus..corpus + corpus / 4).contains(&fetch_reads),
+        "the fetch read {fetch_reads} bytes of a {corpus}-byte corpus: each file once"
+    );
+    let out = sb.output("fetch.corpus");
+    let stored: u64 = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(stored < 16 << 10, "the fetch stored {stored} bytes");
+    let pointer: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("part-03.txt")).unwrap()).unwrap();
+    assert_eq!(pointer["path"], "corpus/part-03.txt");
+    assert_eq!(pointer["size"], 4 << 20);
+    let after = plan_reads();
+    assert!(
+        after < corpus / 16,
+        "a plan read {after} bytes of a {corpus}-byte corpus"
+    );
+}

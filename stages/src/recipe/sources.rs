@@ -28,14 +28,14 @@ use crate::shard::Shard;
 use crate::tokenize::SkipList;
 
 /// Keys of a source entry that belong to its fetch stage; the rest configure `ingest`.
-const FETCH_KEYS: &[&str] = &["url", "sha256"];
+const FETCH_KEYS: &[&str] = &["url", "sha256", "in_place"];
 
 /// One `sources:` entry, split by the stage each setting configures.
 #[derive(Clone, Debug)]
 pub struct Source {
     /// The source's name (its key).
     pub name: String,
-    /// `url` and `sha256`: the `fetch.<name>` stage's settings.
+    /// `url`, `sha256` and `in_place`: the `fetch.<name>` stage's settings.
     pub fetch: Map<String, Value>,
     /// Already tokenized (`format: megatron`): no ingest, and `tokenize.<name>` validates.
     pub megatron: bool,
@@ -98,6 +98,12 @@ pub fn parse(
             } else {
                 settings.insert(k.clone(), v.clone());
             }
+        }
+        // A local source zflow ingests is read where it is, not copied into the store
+        // (`in_place: false` copies it, e.g. off a filesystem that may change under a run).
+        let url = fetch.get("url").and_then(Value::as_str).unwrap_or("");
+        if !megatron && crate::fetch::is_local(url) {
+            fetch.entry("in_place").or_insert(json!(true));
         }
         let tokenize = if megatron {
             settings.remove("format");
