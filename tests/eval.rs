@@ -40,6 +40,18 @@ fn write_task(sb: &Sandbox) {
     sb.write("data/toy/test.jsonl", &rows);
 }
 
+/// The line of `md` that starts with `start`.
+fn row_of(md: &str, start: &str) -> String {
+    md.lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no row {start}:\n{md}"))
+        .to_string()
+}
+
+fn json_file(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
 fn eval_args(sb: &Sandbox, cache: &str, out: &str) -> Vec<String> {
     let store = sb.path().join("zflow-store");
     let model = stage_dir(&store, "train.p1").join("final");
@@ -211,6 +223,7 @@ fn zflow_report_scores_every_phase_next_to_the_baselines() {
     let recipe = tiny_train_recipe_on("torch", 1, 3)
         + "  p2:\n    tokens: 8000\n    seq_len: 64\n    mixture: {prose: 1.0}\n"
         + "evals:\n  tasks: [next_line]\n  tasks_dir: tasks\n  limit: 120\n  data: {toy: {url: data/toy}}\n"
+        + "  decontaminate: {action: remove}\n"
         + "  report:\n    tasks: [next_line, piqa]\n    baselines: [Gemma-3-270M-PT]\n";
     sb.write("r.yaml", &recipe);
     let first = sb.ok(&["report", "r.yaml"]);
@@ -229,6 +242,25 @@ fn zflow_report_scores_every_phase_next_to_the_baselines() {
     ] {
         assert!(md.contains(want), "report lacks {want:?}:\n{md}");
     }
+    // The task's test documents are lines of ARCHITECTURE.md, which the `prose` source reads:
+    // its paragraphs quoting them were removed before training, and the report says how many.
+    let decontamination = row_of(md, "| next_line |");
+    let cells: Vec<u64> = decontamination
+        .split('|')
+        .filter_map(|c| c.trim().parse().ok())
+        .collect();
+    assert!(
+        cells.len() == 2 && cells[0] > 0 && cells[0] == cells[1],
+        "{decontamination}"
+    );
+    assert!(md.contains("## Data") && md.contains("| prose |"), "{md}");
+    let prose = json_file(&sb.output("ingest.prose").join("stats.json"));
+    assert_eq!(
+        prose["contamination"][0][1].as_u64(),
+        Some(cells[0]),
+        "{prose}"
+    );
+
     // Our rows have a value ± stderr on next_line and none on piqa; the baseline the reverse.
     let row = |name: &str| {
         md.lines()

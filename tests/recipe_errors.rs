@@ -69,7 +69,7 @@ fn unknown_kind_lists_the_kinds() {
     check(
         "stages:\n  - name: a\n    kind: shel\n    run: x\n",
         "r.yaml:3:11",
-        "unknown stage kind `shel`, expected one of: dedup, eval, export, fetch, ingest, megatron, mix, preflight, report, shell, tokenize, tokenizer, train",
+        "unknown stage kind `shel`, expected one of: contamination, dedup, eval, export, fetch, ingest, megatron, mix, preflight, report, shell, tokenize, tokenizer, train",
     );
 }
 

@@ -1,7 +1,7 @@
 //! What an `ingest` stage reports: documents and bytes read, kept and dropped per rule, in
 //! `stats.json` ([`IngestStats`]; a sharded source's `dedup` stage reads each shard's) and in
 //! `stats.parquet` (`source`, `rule`, `documents`, `bytes`: `read`, `kept`, `dropped:<rule>`,
-//! `edited:<filter>`).
+//! `edited:<filter>`, `overlaps:<eval task>`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -29,6 +29,10 @@ pub struct IngestStats {
     /// the PII filter's redacted addresses.
     #[serde(default)]
     pub edited: Vec<(String, u64, u64, u64)>,
+    /// (eval task, documents sharing an n-gram with its test documents, of those removed),
+    /// with `decontaminate` ([`crate::decontaminate`]).
+    #[serde(default)]
+    pub contamination: Vec<(String, u64, u64)>,
 }
 
 /// Writes `stats.parquet` and `stats.json` of `source` into `out`.
@@ -48,6 +52,12 @@ pub fn write(out: &Path, source: &str, stats: &IngestStats) -> Result<()> {
             .dropped
             .iter()
             .map(|(r, d, b)| (format!("dropped:{r}"), *d, *b)),
+    );
+    rows.extend(
+        stats
+            .contamination
+            .iter()
+            .map(|(t, overlapping, _)| (format!("overlaps:{t}"), *overlapping, 0)),
     );
     rows.extend(
         stats

@@ -6,6 +6,7 @@
 
 #![warn(missing_docs)]
 
+pub mod decontaminate;
 pub mod dedup;
 pub mod docs;
 pub mod encoder;
@@ -45,6 +46,7 @@ pub fn registry() -> Registry {
         .register(tokenizer::TokenizerStage)
         .register(tokenize::Tokenize)
         .register(dedup::Dedup)
+        .register(decontaminate::Contamination)
         .register(mix::Mix)
         .register(megatron_source::MegatronSource)
         .register(train::Train)

@@ -71,5 +71,8 @@ pub const EXPORT: &str = "export";
 /// The report stage.
 pub const REPORT: &str = "report";
 
+/// The n-grams of the eval tasks' test documents ([`crate::decontaminate`]).
+pub const CONTAMINATION: &str = "contamination";
+
 /// The fetch of a `tokenizer: {file: ...}`.
 pub const FETCH_TOKENIZER: &str = "fetch.tokenizer";

@@ -54,6 +54,10 @@ pub struct ReportConfig {
     /// `train.<phase>` stages whose metrics are plotted, in phase order.
     #[serde(default)]
     pub train: Vec<String>,
+    /// `ingest` stages whose counts (documents dropped per rule, decontamination per task) the
+    /// report tabulates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<String>,
     /// Published models (their `model:` names in `evals/baselines`) shown next to ours;
     /// default: every shipped baseline.
     #[serde(default)]
@@ -117,7 +121,7 @@ impl Stage for Report {
                 "no tasks: expected the task columns of the table",
             ));
         }
-        for stage in c.evals.iter().chain(&c.train) {
+        for stage in c.evals.iter().chain(&c.train).chain(&c.data) {
             if !needs.contains(stage) {
                 return Err(ConfigError::new(
                     "needs",
@@ -212,6 +216,9 @@ impl Stage for Report {
             md,
             "\nValues in percent, ± one standard error. Rows without a source were measured by this recipe (`scores.parquet` holds every number)."
         );
+        if !c.data.is_empty() {
+            md.push_str(&data_section(&c.data, ctx)?);
+        }
         if !plots.is_empty() {
             md.push_str("\n## Plots\n\n");
             for (name, what) in &plots {
@@ -230,6 +237,74 @@ impl Stage for Report {
         );
         Ok(())
     }
+}
+
+/// The `## Data` section: per source, documents read, kept and dropped by each rule; and, with
+/// decontamination, per eval task the training documents that share an n-gram with its test
+/// documents and how many of them were removed. Sums over a sharded source's stages.
+fn data_section(stages: &[String], ctx: &StageContext) -> Result<String> {
+    use crate::ingest_stats::IngestStats;
+    use std::collections::BTreeMap;
+    let mut sources: Vec<(String, IngestStats)> = Vec::new();
+    let mut tasks: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for stage in stages {
+        let path = ctx.input(stage)?.join("stats.json");
+        let stats: IngestStats = serde_json::from_slice(
+            &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+        )
+        .with_context(|| format!("{}: not an ingest stage's stats", path.display()))?;
+        // `ingest.<source>` or a shard of it, `ingest.<source>.s<i>`.
+        let name = stage.strip_prefix("ingest.").unwrap_or(stage);
+        let source = match name.rsplit_once(".s") {
+            Some((src, i)) if i.parse::<usize>().is_ok() => src,
+            _ => name,
+        };
+        for (task, overlapping, removed) in &stats.contamination {
+            let t = tasks.entry(task.clone()).or_default();
+            t.0 += overlapping;
+            t.1 += removed;
+        }
+        match sources.iter_mut().find(|(s, _)| s == source) {
+            None => sources.push((source.to_string(), stats)),
+            Some((_, sum)) => {
+                sum.docs_in += stats.docs_in;
+                sum.docs_out += stats.docs_out;
+                for (rule, docs, bytes) in stats.dropped {
+                    match sum.dropped.iter_mut().find(|r| r.0 == rule) {
+                        Some(r) => (r.1, r.2) = (r.1 + docs, r.2 + bytes),
+                        None => sum.dropped.push((rule, docs, bytes)),
+                    }
+                }
+            }
+        }
+    }
+    let mut md = String::from(
+        "\n## Data\n\n| source | documents read | kept | dropped (by rule) |\n| --- | ---: | ---: | --- |\n",
+    );
+    for (source, s) in &sources {
+        let dropped: Vec<String> = s
+            .dropped
+            .iter()
+            .filter(|r| r.1 > 0)
+            .map(|(rule, docs, _)| format!("{rule} {docs}"))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {source} | {} | {} | {} |",
+            s.docs_in,
+            s.docs_out,
+            dropped.join(", ")
+        );
+    }
+    if !tasks.is_empty() {
+        md.push_str(
+            "\n### Decontamination\n\nTraining documents sharing an n-gram with a task's test documents (before dedup).\n\n| task | overlapping | removed |\n| --- | ---: | ---: |\n",
+        );
+        for (task, (overlapping, removed)) in &tasks {
+            let _ = writeln!(md, "| {task} | {overlapping} | {removed} |");
+        }
+    }
+    Ok(md)
 }
 
 /// One phase's per-step metrics.

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use unicode_normalization::UnicodeNormalization;
 
 use super::IngestConfig;
+use crate::decontaminate::{Action, NgramSet};
 use crate::ingest_stats::IngestStats;
 use crate::minhash::MinHasher;
 
@@ -19,6 +20,13 @@ pub(super) struct Cleaner<'a> {
     pub(super) hashes: Option<Vec<crate::dedup::DocHash>>,
     /// With `near_dedup`: what near-duplicate detection keeps.
     pub(super) near: Option<Near>,
+    /// With `decontaminate`: the eval tasks' test n-grams.
+    ngrams: Option<NgramSet>,
+    /// With `decontaminate: {action: flag}`: (document id, tasks) of each kept document that
+    /// overlaps a task.
+    pub(super) flagged: Vec<(u64, Vec<String>)>,
+    /// The tasks the document being cleaned overlaps, until it is kept or dropped.
+    pending_flag: Option<Vec<String>>,
 }
 
 /// Near-duplicate detection in an ingest stage.
@@ -36,7 +44,7 @@ pub(super) enum Near {
 }
 
 impl<'a> Cleaner<'a> {
-    pub(super) fn new(c: &'a IngestConfig) -> Self {
+    pub(super) fn new(c: &'a IngestConfig, ngrams: Option<NgramSet>) -> Self {
         let near = c.near_dedup.map(|settings| {
             let hasher = MinHasher::new(settings);
             match c.shard {
@@ -52,6 +60,9 @@ impl<'a> Cleaner<'a> {
         });
         let mut rules = vec!["filter", "empty", "min_chars", "max_chars"];
         rules.extend(c.filters.drop_rules());
+        if c.decontaminate.as_ref().map(|d| d.action) == Some(Action::Remove) {
+            rules.push("decontaminate");
+        }
         rules.push("duplicate");
         if matches!(near, Some(Near::Drop { .. })) {
             rules.push("near_duplicate");
@@ -62,6 +73,10 @@ impl<'a> Cleaner<'a> {
             seen: HashSet::new(),
             stats: IngestStats {
                 dropped,
+                contamination: ngrams
+                    .as_ref()
+                    .map(|set| set.tasks.iter().map(|t| (t.clone(), 0, 0)).collect())
+                    .unwrap_or_default(),
                 edited: [
                     (c.filters.c4.is_some(), crate::filters::c4::RULE),
                     (c.filters.pii.is_some(), crate::filters::pii::RULE),
@@ -74,6 +89,9 @@ impl<'a> Cleaner<'a> {
             },
             hashes: (c.shard.is_some() && c.dedup).then(Vec::new),
             near,
+            ngrams,
+            flagged: Vec::new(),
+            pending_flag: None,
         }
     }
 
@@ -133,6 +151,33 @@ impl<'a> Cleaner<'a> {
         None
     }
 
+    /// Whether `text` overlaps an eval task's test documents and is to be removed: counted per
+    /// task either way; a flagged one is listed (under the id it is about to get, if it is
+    /// not dropped as a duplicate after).
+    fn contaminated(&mut self, text: &str) -> bool {
+        let Some(set) = &self.ngrams else {
+            return false;
+        };
+        let tasks = set.overlaps(text);
+        if tasks.is_empty() {
+            return false;
+        }
+        let remove = self.c.decontaminate.as_ref().map(|d| d.action) == Some(Action::Remove);
+        for &t in &tasks {
+            let entry = &mut self.stats.contamination[t as usize];
+            entry.1 += 1;
+            entry.2 += u64::from(remove);
+        }
+        if !remove {
+            let names = tasks
+                .iter()
+                .map(|&t| set.tasks[t as usize].clone())
+                .collect();
+            self.pending_flag = Some(names);
+        }
+        remove
+    }
+
     /// The cleaned text, or `None` (counted under its rule) when a rule drops it.
     pub(super) fn keep(&mut self, text: String) -> Option<String> {
         let c = self.c;
@@ -149,6 +194,8 @@ impl<'a> Cleaner<'a> {
             "max_chars"
         } else if let Some(rule) = self.filter(&mut text) {
             rule
+        } else if self.contaminated(&text) {
+            "decontaminate"
         } else {
             // One hash per text: the stage's own dedup set and a shard's record share it.
             let hash = c.dedup.then(|| blake3::hash(text.as_bytes()));
@@ -161,11 +208,15 @@ impl<'a> Cleaner<'a> {
                     let bytes = text.len() as u64;
                     hashes.push(crate::dedup::DocHash::of(h, self.stats.docs_out, bytes));
                 }
+                if let Some(tasks) = self.pending_flag.take() {
+                    self.flagged.push((self.stats.docs_out, tasks));
+                }
                 self.stats.docs_out += 1;
                 self.stats.bytes_out += text.len() as u64;
                 return Some(text);
             }
         };
+        self.pending_flag = None;
         if let Some(entry) = self.stats.dropped.iter_mut().find(|(r, _, _)| r == rule) {
             entry.1 += 1;
             entry.2 += bytes;

@@ -26,6 +26,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use serde::{Deserialize, Serialize};
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 
+use crate::decontaminate::{Decontaminate, NgramSet};
 use crate::filters::Filters;
 use crate::minhash::NearDedup;
 use crate::shard::Shard;
@@ -108,6 +109,10 @@ pub struct IngestConfig {
     /// the length limits and before dedup.
     #[serde(default, skip_serializing_if = "Filters::is_empty")]
     pub filters: Filters,
+    /// Check documents against the eval tasks' test n-grams of this `contamination` stage
+    /// ([`crate::decontaminate`]), after the filters and before dedup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decontaminate: Option<Decontaminate>,
 }
 
 fn default_text() -> String {
@@ -124,10 +129,21 @@ impl Stage for Ingest {
     const VERSION: u32 = 2;
 
     fn validate(&self, c: &IngestConfig, needs: &[String]) -> Result<(), ConfigError> {
-        if needs.len() != 1 {
+        let contamination = c.decontaminate.as_ref().map(|d| &d.stage);
+        let fetches = needs.iter().filter(|n| Some(*n) != contamination).count();
+        if fetches != 1 {
             return Err(ConfigError::new(
                 "needs",
-                "an ingest stage reads exactly one input (its fetch stage)",
+                "an ingest stage reads exactly one input (its fetch stage), and its \
+                 `decontaminate` stage",
+            ));
+        }
+        if let Some(stage) = contamination
+            && !needs.contains(stage)
+        {
+            return Err(ConfigError::new(
+                "decontaminate.stage",
+                format!("`{stage}` must be among the stage's needs"),
             ));
         }
         if c.delimiter.is_some() && c.split_regex.is_some() {
@@ -182,7 +198,10 @@ impl Stage for Ingest {
         Ok(())
     }
 
-    fn reads_only(&self, c: &IngestConfig, _input: &str) -> Option<zflow_pipeline::FileFilter> {
+    fn reads_only(&self, c: &IngestConfig, input: &str) -> Option<zflow_pipeline::FileFilter> {
+        if c.decontaminate.as_ref().is_some_and(|d| d.stage == input) {
+            return None;
+        }
         // A shard reads its own files only, so only they count for its identity. (An unsharded
         // ingest counts its whole input, as it always has: its identity stays what it was.)
         c.shard?;
@@ -191,12 +210,16 @@ impl Stage for Ingest {
     }
 
     fn run(&self, c: &IngestConfig, ctx: &StageContext) -> Result<()> {
+        let contamination = c.decontaminate.as_ref().map(|d| d.stage.as_str());
         let input = ctx
             .inputs()
-            .values()
-            .next()
-            .context("ingest has no input")?
-            .clone();
+            .iter()
+            .find(|(name, _)| Some(name.as_str()) != contamination)
+            .map(|(_, dir)| dir.clone())
+            .context("ingest has no input")?;
+        let ngrams = contamination
+            .map(|stage| NgramSet::load(ctx.input(stage)?))
+            .transpose()?;
         let files = select_files(&input, c)?;
         // A shard may hold no file (more shards than files): it is an empty part of its source.
         if files.is_empty() && c.shard.is_none() {
@@ -226,7 +249,7 @@ impl Stage for Ingest {
             .build()?;
         // One partition: documents come back in input order, so output is deterministic.
         let sql = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
-        let mut cleaner = Cleaner::new(c);
+        let mut cleaner = Cleaner::new(c, ngrams);
         let mut writer = DocWriter::create(ctx.out_dir(), &c.source)?;
         let mut jsonl_fields = BTreeMap::new();
         ctx.progress().set_length(files.len() as u64);
@@ -252,6 +275,12 @@ impl Stage for Ingest {
         writer.finish()?;
         if let Some(hashes) = cleaner.hashes {
             crate::dedup::write_records(&ctx.out_dir().join(crate::dedup::EXACT), hashes)?;
+        }
+        if c.decontaminate.as_ref().map(|d| d.action) == Some(crate::decontaminate::Action::Flag) {
+            std::fs::write(
+                ctx.out_dir().join("contaminated.json"),
+                serde_json::to_vec(&cleaner.flagged)?,
+            )?;
         }
         if let Some(Near::Record { bands, .. }) = cleaner.near {
             crate::dedup::write_records(&ctx.out_dir().join(crate::dedup::NEAR), bands)?;

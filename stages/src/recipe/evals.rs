@@ -61,6 +61,10 @@ pub struct EvalsSpec {
     /// Where they are scored: `cpu` (the default), `cuda` or `rocm`.
     #[serde(default)]
     pub backend: Option<String>,
+    /// Remove (or flag) training documents that share an n-gram with the tasks' test
+    /// documents ([`crate::decontaminate`]): a `contamination` stage every ingest reads.
+    #[serde(default)]
+    pub decontaminate: Option<crate::decontaminate::DecontaminateSpec>,
 }
 
 /// The `evals:` section, checked against the rest of the recipe (`doc`): there must be a
@@ -116,6 +120,20 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
             path: format!("evals.data.{prefix}"),
         });
         data.insert(prefix.clone(), stage);
+    }
+    if let Some(d) = &s.decontaminate {
+        let mut config = json!({"tasks": s.tasks, "data": data, "ngram": d.ngram});
+        if let Some(dir) = &s.tasks_dir {
+            config["tasks_dir"] = json!(dir);
+        }
+        nodes.push(NodeSpec {
+            name: names::CONTAMINATION.into(),
+            kind: "contamination".into(),
+            config,
+            needs: data.values().cloned().collect(),
+            resources: None,
+            path: "evals.decontaminate".into(),
+        });
     }
     let mut evals = Vec::new();
     for entry in &doc.phases {
@@ -173,9 +191,23 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
         "train".into(),
         json!(evals.iter().map(|(_, t)| t).collect::<Vec<_>>()),
     );
+    // With decontamination, the report tabulates what each source's ingest stages found.
+    let ingests: Vec<String> = match s.decontaminate {
+        Some(_) => doc
+            .sources
+            .iter()
+            .filter(|src| !src.megatron)
+            .flat_map(|src| src.ingest_stages())
+            .collect(),
+        None => Vec::new(),
+    };
+    if !ingests.is_empty() {
+        obj.insert("data".into(), json!(ingests));
+    }
     let needs = evals
         .iter()
         .flat_map(|(e, t)| [e.clone(), t.clone()])
+        .chain(ingests)
         .collect();
     nodes.push(NodeSpec {
         name: names::REPORT.into(),

@@ -296,12 +296,25 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
             continue;
         }
         settings.insert("source".into(), json!(name));
+        // Decontamination against the recipe's evals: every ingest reads their n-grams.
+        let decontaminate = doc.evals.as_ref().and_then(|e| e.decontaminate.as_ref());
+        if let Some(d) = decontaminate {
+            settings.insert(
+                "decontaminate".into(),
+                json!({"stage": names::CONTAMINATION, "action": d.action}),
+            );
+        }
+        let ingest_needs = |fetch: &str| -> Vec<String> {
+            std::iter::once(fetch.to_string())
+                .chain(decontaminate.map(|_| names::CONTAMINATION.to_string()))
+                .collect()
+        };
         let Some(count) = source.shards else {
             nodes.push(NodeSpec {
                 name: names::ingest(name),
                 kind: "ingest".into(),
                 config: Value::Object(settings),
-                needs: vec![fetch_name],
+                needs: ingest_needs(&fetch_name),
                 resources: None,
                 path: path.clone(),
             });
@@ -323,7 +336,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
                 name: ingest.clone(),
                 kind: "ingest".into(),
                 config: Value::Object(settings),
-                needs: vec![fetch_name.clone()],
+                needs: ingest_needs(&fetch_name),
                 resources: None,
                 path: path.clone(),
             });
