@@ -5,9 +5,11 @@
 //! shard, its size in bytes), sorted; with `near_dedup`, also `bands.bin`, a record per LSH band
 //! of each kept document ([`crate::minhash`]). This stage merges every shard's records of a kind,
 //! a k-way merge that holds one record per shard in memory however large the source: of equal
-//! texts, the first in shard order stays; of documents sharing a band, the first stays (a near
-//! duplicate is one that shares a band with any earlier document, within its shard or before
-//! it). Every other document goes into its shard's drop list,
+//! texts, the first in shard order stays. Documents sharing a band are candidate pairs; a pair
+//! whose signatures (`signatures.bin`, read per pair) agree on at least `jaccard` of their
+//! values joins a cluster (union-find over the documents in some verified pair), and each
+//! cluster keeps its first document in shard order ([`crate::minhash`]). Every other document
+//! goes into its shard's drop list,
 //! `drops/<index>.bin` (document indices, u64 little-endian, ascending; a file for every shard,
 //! empty when it drops nothing), which that shard's tokenize stage leaves out. A tokenize
 //! stage's identity hashes its own drop list only ([`crate::tokenize::SkipList`]), so a
@@ -16,7 +18,7 @@
 //!
 //! The exact result equals deduplicating the concatenation of the shards in order: what stays
 //! is the same set of texts as one unsharded ingest keeps (in shard order rather than file
-//! order). The near one is the unsharded rule applied in shard order.
+//! order).
 //!
 //! `stats.json` and `stats.parquet` (`source`, `shard`, `rule`, `documents`, `bytes`): per
 //! shard, the documents it holds, those dropped as exact duplicates of an earlier shard's and
@@ -50,8 +52,16 @@ pub struct DedupConfig {
     pub shards: usize,
     /// Exact duplicates across shards (the shards' `hashes.bin`).
     pub exact: bool,
-    /// Near duplicates (the shards' `bands.bin`).
+    /// Near duplicates (the shards' `bands.bin` and `signatures.bin`).
     pub near: bool,
+    /// The least estimated Jaccard similarity of a near-duplicate pair (the source's
+    /// `near_dedup.jaccard`).
+    #[serde(default = "default_jaccard")]
+    pub jaccard: f64,
+}
+
+fn default_jaccard() -> f64 {
+    crate::minhash::NearDedup::default().jaccard
 }
 
 impl DedupConfig {
@@ -65,6 +75,9 @@ impl DedupConfig {
 pub const EXACT: &str = "hashes.bin";
 /// A shard's records of its documents' LSH bands.
 pub const NEAR: &str = "bands.bin";
+/// A shard's kept documents' MinHash signatures, in document order: `bands * rows` u64
+/// (little-endian) each ([`crate::minhash::MinHasher::signature`]).
+pub const SIGNATURES: &str = "signatures.bin";
 
 /// One kept document of a shard, as `hashes.bin` holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -185,7 +198,8 @@ impl Records {
 impl Stage for Dedup {
     type Config = DedupConfig;
     const KIND: &'static str = "dedup";
-    const VERSION: u32 = 1;
+    // 2: near duplicates are verified pairs joined into clusters, each keeping one document.
+    const VERSION: u32 = 2;
 
     fn validate(&self, c: &DedupConfig, needs: &[String]) -> Result<(), ConfigError> {
         let want = c.ingest_stages();
@@ -221,28 +235,35 @@ impl Stage for Dedup {
             });
         }
         let mut dropped: Vec<std::collections::BTreeSet<u64>> = vec![Default::default(); c.shards];
-        for (kind, on) in [(EXACT, c.exact), (NEAR, c.near)] {
-            if !on {
-                continue;
-            }
+        if c.exact {
             ctx.progress()
-                .set_message(format!("merging the shards' {kind}"));
+                .set_message(format!("merging the shards' {EXACT}"));
             let readers = dirs
                 .iter()
-                .map(|d| Records::open(d.join(kind), kind == EXACT))
+                .map(|d| Records::open(d.join(EXACT), true))
                 .collect::<Result<Vec<_>>>()?;
             merge(readers, &|| ctx.check_cancelled(), |shard, h| {
                 if dropped[shard].insert(h.doc) {
                     let t = &mut shards[shard];
-                    let slot = if kind == EXACT {
-                        &mut t.exact
-                    } else {
-                        &mut t.near
-                    };
-                    slot.0 += 1;
-                    slot.1 += h.bytes;
+                    t.exact.0 += 1;
+                    t.exact.1 += h.bytes;
                 }
             })?;
+        }
+        if c.near {
+            // After the exact rule: a document both rules drop counts as an exact duplicate.
+            ctx.progress()
+                .set_message(format!("clustering the shards' {NEAR}"));
+            let docs: Vec<u64> = shards.iter().map(|t| t.documents.0).collect();
+            for (shard, doc, bytes) in
+                near_clusters(&dirs, &docs, c.jaccard, &|| ctx.check_cancelled())?
+            {
+                if dropped[shard].insert(doc) {
+                    let t = &mut shards[shard];
+                    t.near.0 += 1;
+                    t.near.1 += bytes;
+                }
+            }
         }
         let dir = ctx.out_dir().join("drops");
         std::fs::create_dir_all(&dir)?;
@@ -298,6 +319,160 @@ fn merge(
         }
     }
     Ok(())
+}
+
+/// A shard's signatures, read by document.
+struct Signatures {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    /// Values per signature.
+    len: usize,
+}
+
+impl Signatures {
+    fn open(dir: &Path, docs: u64) -> Result<Signatures> {
+        let path = dir.join(SIGNATURES);
+        let file = std::fs::File::open(&path).with_context(|| {
+            format!(
+                "opening {} (an ingest shard of a source with `near_dedup` writes it)",
+                path.display()
+            )
+        })?;
+        let size = file.metadata()?.len();
+        ensure!(
+            docs == 0 || size % (docs * 8) == 0,
+            "{}: {size} bytes is not {docs} signatures",
+            path.display()
+        );
+        let len = size.checked_div(docs * 8).unwrap_or(0) as usize;
+        Ok(Signatures { file, path, len })
+    }
+
+    fn get(&self, doc: u64) -> Result<Vec<u64>> {
+        use std::os::unix::fs::FileExt;
+        let mut bytes = vec![0u8; self.len * 8];
+        self.file
+            .read_exact_at(&mut bytes, doc * self.len as u64 * 8)
+            .with_context(|| format!("reading signature {doc} of {}", self.path.display()))?;
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect())
+    }
+}
+
+/// Union-find over global document numbers; a set's root is its smallest member.
+#[derive(Default)]
+struct Clusters {
+    parent: std::collections::HashMap<u64, u64>,
+}
+
+impl Clusters {
+    fn root(&mut self, mut x: u64) -> u64 {
+        while let Some(&p) = self.parent.get(&x) {
+            if p == x {
+                break;
+            }
+            // Path halving.
+            let grand = self.parent.get(&p).copied().unwrap_or(p);
+            self.parent.insert(x, grand);
+            x = p;
+        }
+        x
+    }
+
+    fn join(&mut self, a: u64, b: u64) {
+        let (ra, rb) = (self.root(a), self.root(b));
+        let (keep, child) = (ra.min(rb), ra.max(rb));
+        self.parent.entry(keep).or_insert(keep);
+        self.parent.insert(child, keep);
+    }
+}
+
+/// The near duplicates across the shards in `dirs` (holding `docs` documents each): documents
+/// sharing a band are candidates; a candidate pair (each record and the one before it among
+/// the records with its band, in (shard, document) order) whose signatures agree on at least
+/// `jaccard` of their values joins a cluster; every cluster keeps its first document, in
+/// shard order. Returns the others as (shard, document, bytes).
+fn near_clusters(
+    dirs: &[std::path::PathBuf],
+    docs: &[u64],
+    jaccard: f64,
+    check: &dyn Fn() -> Result<()>,
+) -> Result<Vec<(usize, u64, u64)>> {
+    let offsets: Vec<u64> = docs
+        .iter()
+        .scan(0u64, |acc, d| {
+            let start = *acc;
+            *acc += d;
+            Some(start)
+        })
+        .collect();
+    let signatures = dirs
+        .iter()
+        .zip(docs)
+        .map(|(d, &n)| Signatures::open(d, n))
+        .collect::<Result<Vec<_>>>()?;
+    let mut readers = dirs
+        .iter()
+        .map(|d| Records::open(d.join(NEAR), false))
+        .collect::<Result<Vec<_>>>()?;
+    let mut heap = BinaryHeap::new();
+    for (i, r) in readers.iter_mut().enumerate() {
+        if let Some(h) = r.next()? {
+            heap.push(Reverse((h.hash, i, h.doc, h.bytes)));
+        }
+    }
+    let mut clusters = Clusters::default();
+    let mut bytes_of = std::collections::HashMap::new();
+    let (mut previous, mut merged): (Option<([u8; 16], usize, u64)>, u64) = (None, 0);
+    while let Some(Reverse((hash, shard, doc, bytes))) = heap.pop() {
+        if let Some((h, s, d)) = previous
+            && h == hash
+            && (s, d) != (shard, doc)
+        {
+            let (a, b) = (signatures[s].get(d)?, signatures[shard].get(doc)?);
+            if crate::minhash::similarity(&a, &b) >= jaccard {
+                clusters.join(offsets[s] + d, offsets[shard] + doc);
+                bytes_of.insert(offsets[shard] + doc, (shard, doc, bytes));
+            }
+        }
+        previous = Some((hash, shard, doc));
+        if let Some(h) = readers[shard].next()? {
+            heap.push(Reverse((h.hash, shard, h.doc, h.bytes)));
+        }
+        merged += 1;
+        if merged.is_multiple_of(1 << 20) {
+            check()?;
+        }
+    }
+    // Every member but a cluster's root (its first document) goes. A member whose bytes were
+    // not noted (it was only ever the earlier of a pair) is read back from its shard's records.
+    let members: Vec<u64> = clusters.parent.keys().copied().collect();
+    let mut out = Vec::new();
+    let mut unknown = std::collections::BTreeSet::new();
+    for m in members {
+        if clusters.root(m) != m {
+            match bytes_of.get(&m) {
+                Some(&rec) => out.push(rec),
+                None => {
+                    unknown.insert(m);
+                }
+            }
+        }
+    }
+    if !unknown.is_empty() {
+        for (i, dir) in dirs.iter().enumerate() {
+            let mut r = Records::open(dir.join(NEAR), false)?;
+            while let Some(h) = r.next()? {
+                if unknown.remove(&(offsets[i] + h.doc)) {
+                    out.push((i, h.doc, h.bytes));
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
 }
 
 fn write_stats(out: &Path, source: &str, shards: &[ShardTally]) -> Result<()> {
@@ -362,6 +537,61 @@ mod tests {
 
     fn record(text: &str, doc: u64) -> DocHash {
         DocHash::of(&blake3::hash(text.as_bytes()), doc, text.len() as u64)
+    }
+
+    /// Writes a shard's `bands.bin` and `signatures.bin` for `docs` (each: its signature and
+    /// its band keys, which a test may forge).
+    fn write_shard(dir: &Path, docs: &[(Vec<u64>, Vec<[u8; 16]>)]) {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut bands = Vec::new();
+        let mut sigs = Vec::new();
+        for (doc, (sig, keys)) in docs.iter().enumerate() {
+            bands.extend(keys.iter().map(|&hash| DocHash {
+                hash,
+                doc: doc as u64,
+                bytes: 100 + doc as u64,
+            }));
+            sigs.extend(sig.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        write_records(&dir.join(NEAR), bands).unwrap();
+        std::fs::write(dir.join(SIGNATURES), sigs).unwrap();
+    }
+
+    #[test]
+    fn near_duplicates_are_verified_pairs_joined_into_clusters_that_keep_one_document() {
+        use crate::minhash::{MinHasher, NearDedup};
+        let h = MinHasher::new(NearDedup::default());
+        let text = |seed: u64, edits: &[usize]| {
+            let mut rng = zflow_runtime::rng::SplitMix64(seed);
+            let mut words: Vec<String> = (0..300)
+                .map(|_| format!("w{}", rng.below(100_000)))
+                .collect();
+            for &e in edits {
+                words[e] = format!("edit{e}");
+            }
+            words.join(" ")
+        };
+        let doc = |t: String| {
+            let sig = h.signature(&t);
+            let keys = h.bands_of(&sig);
+            (sig, keys)
+        };
+        // A chain: a ~ b ~ c (each a few words off the one before), one per shard, and two
+        // unrelated texts d, e made to share a band (a forged key): a candidate pair that the
+        // signatures refuse.
+        let (d, mut e) = (doc(text(7, &[])), doc(text(8, &[])));
+        e.1[3] = d.1[3];
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs: Vec<std::path::PathBuf> =
+            (0..3).map(|i| tmp.path().join(format!("s{i}"))).collect();
+        write_shard(&dirs[0], &[doc(text(1, &[])), d]);
+        write_shard(&dirs[1], &[e, doc(text(1, &[10, 200]))]);
+        write_shard(&dirs[2], &[doc(text(1, &[10, 200, 40, 250]))]);
+        let drops = near_clusters(&dirs, &[2, 2, 1], 0.7, &|| Ok(())).unwrap();
+        assert_eq!(drops, vec![(1, 1, 101), (2, 0, 100)]);
+        // Without the check every candidate counts, as datatrove does: e goes too.
+        let drops = near_clusters(&dirs, &[2, 2, 1], 0.0, &|| Ok(())).unwrap();
+        assert_eq!(drops, vec![(1, 0, 100), (1, 1, 101), (2, 0, 100)]);
     }
 
     #[test]

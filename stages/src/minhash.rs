@@ -3,10 +3,16 @@
 //! have Jaccard similarity `s` share at least one band with probability `1 - (1 - s^rows)^bands`
 //! (datatrove's defaults, 5-grams and 14 bands of 8 rows, put the even-odds point near s = 0.72).
 //!
-//! The rule is greedy, in document order: a document is a near duplicate when one of its bands
-//! equals a band of any earlier document. An unsharded ingest applies it as it reads; for a
-//! sharded source each shard's ingest writes its documents' bands (`bands.bin`) and the source's
-//! `dedup` stage applies it across shards, in shard order.
+//! Sharing a band makes two documents candidates only: a pair is a near duplicate when the
+//! fraction of equal MinHash values of their signatures, an unbiased estimate of their
+//! Jaccard similarity, is at least `jaccard` (0.7 by default; 0 takes every candidate, as
+//! datatrove does). For a sharded source each shard's ingest writes its documents' bands
+//! (`bands.bin`) and signatures (`signatures.bin`), and the source's `dedup` stage joins the
+//! verified pairs into clusters (connected components) and keeps the first document of each,
+//! in shard order. An unsharded ingest applies the rule as it reads: a document is dropped
+//! when it is verified similar to the first earlier document with one of its bands; that
+//! keeps one document of a cluster unless the cluster's documents join only through later
+//! ones (shard a source for exact clusters).
 //!
 //! Hand-written rather than taken from a crate: which documents a recipe keeps must never change
 //! with a dependency's upgrade, so the shingling, the hash of a shingle (blake3) and the
@@ -17,7 +23,7 @@ use zflow_pipeline::ConfigError;
 use zflow_runtime::rng::SplitMix64;
 
 /// `near_dedup` settings of a source (`ingest`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NearDedup {
     /// Words per shingle.
@@ -29,6 +35,14 @@ pub struct NearDedup {
     /// MinHash values per band.
     #[serde(default = "default_rows")]
     pub rows: usize,
+    /// The least estimated Jaccard similarity of a candidate pair that makes it a near
+    /// duplicate.
+    #[serde(default = "default_jaccard")]
+    pub jaccard: f64,
+}
+
+fn default_jaccard() -> f64 {
+    0.7
 }
 
 fn default_ngram() -> usize {
@@ -47,6 +61,7 @@ impl Default for NearDedup {
             ngram: default_ngram(),
             bands: default_bands(),
             rows: default_rows(),
+            jaccard: default_jaccard(),
         }
     }
 }
@@ -83,9 +98,13 @@ impl MinHasher {
         }
     }
 
-    /// The text's band keys, one per band (16 bytes of blake3 over the band's index and its
-    /// MinHash values); none for a text without words.
-    pub fn band_keys(&self, text: &str) -> Vec<[u8; 16]> {
+    /// Values in a signature (`bands * rows`).
+    pub fn signature_len(&self) -> usize {
+        self.permutations.len()
+    }
+
+    /// The text's MinHash signature (`bands * rows` values); empty for a text without words.
+    pub fn signature(&self, text: &str) -> Vec<u64> {
         let lowered = text.to_lowercase();
         let words: Vec<&str> = lowered.split_whitespace().collect();
         if words.is_empty() {
@@ -111,7 +130,14 @@ impl MinHasher {
                 }
             }
         }
-        mins.chunks_exact(self.settings.rows)
+        mins
+    }
+
+    /// A signature's band keys, one per band (16 bytes of blake3 over the band's index and its
+    /// MinHash values); none for an empty signature.
+    pub fn bands_of(&self, signature: &[u64]) -> Vec<[u8; 16]> {
+        signature
+            .chunks_exact(self.settings.rows)
             .enumerate()
             .map(|(band, values)| {
                 let mut h = blake3::Hasher::new();
@@ -123,6 +149,20 @@ impl MinHasher {
             })
             .collect()
     }
+
+    /// The text's band keys ([`MinHasher::bands_of`] its [`MinHasher::signature`]).
+    pub fn band_keys(&self, text: &str) -> Vec<[u8; 16]> {
+        self.bands_of(&self.signature(text))
+    }
+}
+
+/// The fraction of equal values of two signatures: the estimated Jaccard similarity of the
+/// documents' shingle sets (0 when either is empty).
+pub fn similarity(a: &[u64], b: &[u64]) -> f64 {
+    if a.is_empty() || a.len() != b.len() {
+        return 0.0;
+    }
+    a.iter().zip(b).filter(|(x, y)| x == y).count() as f64 / a.len() as f64
 }
 
 impl NearDedup {
@@ -139,6 +179,12 @@ impl NearDedup {
                     format!("must be from 1 to {max}, got {v}"),
                 ));
             }
+        }
+        if !(0.0..=1.0).contains(&self.jaccard) {
+            return Err(ConfigError::new(
+                "near_dedup.jaccard",
+                format!("a Jaccard similarity from 0 to 1, got {}", self.jaccard),
+            ));
         }
         Ok(())
     }

@@ -2,14 +2,14 @@
 //! ([`crate::filters`]), exact and near dedup, in that order, counting every drop by rule and
 //! every edit (C4's removed lines, redacted addresses) by filter.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use unicode_normalization::UnicodeNormalization;
 
 use super::IngestConfig;
 use crate::decontaminate::{Action, NgramSet};
 use crate::ingest_stats::IngestStats;
-use crate::minhash::MinHasher;
+use crate::minhash::{MinHasher, similarity};
 
 /// NFC, length limits, filters and dedup, in that order, one document at a time, counting drops.
 pub(super) struct Cleaner<'a> {
@@ -29,17 +29,24 @@ pub(super) struct Cleaner<'a> {
     pending_flag: Option<Vec<String>>,
 }
 
-/// Near-duplicate detection in an ingest stage.
+/// Near-duplicate detection in an ingest stage ([`crate::minhash`]).
 pub(super) enum Near {
-    /// Unsharded: drop a document one of whose bands an earlier document had.
+    /// Unsharded: drop a document verified similar to the first earlier document that had one
+    /// of its bands.
     Drop {
         hasher: MinHasher,
-        seen: HashSet<[u8; 16]>,
+        jaccard: f64,
+        /// Band -> the first document (index into `signatures`) that had it.
+        first: HashMap<[u8; 16], u32>,
+        /// Every document's signature, dropped ones too (a band points at its first).
+        signatures: Vec<Vec<u64>>,
     },
-    /// A shard: record every kept document's bands for the source's dedup stage.
+    /// A shard: record every kept document's bands and signature for the source's dedup stage.
     Record {
         hasher: MinHasher,
         bands: Vec<crate::dedup::DocHash>,
+        /// The kept documents' signatures, one after another (`bands * rows` values each).
+        signatures: Vec<u64>,
     },
 }
 
@@ -50,11 +57,14 @@ impl<'a> Cleaner<'a> {
             match c.shard {
                 None => Near::Drop {
                     hasher,
-                    seen: HashSet::new(),
+                    jaccard: settings.jaccard,
+                    first: HashMap::new(),
+                    signatures: Vec::new(),
                 },
                 Some(_) => Near::Record {
                     hasher,
                     bands: Vec::new(),
+                    signatures: Vec::new(),
                 },
             }
         });
@@ -101,24 +111,46 @@ impl<'a> Cleaner<'a> {
         let doc = self.stats.docs_out;
         match &mut self.near {
             None => false,
-            Some(Near::Drop { hasher, seen }) => {
-                let keys = hasher.band_keys(text);
-                // Every band goes in, also a dropped document's: the rule compares with every
-                // earlier document, as the dedup stage's merge does across shards.
+            Some(Near::Drop {
+                hasher,
+                jaccard,
+                first,
+                signatures,
+            }) => {
+                let signature = hasher.signature(text);
+                let me = signatures.len() as u32;
                 let mut hit = false;
-                for k in keys {
-                    hit |= !seen.insert(k);
+                for band in hasher.bands_of(&signature) {
+                    match first.entry(band) {
+                        std::collections::hash_map::Entry::Occupied(e) => {
+                            hit = hit
+                                || similarity(&signature, &signatures[*e.get() as usize])
+                                    >= *jaccard;
+                        }
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            e.insert(me);
+                        }
+                    }
                 }
+                signatures.push(signature);
                 hit
             }
-            Some(Near::Record { hasher, bands }) => {
+            Some(Near::Record {
+                hasher,
+                bands,
+                signatures,
+            }) => {
                 let bytes = text.len() as u64;
+                let mut signature = hasher.signature(text);
                 bands.extend(
                     hasher
-                        .band_keys(text)
+                        .bands_of(&signature)
                         .into_iter()
                         .map(|hash| crate::dedup::DocHash { hash, doc, bytes }),
                 );
+                // Fixed-size records: a wordless text (no bands, never a candidate) pads.
+                signature.resize(hasher.signature_len(), u64::MAX);
+                signatures.extend(signature);
                 false
             }
         }

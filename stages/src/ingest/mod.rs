@@ -126,7 +126,9 @@ impl Stage for Ingest {
     type Config = IngestConfig;
     const KIND: &'static str = "ingest";
     // 2: documents.parquet is written in row groups of 8192 documents, one input file at a time.
-    const VERSION: u32 = 2;
+    // 3: near duplicates are candidate pairs verified by their signatures' similarity, and a
+    // shard writes `signatures.bin`.
+    const VERSION: u32 = 3;
 
     fn validate(&self, c: &IngestConfig, needs: &[String]) -> Result<(), ConfigError> {
         let contamination = c.decontaminate.as_ref().map(|d| &d.stage);
@@ -282,8 +284,13 @@ impl Stage for Ingest {
                 serde_json::to_vec(&cleaner.flagged)?,
             )?;
         }
-        if let Some(Near::Record { bands, .. }) = cleaner.near {
+        if let Some(Near::Record {
+            bands, signatures, ..
+        }) = cleaner.near
+        {
             crate::dedup::write_records(&ctx.out_dir().join(crate::dedup::NEAR), bands)?;
+            let bytes: Vec<u8> = signatures.iter().flat_map(|v| v.to_le_bytes()).collect();
+            std::fs::write(ctx.out_dir().join(crate::dedup::SIGNATURES), bytes)?;
         }
         let stats = cleaner.stats;
         crate::ingest_stats::write(ctx.out_dir(), &c.source, &stats)?;

@@ -249,6 +249,16 @@ impl Source {
             .is_some_and(|v| !v.is_null())
     }
 
+    /// Its `near_dedup.jaccard` (the default when unset or invalid: ingest's validation
+    /// names an invalid one).
+    fn near_jaccard(&self) -> f64 {
+        self.settings
+            .get("near_dedup")
+            .and_then(|v| serde_json::from_value::<crate::minhash::NearDedup>(v.clone()).ok())
+            .unwrap_or_default()
+            .jaccard
+    }
+
     /// Whether its shards are deduplicated against each other, exactly or near, through
     /// `dedup.<name>`.
     pub fn dedup_across_shards(&self) -> bool {
@@ -346,7 +356,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
             nodes.push(NodeSpec {
                 name: dedup.clone(),
                 kind: "dedup".into(),
-                config: json!({"source": name, "shards": count, "exact": source.exact_dedup(), "near": source.near_dedup()}),
+                config: json!({"source": name, "shards": count, "exact": source.exact_dedup(), "near": source.near_dedup(), "jaccard": source.near_jaccard()}),
                 needs: ingests.clone(),
                 resources: None,
                 path: path.clone(),
