@@ -350,3 +350,67 @@ fn sharded_stages_run_as_slurm_job_arrays_and_end_as_the_local_run() {
         "the Slurm run made other outputs than the local one"
     );
 }
+
+#[test]
+fn cross_dedup_drops_a_later_sources_copies_of_an_earlier_sources_documents() {
+    let sb = Sandbox::new();
+    // Source `a`: four files of their own; `b`: two of its own, an exact copy of a's first
+    // and a near copy (two words changed) of a's second.
+    for f in 0..4 {
+        sb.write(&format!("a/doc-{f}.txt"), &words(f, 120).join(" "));
+    }
+    for f in 0..2 {
+        sb.write(&format!("b/own-{f}.txt"), &words(100 + f, 120).join(" "));
+    }
+    sb.write("b/copy.txt", &words(0, 120).join(" "));
+    let mut near = words(1, 120);
+    near[30] = "changed".into();
+    near[90] = "also".into();
+    sb.write("b/near.txt", &near.join(" "));
+    let source = |name: &str| {
+        format!(
+            "  {name}:\n    url: \"{name}/*.txt\"\n    format: text\n    shards: 2\n    near_dedup: {{}}\n    cross_dedup: true\n"
+        )
+    };
+    sb.write(
+        "r.yaml",
+        &format!("name: cross\nsources:\n{}{}", source("a"), source("b")),
+    );
+    sb.ok(&["run", "r.yaml", "--until", "dedup"]);
+    let stats = json(&sb.output("dedup").join("stats.json"));
+    let count = |source: &str, rule: &str| -> u64 {
+        stats
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["source"] == source && r["rule"] == rule)
+            .map(|r| r["documents"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(count("a", "kept"), 4, "{stats}");
+    assert_eq!(
+        count("b", "dropped:duplicate_of_earlier_shard"),
+        1,
+        "{stats}"
+    );
+    assert_eq!(count("b", "dropped:near_duplicate"), 1, "{stats}");
+    assert_eq!(count("b", "kept"), 2, "{stats}");
+
+    // Sources that disagree on the rules are refused at load, naming the line.
+    sb.write(
+        "bad.yaml",
+        &format!(
+            "name: cross\nsources:\n{}{}",
+            source("a"),
+            source("b").replace("    near_dedup: {}\n", "")
+        ),
+    );
+    let out = sb.zflow(&["plan", "bad.yaml"]);
+    assert_ne!(out.code, 0);
+    // (The line of b's `cross_dedup`.)
+    assert!(
+        out.stderr.contains("bad.yaml:13:") && out.stderr.contains("share one rule"),
+        "{}",
+        out.stderr
+    );
+}

@@ -42,14 +42,13 @@ use crate::shard::Shard;
 /// The `dedup` stage kind.
 pub struct Dedup;
 
-/// `dedup` settings (what `sources.<name>.shards` writes).
+/// `dedup` settings (what `sources.<name>.shards`, or `cross_dedup`, writes).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DedupConfig {
-    /// The source.
-    pub source: String,
-    /// Its number of shards; the inputs are its ingest shards.
-    pub shards: usize,
+    /// The sources, in the order their documents count: of duplicates, the first in this
+    /// order (then shard order) stays. One for a sharded source; several with `cross_dedup`.
+    pub sources: Vec<DedupSource>,
     /// Exact duplicates across shards (the shards' `hashes.bin`).
     pub exact: bool,
     /// Near duplicates (the shards' `bands.bin` and `signatures.bin`).
@@ -60,14 +59,33 @@ pub struct DedupConfig {
     pub jaccard: f64,
 }
 
+/// One source of a `dedup` stage.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupSource {
+    /// The source's name.
+    pub name: String,
+    /// Its number of shards; its ingest shards are inputs.
+    pub shards: usize,
+}
+
 fn default_jaccard() -> f64 {
     crate::minhash::NearDedup::default().jaccard
 }
 
 impl DedupConfig {
-    /// Its inputs: the source's ingest shards, in shard order.
-    fn ingest_stages(&self) -> Vec<String> {
-        names::sharded(&names::ingest(&self.source), Some(self.shards))
+    /// Its inputs: each source's ingest shards, in source then shard order, with the source
+    /// and the shard's index in it.
+    fn inputs(&self) -> Vec<(String, &DedupSource, usize)> {
+        self.sources
+            .iter()
+            .flat_map(|src| {
+                names::sharded(&names::ingest(&src.name), Some(src.shards))
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(i, stage)| (stage, src, i))
+            })
+            .collect()
     }
 }
 
@@ -131,9 +149,10 @@ pub fn write_records(path: &Path, mut hashes: Vec<DocHash>) -> Result<()> {
     Ok(())
 }
 
-/// The path, within a dedup stage's output, of shard `index`'s (of `count`) drop list.
-pub fn drops_file(index: usize, count: usize) -> String {
-    format!("drops/{}.bin", Shard::label(index, count))
+/// The path, within a dedup stage's output, of the drop list of shard `index` (of `count`) of
+/// `source`.
+pub fn drops_file(source: &str, index: usize, count: usize) -> String {
+    format!("drops/{source}/{}.bin", Shard::label(index, count))
 }
 
 /// Reads a drop list: the document indices a shard leaves out, ascending.
@@ -202,14 +221,12 @@ impl Stage for Dedup {
     const VERSION: u32 = 2;
 
     fn validate(&self, c: &DedupConfig, needs: &[String]) -> Result<(), ConfigError> {
-        let want = c.ingest_stages();
+        let want: Vec<String> = c.inputs().into_iter().map(|(stage, _, _)| stage).collect();
         if needs != want.as_slice() {
             return Err(ConfigError::new(
                 "needs",
                 format!(
-                    "a dedup stage reads the {} ingest shards of `{}` in order ({} ...)",
-                    c.shards,
-                    c.source,
+                    "a dedup stage reads the ingest shards of its sources in order ({} ...)",
                     want.first().map(String::as_str).unwrap_or("")
                 ),
             ));
@@ -218,13 +235,13 @@ impl Stage for Dedup {
     }
 
     fn run(&self, c: &DedupConfig, ctx: &StageContext) -> Result<()> {
-        raise_open_files_limit(c.shards as u64 + 64);
-        let dirs: Vec<std::path::PathBuf> = c
-            .ingest_stages()
+        let inputs = c.inputs();
+        raise_open_files_limit(inputs.len() as u64 + 64);
+        let dirs: Vec<std::path::PathBuf> = inputs
             .iter()
-            .map(|stage| ctx.input(stage).map(Path::to_path_buf))
+            .map(|(stage, _, _)| ctx.input(stage).map(Path::to_path_buf))
             .collect::<Result<_>>()?;
-        let mut shards = Vec::with_capacity(c.shards);
+        let mut shards = Vec::with_capacity(inputs.len());
         for dir in &dirs {
             let stats: crate::ingest_stats::IngestStats =
                 serde_json::from_slice(&std::fs::read(dir.join("stats.json"))?)
@@ -234,7 +251,8 @@ impl Stage for Dedup {
                 ..Default::default()
             });
         }
-        let mut dropped: Vec<std::collections::BTreeSet<u64>> = vec![Default::default(); c.shards];
+        let mut dropped: Vec<std::collections::BTreeSet<u64>> =
+            vec![Default::default(); inputs.len()];
         if c.exact {
             ctx.progress()
                 .set_message(format!("merging the shards' {EXACT}"));
@@ -265,21 +283,30 @@ impl Stage for Dedup {
                 }
             }
         }
-        let dir = ctx.out_dir().join("drops");
-        std::fs::create_dir_all(&dir)?;
-        for (i, list) in dropped.iter().enumerate() {
+        for (src, _) in inputs.iter().map(|(_, src, i)| (src, i)) {
+            std::fs::create_dir_all(ctx.out_dir().join("drops").join(&src.name))?;
+        }
+        for ((_, src, i), list) in inputs.iter().zip(&dropped) {
             let bytes: Vec<u8> = list.iter().flat_map(|d| d.to_le_bytes()).collect();
-            std::fs::write(ctx.out_dir().join(drops_file(i, c.shards)), bytes)?;
+            std::fs::write(
+                ctx.out_dir().join(drops_file(&src.name, *i, src.shards)),
+                bytes,
+            )?;
         }
         let (exact, near): (u64, u64) = shards
             .iter()
             .fold((0, 0), |(e, n), t| (e + t.exact.0, n + t.near.0));
+        let names: Vec<&str> = c.sources.iter().map(|s| s.name.as_str()).collect();
         tracing::info!(
             "{}: {} shards; dropped {exact} exact duplicates of an earlier shard's documents and {near} near duplicates",
-            c.source,
-            c.shards
+            names.join(", "),
+            inputs.len()
         );
-        write_stats(ctx.out_dir(), &c.source, &shards)
+        let labels: Vec<(&str, u64)> = inputs
+            .iter()
+            .map(|(_, src, i)| (src.name.as_str(), *i as u64))
+            .collect();
+        write_stats(ctx.out_dir(), &labels, &shards)
     }
 }
 
@@ -475,27 +502,25 @@ fn near_clusters(
     Ok(out)
 }
 
-fn write_stats(out: &Path, source: &str, shards: &[ShardTally]) -> Result<()> {
-    let mut rows: Vec<(u64, &str, u64, u64)> = Vec::new();
-    for (i, t) in shards.iter().enumerate() {
-        let i = i as u64;
-        rows.push((i, "documents", t.documents.0, t.documents.1));
-        rows.push((
-            i,
-            "dropped:duplicate_of_earlier_shard",
-            t.exact.0,
-            t.exact.1,
-        ));
-        rows.push((i, "dropped:near_duplicate", t.near.0, t.near.1));
-        let kept = (
-            t.documents.0 - t.exact.0 - t.near.0,
-            t.documents.1 - t.exact.1 - t.near.1,
+/// `stats.json` and `stats.parquet`; `labels` are each input's (source, shard).
+fn write_stats(out: &Path, labels: &[(&str, u64)], shards: &[ShardTally]) -> Result<()> {
+    let mut rows: Vec<(&str, u64, &str, u64, u64)> = Vec::new();
+    for (&(source, i), t) in labels.iter().zip(shards) {
+        let mut push = |rule, (d, b): (u64, u64)| rows.push((source, i, rule, d, b));
+        push("documents", t.documents);
+        push("dropped:duplicate_of_earlier_shard", t.exact);
+        push("dropped:near_duplicate", t.near);
+        push(
+            "kept",
+            (
+                t.documents.0 - t.exact.0 - t.near.0,
+                t.documents.1 - t.exact.1 - t.near.1,
+            ),
         );
-        rows.push((i, "kept", kept.0, kept.1));
     }
     let json: Vec<serde_json::Value> = rows
         .iter()
-        .map(|(s, rule, d, b)| serde_json::json!({"shard": s, "rule": rule, "documents": d, "bytes": b}))
+        .map(|(src, s, rule, d, b)| serde_json::json!({"source": src, "shard": s, "rule": rule, "documents": d, "bytes": b}))
         .collect();
     std::fs::write(out.join("stats.json"), serde_json::to_vec_pretty(&json)?)?;
     let fields = vec![
@@ -506,11 +531,11 @@ fn write_stats(out: &Path, source: &str, shards: &[ShardTally]) -> Result<()> {
         Field::new("bytes", DataType::UInt64, false),
     ];
     let cols: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from(vec![source; rows.len()])),
-        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.0))),
-        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
-        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.2))),
+        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.1))),
+        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.2))),
         Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.3))),
+        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.4))),
     ];
     crate::util::write_parquet(&out.join("stats.parquet"), fields, cols)
 }

@@ -18,6 +18,10 @@
 //! default, or `near_dedup`) `dedup.<name>`, which drops the documents of a shard that an
 //! earlier shard already holds, or nearly. The tokenizer trains on the first shard's documents; mixing and training read the
 //! shards' tokens as one source, in shard order.
+//!
+//! `cross_dedup: true` on sharded sources deduplicates them against each other, in recipe
+//! order, in one stage ([`CROSS_DEDUP`]) in place of each one's own: a later source's copy of
+//! an earlier source's document is dropped. They must share `dedup` and `near_dedup`.
 
 use serde_json::{Map, Value, json};
 use zflow_pipeline::{ConfigError, NodeSpec};
@@ -46,7 +50,13 @@ pub struct Source {
     pub tokenize: Option<Value>,
     /// `shards:`: how many shards its files are split into (`None`: not sharded).
     pub shards: Option<usize>,
+    /// `cross_dedup: true`: deduplicated with every other such source, in recipe order, by
+    /// the one stage [`CROSS_DEDUP`].
+    pub cross_dedup: bool,
 }
+
+/// The stage that deduplicates the `cross_dedup` sources against each other.
+pub const CROSS_DEDUP: &str = "dedup";
 
 /// The most shards a source may have (a stage per shard and step, so bounded by what a plan
 /// can hold).
@@ -88,9 +98,25 @@ pub fn parse(
             None => None,
             Some(v) => Some(shard_count(v, &format!("{path}.shards"), megatron, entry)?),
         };
+        let cross_dedup = match entry.get("cross_dedup") {
+            None | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) if shards.is_some() => true,
+            Some(Value::Bool(true)) => {
+                return Err(ConfigError::new(
+                    format!("{path}.cross_dedup"),
+                    "a source deduplicated across sources must be sharded: add `shards:` (1 is fine)",
+                ));
+            }
+            Some(v) => {
+                return Err(ConfigError::new(
+                    format!("{path}.cross_dedup"),
+                    format!("expected true or false, got {v}"),
+                ));
+            }
+        };
         let (mut fetch, mut settings) = (Map::new(), Map::new());
         for (k, v) in entry {
-            if k == "shards" {
+            if k == "shards" || k == "cross_dedup" {
                 continue;
             }
             if FETCH_KEYS.contains(&k.as_str()) {
@@ -123,7 +149,28 @@ pub fn parse(
             settings,
             tokenize,
             shards,
+            cross_dedup,
         });
+    }
+    // One stage deduplicates the cross_dedup sources, with one rule set.
+    let cross: Vec<&Source> = sources.iter().filter(|s| s.cross_dedup).collect();
+    if let Some(first) = cross.first()
+        && let Some(other) = cross.iter().find(|s| {
+            (s.exact_dedup(), s.near_dedup(), s.near_jaccard())
+                != (
+                    first.exact_dedup(),
+                    first.near_dedup(),
+                    first.near_jaccard(),
+                )
+        })
+    {
+        return Err(ConfigError::new(
+            format!("sources.{}.cross_dedup", other.name),
+            format!(
+                "sources deduplicated across sources share one rule: `{}` and `{}` differ in `dedup` or `near_dedup`",
+                first.name, other.name
+            ),
+        ));
     }
     Ok(sources)
 }
@@ -351,16 +398,15 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
                 path: path.clone(),
             });
         }
-        let dedup = source.dedup_across_shards().then(|| names::dedup(name));
-        if let Some(dedup) = &dedup {
-            nodes.push(NodeSpec {
-                name: dedup.clone(),
-                kind: "dedup".into(),
-                config: json!({"source": name, "shards": count, "exact": source.exact_dedup(), "near": source.near_dedup(), "jaccard": source.near_jaccard()}),
-                needs: ingests.clone(),
-                resources: None,
-                path: path.clone(),
-            });
+        let dedup = if source.cross_dedup {
+            Some(CROSS_DEDUP.to_string())
+        } else {
+            source.dedup_across_shards().then(|| names::dedup(name))
+        };
+        if let Some(dedup) = &dedup
+            && !source.cross_dedup
+        {
+            nodes.push(dedup_node(dedup, &[source], path.clone()));
         }
         if doc.tokenizer.is_some() {
             for (index, (tokenize, ingest)) in
@@ -368,13 +414,39 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
             {
                 let skip = dedup.as_ref().map(|d| SkipList {
                     input: d.clone(),
-                    file: crate::dedup::drops_file(index, count),
+                    file: crate::dedup::drops_file(name, index, count),
                 });
                 nodes.push(tokenize_node(source, tokenize, ingest.clone(), skip));
             }
         }
     }
+    let cross: Vec<&Source> = doc.sources.iter().filter(|s| s.cross_dedup).collect();
+    if let Some(first) = cross.first() {
+        nodes.push(dedup_node(
+            CROSS_DEDUP,
+            &cross,
+            format!("sources.{}.cross_dedup", first.name),
+        ));
+    }
     nodes
+}
+
+/// The `dedup` stage `name` over `sources`' ingest shards, in order (one rule set: the first
+/// source's, which `parse` checked the others share).
+fn dedup_node(name: &str, sources: &[&Source], path: String) -> NodeSpec {
+    let first = sources[0];
+    let list: Vec<Value> = sources
+        .iter()
+        .map(|s| json!({"name": s.name, "shards": s.shards.unwrap_or(1)}))
+        .collect();
+    NodeSpec {
+        name: name.to_string(),
+        kind: "dedup".into(),
+        config: json!({"sources": list, "exact": first.exact_dedup(), "near": first.near_dedup(), "jaccard": first.near_jaccard()}),
+        needs: sources.iter().flat_map(|s| s.ingest_stages()).collect(),
+        resources: None,
+        path,
+    }
 }
 
 /// A `tokenize` stage of `source` named `name`, reading ingest stage `ingest` (and, for a
