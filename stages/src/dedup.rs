@@ -626,7 +626,7 @@ mod tests {
         let mut v = [record("b", 0), record("a", 1), record("c", 2)];
         v.sort();
         assert!(v.windows(2).all(|w| w[0].hash < w[1].hash));
-        assert_eq!(drops_file(3, 12), "drops/03.bin");
-        assert_eq!(drops_file(0, 1), "drops/0.bin");
+        assert_eq!(drops_file("web", 3, 12), "drops/web/03.bin");
+        assert_eq!(drops_file("web", 0, 1), "drops/web/0.bin");
     }
 }
