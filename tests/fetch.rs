@@ -299,9 +299,12 @@ fn a_fifo_or_a_device_as_a_fetch_path_is_an_error_not_a_hang() {
 /// The bytes this process and its reaped children have read through `read(2)` and the like
 /// (`rchar` of /proc/self/io).
 fn bytes_read() -> u64 {
-    std::fs::read_to_string("/proc/self/io")
-        .unwrap()
-        .lines()
+    rchar(&std::fs::read_to_string("/proc/self/io").unwrap())
+}
+
+/// The `rchar` of a /proc/PID/io text.
+fn rchar(io: &str) -> u64 {
+    io.lines()
         .find_map(|l| l.strip_prefix("rchar: "))
         .unwrap()
         .parse()
@@ -341,12 +344,7 @@ fn a_plan_reads_no_byte_of_a_local_corpus_and_its_fetch_copies_none() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .find_map(|l| l.strip_prefix("rchar: "))
-            .unwrap()
-            .parse()
-            .unwrap()
+        rchar(&String::from_utf8_lossy(&out.stdout))
     };
     let corpus = 64u64 << 20;
     let before = plan_reads();
