@@ -20,7 +20,7 @@ use super::{Format, IngestConfig};
 /// The most rows in one batch.
 pub(super) const BATCH_ROWS: usize = 8192;
 /// A batch is cut once it holds this many bytes of input.
-pub(super) const BATCH_BYTES: usize = 64 << 20;
+pub(super) const BATCH_BYTES: usize = 16 << 20;
 
 /// `path`, decompressed on the fly when it starts with gzip's or zstd's magic bytes.
 pub(super) fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
