@@ -2,9 +2,9 @@
 //! [`GopherQuality`] (`GopherQualityFilter`) and [`GopherRepetition`]
 //! (`GopherRepetitionFilter`), with datatrove 0.10's defaults and reason names.
 //!
-//! Words are those of `filters/text.rs`'s `for_each_word`, which approximate datatrove's NLTK
-//! English tokenizer (punctuation marks are words of their own, as in NLTK); see there for the
-//! differences.
+//! Words are those of `filters/text.rs`'s `for_each_word`, which approximate datatrove's word
+//! tokenizer (punctuation marks are words of their own, as in spaCy and NLTK); see
+//! `filters/mod.rs` for the differences.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

@@ -1,5 +1,7 @@
 //! Text helpers the filters share: datatrove's punctuation sets, Python's whitespace, stripping
-//! and line splitting, and the word and sentence splitting that stands in for NLTK's.
+//! and line splitting, and the word and sentence splitting that stands in for datatrove's
+//! (spaCy's blank English tokenizer for English in datatrove 0.10.1; these rules follow NLTK's
+//! steps, which datatrove uses for other languages: see `filters/mod.rs` for the differences).
 //!
 //! Everything here borrows from the text (words, lines and sentences are `&str` slices of it),
 //! so a document costs no allocation per word.
