@@ -11,8 +11,9 @@ Stages (one LocalPipelineExecutor each, run one after the other):
   filter     reader -> 4 filters -> PIIFormatter -> JsonlWriter (uncompressed) -> MinHash signatures
   buckets    MinhashDedupBuckets (num_buckets tasks: datatrove needs tasks % num_buckets == 0)
   cluster    MinhashDedupCluster (one task, as datatrove requires)
-  tokenize   JsonlReader -> MinhashDedupFilter -> DocumentTokenizer (no shuffling, EOS after each
-             document, as zflow's tokenize stage writes them)
+  tokenize   JsonlReader (task r reads filter's task r's file) -> MinhashDedupFilter ->
+             DocumentTokenizer (no shuffling, EOS after each document, as zflow's tokenize
+             stage writes them)
 WORK_DIR is emptied of this script's folders first, so every run does all the work.
 """
 
@@ -46,6 +47,8 @@ args = parse_args()
 if args.workers == 1:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
+# Everything is local (the tokenizer is a file): never ask the Hugging Face hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from importlib.metadata import version  # noqa: E402
 
@@ -104,6 +107,19 @@ class RecordTextReader(BaseDiskReader):
                 document = self.get_document_from_dict({"text": text}, filepath, i)
             if document:
                 yield document
+
+
+class RankJsonlReader(JsonlReader):
+    """Task r reads the file JsonlWriter's task r wrote ("{r:05d}.jsonl"), whose document
+    indices MinhashDedupSignature and MinhashDedupCluster used, and nothing when that task
+    wrote nothing (a plain JsonlReader would shift the files between tasks then)."""
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        name = f"{rank:05d}.jsonl"
+        if self.data_folder.exists(name):
+            for doc in self.read_files_shard([name]):
+                self.update_doc_stats(doc)
+                yield doc
 
 
 # zflow's near_dedup defaults (stages/src/minhash.rs): 5-word shingles, 14 bands of 8 rows,
@@ -172,9 +188,7 @@ def main():
         ),
         "tokenize": LocalPipelineExecutor(
             pipeline=[
-                # Same tasks as "filter": task r reads the r-th file the writer wrote, the one
-                # whose document indices MinhashDedupSignature and MinhashDedupCluster used.
-                JsonlReader(d["filtered"], compression=None, glob_pattern="*.jsonl"),
+                RankJsonlReader(d["filtered"], compression=None),  # same tasks as "filter"
                 MinhashDedupFilter(input_folder=d["remove_ids"]),
                 DocumentTokenizer(
                     output_folder=d["tokens"],
@@ -202,7 +216,7 @@ def main():
         **result,
         "per_stage_seconds": seconds,
         "per_step_seconds": {
-            step: round(s, 3) for name in stages for step, s in step_times(stats[name]).items()
+            f"{name}/{step}": round(s, 3) for name in stages for step, s in step_times(stats[name]).items()
         },
         "tasks": args.tasks,
         "workers": args.workers,
@@ -228,12 +242,19 @@ def count(stats, key):
 
 
 def step_times(stats):
+    """Seconds each step spent on its own work, summed over tasks. datatrove times
+    MinhashDedupSignature's whole loop, the steps before it included (they are generators it
+    pulls from): their times are taken off its own."""
     out = {}
+    before = 0.0
     for step in stats:
-        t = step.get("time_stats") or {}
-        if t.get("total") is not None:
-            name = step["name"].split(": ", 1)[-1] if ": " in step["name"] else step["name"]
-            out[name.encode("ascii", "ignore").decode().strip()] = t["total"]
+        t = (step.get("time_stats") or {}).get("total")
+        if t is None:
+            continue
+        name = step["name"].split(": ", 1)[-1] if ": " in step["name"] else step["name"]
+        name = name.encode("ascii", "ignore").decode().strip()
+        out[name] = t - before if MinhashDedupSignature.name in step["name"] else t
+        before += out[name]
     return out
 
 
