@@ -564,22 +564,23 @@ fn every_task_runs_on_a_zflow_checkpoint_at_its_own_and_the_baselines_few_shot_c
 /// ARCHITECTURE.md, which the `prose` source reads).
 #[test]
 fn flagged_contamination_is_kept_and_listed_with_the_tasks_it_overlaps() {
-    let sb = Sandbox::new();
-    write_task(&sb);
-    let evals = |action: &str| {
-        format!(
+    // One sandbox (and store) per action: each holds one `ingest.prose`.
+    let ingest = |action: &str| -> (Sandbox, std::path::PathBuf) {
+        let sb = Sandbox::new();
+        write_task(&sb);
+        let evals = format!(
             "evals:\n  tasks: [next_line]\n  tasks_dir: tasks\n  data: {{toy: {{url: data/toy}}}}\n  decontaminate: {{action: {action}}}\n"
-        )
+        );
+        sb.write("r.yaml", &(tiny_train_recipe_on("torch", 1, 3) + &evals));
+        sb.ok(&["run", "r.yaml", "--until", "ingest.prose"]);
+        let out = sb.output("ingest.prose");
+        (sb, out)
     };
-    let base = tiny_train_recipe_on("torch", 1, 3);
-    sb.write("flag.yaml", &(base.clone() + &evals("flag")));
-    sb.write("remove.yaml", &(base + &evals("remove")));
-    sb.ok(&["run", "flag.yaml", "--until", "ingest.prose"]);
-    let flagged_stats = json_file(&sb.output("ingest.prose").join("stats.json"));
-    let flagged: Vec<(u64, Vec<String>)> = serde_json::from_slice(
-        &std::fs::read(sb.output("ingest.prose").join("contaminated.json")).unwrap(),
-    )
-    .unwrap();
+    let (_flag_sb, flag_out) = ingest("flag");
+    let flagged_stats = json_file(&flag_out.join("stats.json"));
+    let flagged: Vec<(u64, Vec<String>)> =
+        serde_json::from_slice(&std::fs::read(flag_out.join("contaminated.json")).unwrap())
+            .unwrap();
     let overlapping = flagged_stats["contamination"][0][1].as_u64().unwrap();
     assert!(overlapping > 0, "{flagged_stats}");
     assert_eq!(flagged_stats["contamination"][0][2].as_u64(), Some(0));
@@ -589,8 +590,8 @@ fn flagged_contamination_is_kept_and_listed_with_the_tasks_it_overlaps() {
         "duplicates are dropped after the check"
     );
 
-    sb.ok(&["run", "remove.yaml", "--until", "ingest.prose"]);
-    let removed = json_file(&sb.output("ingest.prose").join("stats.json"));
+    let (_remove_sb, remove_out) = ingest("remove");
+    let removed = json_file(&remove_out.join("stats.json"));
     assert_eq!(removed["contamination"][0][1].as_u64(), Some(overlapping));
     assert_eq!(
         removed["docs_out"].as_u64().unwrap() + flagged.len() as u64,
