@@ -32,8 +32,14 @@ sources:
     near_dedup: {}
     filters: {gopher_repetition: {}, gopher_quality: {}, c4: {}, fineweb: {}, pii: {}}
 tokenizer:
-  file: $tokenizer
+  file: $work/tokenizer.json
+  # GPT-NeoX's one special token begins, ends and pads (datatrove appends it after each document).
+  bos: "<|endoftext|>"
+  eos: "<|endoftext|>"
+  pad: "<|endoftext|>"
 EOF
+# zflow's tokenizer stage reads a file named tokenizer.json.
+cp "$tokenizer" "$work/tokenizer.json"
 
 # The peak RSS (MB) and wall seconds of a /usr/bin/time -v log.
 rss_mb() { awk '/Maximum resident/ {printf "%.0f", $6/1024}' "$1"; }
@@ -41,7 +47,7 @@ wall_s() { awk -F': ' '/Elapsed \(wall/ {n=split($2,t,":"); s=0; for(i=1;i<=n;i+
 report() { # name, log, documents, tokens
   local w; w=$(wall_s "$2")
   printf '%-10s %8.1f s %8.2f MB/s %10.0f tokens/s  peak RSS %6s MB  kept %9s documents  %11s tokens\n' \
-    "$1" "$w" "$(echo "$bytes / $w / 1e6" | bc -l)" "$(echo "$4 / $w" | bc -l)" "$(rss_mb "$2")" "$3" "$4"
+    "$1" "$w" "$(echo "$bytes / $w / 1000000" | bc -l)" "$(echo "$4 / $w" | bc -l)" "$(rss_mb "$2")" "$3" "$4"
 }
 
 run_zflow() {
