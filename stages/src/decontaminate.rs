@@ -227,20 +227,9 @@ impl Stage for Contamination {
     }
 
     fn run(&self, c: &ContaminationConfig, ctx: &StageContext) -> Result<()> {
-        let dir = c
-            .tasks_dir
-            .as_ref()
-            .map(|d| ctx.cwd().join(d))
-            .unwrap_or_else(zflow_evals::task::builtin_tasks_dir);
+        let dir = crate::eval::tasks_dir(c.tasks_dir.as_deref(), ctx.cwd());
         let registry = TaskRegistry::load_dir(&dir)?;
-        // The harness resolves dataset paths under one root: a folder of links, one per prefix.
-        let data_root = tempfile::Builder::new()
-            .prefix("zflow-contamination")
-            .tempdir()?;
-        for (prefix, stage) in &c.data {
-            std::os::unix::fs::symlink(ctx.input(stage)?, data_root.path().join(prefix))
-                .with_context(|| format!("linking data prefix `{prefix}` to `{stage}`"))?;
-        }
+        let data_root = crate::eval::link_data_root(ctx, &c.data)?;
         let mut names: Vec<String> = Vec::new();
         for n in &c.tasks {
             for t in registry.tasks_of(n)? {

@@ -154,11 +154,32 @@ impl EvalConfig {
 
     /// The task files: `tasks_dir` (relative to where zflow runs), else the built-in ones.
     fn tasks_dir(&self, cwd: &Path) -> PathBuf {
-        self.tasks_dir
-            .as_ref()
-            .map(|d| cwd.join(d))
-            .unwrap_or_else(zflow_evals::task::builtin_tasks_dir)
+        tasks_dir(self.tasks_dir.as_deref(), cwd)
     }
+}
+
+/// The task files of a stage that names them: `dir` (relative to `cwd`), else the built-in
+/// ones.
+pub(crate) fn tasks_dir(dir: Option<&str>, cwd: &Path) -> PathBuf {
+    dir.map(|d| cwd.join(d))
+        .unwrap_or_else(zflow_evals::task::builtin_tasks_dir)
+}
+
+/// The harness resolves dataset paths under one root: a temporary folder (outside the stage's
+/// output, so an interrupted attempt leaves none there) of links, one per data prefix, to the
+/// input stage holding it.
+pub(crate) fn link_data_root(
+    ctx: &StageContext,
+    data: &BTreeMap<String, String>,
+) -> Result<tempfile::TempDir> {
+    let root = tempfile::Builder::new()
+        .prefix("zflow-eval-data")
+        .tempdir()?;
+    for (prefix, stage) in data {
+        std::os::unix::fs::symlink(ctx.input(stage)?, root.path().join(prefix))
+            .with_context(|| format!("linking data prefix `{prefix}` to `{stage}`"))?;
+    }
+    Ok(root)
 }
 
 impl Stage for Eval {
@@ -289,15 +310,7 @@ impl Stage for Eval {
         tracing::info!("scoring {} ({})", model_path.display(), model.identity());
 
         let registry = TaskRegistry::load_dir(&c.tasks_dir(ctx.cwd()))?;
-        // The harness resolves dataset paths under one root: a folder of links, one per prefix
-        // (outside the output, so an interrupted attempt leaves none there).
-        let data_root = tempfile::Builder::new()
-            .prefix("zflow-eval-data")
-            .tempdir()?;
-        for (prefix, stage) in &c.data {
-            std::os::unix::fs::symlink(ctx.input(stage)?, data_root.path().join(prefix))
-                .with_context(|| format!("linking data prefix `{prefix}` to `{stage}`"))?;
-        }
+        let data_root = link_data_root(ctx, &c.data)?;
         let progress = ctx.progress().clone();
         let cancel = ctx.cancel_token().clone();
         let sink: zflow_evals::engine::ProgressSink =
