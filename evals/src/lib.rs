@@ -15,6 +15,7 @@
 //! - [`results`]: the results document (in the spirit of lm-eval's `results.json`) and its table;
 //! - [`evaluate`]: the entry point that ties them together;
 //! - [`gguf`]: the GGUF adapter (candle's quantized CPU kernels; Gemma 3 and Llama);
+//! - [`sandbox`]: model-written programs run with no network, no host files and hard limits;
 //! - [`transformers`]: the ZAYA1 adapter (zflow checkpoints and Hugging Face folders scored by
 //!   transformers in the torch engine's Python).
 
@@ -33,6 +34,7 @@ pub mod process;
 pub mod report;
 pub mod request;
 pub mod results;
+pub mod sandbox;
 pub mod task;
 pub mod template;
 pub mod tokenizer;
