@@ -1,7 +1,8 @@
 """Scoring through transformers for zflow's evaluation harness (``evals/src/transformers.rs``):
-``python -m zflow_torch.score FOLDER DEVICE`` loads a ZAYA1 Hugging Face folder in
-transformers 5.23's layout with ``AutoModelForCausalLM.from_pretrained`` (float32) on
-``DEVICE`` (``cpu``, ``cuda:N``; a ROCm build of PyTorch names its GPUs ``cuda`` too), then
+``python -m zflow_torch.score FOLDER DEVICE [TOKENIZER_JSON]`` loads a ZAYA1 Hugging Face folder
+in transformers 5.23's layout with ``AutoModelForCausalLM.from_pretrained`` (float32) on
+``DEVICE`` (``cpu``, ``cuda:N``; a ROCm build of PyTorch names its GPUs ``cuda`` too), and the
+model's ``tokenizer.json`` (a ``tokenizers`` file, used only to check stop strings), then
 answers one JSON line on stdout per JSON line on stdin:
 
 - ``{"op": "loglikelihood", "groups": [[{"context": [ids], "continuation": [ids]}, ...], ...]}``
@@ -9,13 +10,18 @@ answers one JSON line on stdout per JSON line on stdin:
   of its continuation and whether every continuation token was the argmax, group by group. A
   group is one document's requests; for models from ``SHARE_PREFIX_MIN_HIDDEN`` wide up, their
   shared prefix runs once (``hidden_states``); smaller ones run a line's groups as one batch.
-- ``{"op": "generate", "context": [ids], "max_new_tokens": n}`` -> ``{"tokens": [ids]}``: greedy
-  decoding with transformers' cache (the harness applies its stop rules to the result).
+- ``{"op": "generate", "contexts": [[ids], ...], "max_new_tokens": n, "until": ["stop", ...],
+  "eos": [ids]}`` -> ``{"generations": [[ids], ...]}``: greedy decoding of every context at
+  once, one left-padded batch through transformers' cache (``generate``). A row stops at the
+  first token after which its generated tokens, decoded with special tokens kept, contain an
+  ``until`` string (empty ones are ignored), or at a token of ``eos``; its generation ends with
+  that token. The batch stops when every row has, or after ``max_new_tokens``. Each row's
+  tokens are those it would get alone. ``until`` needs TOKENIZER_JSON.
 
 The first line it writes is ``{"ready": true, "transformers": ..., "torch": ..., "device": ...}``.
 A folder that states ``"zflow_skip_output": "input"`` is scored with the older skip semantics
-(``skip_input_forward``, the one place zflow changes transformers). Token ids only:
-tokenization is the harness's.
+(``skip_input_forward``, the one place zflow changes transformers). Token ids in and out: the
+harness tokenizes, and decodes what is generated.
 """
 
 import json
@@ -25,6 +31,7 @@ from typing import Any
 
 import torch
 import transformers
+from tokenizers import Tokenizer
 from torch import nn
 from transformers import AutoModelForCausalLM, DynamicCache, ZayaForCausalLM
 from transformers.models.zaya import modeling_zaya
@@ -119,7 +126,9 @@ def score(
     """``[logprob, is_greedy]`` for each request, in one batch (``hidden_states``).
 
     Only the positions that predict a continuation token go through the output layer and the
-    log-softmax, so no ``[rows, length, vocabulary]`` tensor is ever made."""
+    log-softmax, so no ``[rows, length, vocabulary]`` tensor is ever made; the chosen tokens'
+    log-probabilities and argmax verdicts are taken on the device, and summed (float64) on the
+    host."""
     rows = [r["context"] + r["continuation"][:-1] for r in requests]
     states = hidden_states(net, rows, share_prefix)
     picked = torch.cat(
@@ -128,10 +137,12 @@ def score(
             for h, r in zip(states, requests, strict=True)
         ]
     )
-    logp = torch.log_softmax(net.lm_head(picked).float(), dim=-1).cpu()
-    targets = torch.tensor([t for r in requests for t in r["continuation"]])
-    chosen = logp.gather(1, targets[:, None])[:, 0].double()
-    hits = logp.argmax(dim=-1) == targets
+    logp = torch.log_softmax(net.lm_head(picked).float(), dim=-1)
+    targets = torch.tensor([t for r in requests for t in r["continuation"]], device=logp.device)
+    # Picked and judged where they were computed: only a log-probability and a verdict per
+    # token cross to the host, never the [tokens, vocabulary] log-probabilities.
+    chosen = logp.gather(1, targets[:, None])[:, 0].cpu().double()
+    hits = (logp.argmax(dim=-1) == targets).cpu()
     out = []
     at = 0
     for r in requests:
@@ -164,19 +175,116 @@ def loglikelihood(
         return out
 
 
-def generate(net: ZayaForCausalLM, context: list[int], max_new_tokens: int) -> list[int]:
+# How many tokens more than the longest stop string's UTF-8 bytes a row's stop check decodes
+# (``stop_window``).
+STOP_MARGIN_TOKENS = 8
+
+
+def stop_window(until: list[str]) -> int:
+    """How many of a row's last tokens its stop check decodes: enough to hold any stop string
+    that the newest token completes, exactly as decoding the whole row shows it.
+
+    Decoded with special tokens kept, every token gives at least one byte, so such an
+    occurrence (it ends within the newest token, or within the few before it whose UTF-8
+    character the newest one completes) starts within the last ``bytes + 4`` tokens. Decoding a
+    window rather than the whole row changes only the window's start (a UTF-8 character split
+    at it shows as U+FFFD, a decoder strips a leading space): the margin keeps that away from
+    the occurrence. An occurrence that does not involve the newest token would have stopped the
+    row a step earlier. So each step's check costs the stop strings' length, not the row's."""
+    return max(len(u.encode()) for u in until) + STOP_MARGIN_TOKENS
+
+
+def generate(
+    net: ZayaForCausalLM,
+    tokenizer: Tokenizer | None,
+    contexts: list[list[int]],
+    max_new_tokens: int,
+    until: list[str],
+    eos: list[int],
+) -> list[list[int]]:
+    """Greedy continuations of ``contexts``, one per context, as the module docstring states.
+
+    All rows run as one batch through transformers' cache: one pass over the contexts,
+    left-padded to the longest (the attention mask keeps padding out of attention, and ZAYA's
+    CCA zeroes it before its convolution, as zeros before a lone row's first token are; each
+    row's positions count from its first real token), then one pass per generated token. So
+    each row's tokens are those it gets alone, and the last pass is the step where the last row
+    stops, not ``max_new_tokens``. A row that has stopped keeps being fed (its own argmax) until
+    the batch ends, and what it makes is dropped."""
+    stops = [u for u in until if u]
+    if stops and tokenizer is None:
+        raise ValueError("stop strings need the tokenizer (the scorer's third argument)")
+    if any(not c for c in contexts):
+        raise ValueError("an empty context: it has no token to continue from")
+    out: list[list[int]] = [[] for _ in contexts]
+    if not contexts or max_new_tokens <= 0:
+        return out
     device = next(net.parameters()).device
-    ids = torch.tensor([context], device=device)
-    with torch.no_grad():
-        out = net.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
-    tokens: list[int] = out[0, len(context) :].tolist()
-    return tokens
+    rows = len(contexts)
+    width = max(len(c) for c in contexts)
+    pad = net.config.pad_token_id
+    ids = torch.full((rows, width), 0 if pad is None else pad, dtype=torch.long)
+    mask = torch.zeros((rows, width), dtype=torch.long)
+    for i, c in enumerate(contexts):
+        ids[i, width - len(c) :] = torch.tensor(c)
+        mask[i, width - len(c) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    cache = DynamicCache(config=net.config)
+    done = [False] * rows
+    ends = set(eos)
+    window = stop_window(stops) if stops else 0
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            logits = net(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits
+            chosen = logits[:, -1].argmax(dim=-1)
+            new: list[int] = chosen.tolist()
+            live = [i for i in range(rows) if not done[i]]
+            for i in live:
+                out[i].append(new[i])
+                done[i] = new[i] in ends
+            live = [i for i in live if not done[i]]
+            if stops and live:
+                assert tokenizer is not None
+                texts = tokenizer.decode_batch(
+                    [out[i][-window:] for i in live], skip_special_tokens=False
+                )
+                for i, text in zip(live, texts, strict=True):
+                    done[i] = any(u in text for u in stops)
+            if all(done):
+                break
+            ids = chosen[:, None]
+            positions = positions[:, -1:] + 1
+            mask = torch.cat([mask, mask.new_ones((rows, 1))], dim=1)
+    return out
 
 
-def serve(folder: Path, device: str) -> None:
+def answer(
+    net: ZayaForCausalLM, tokenizer: Tokenizer | None, msg: dict[str, Any]
+) -> dict[str, Any]:
+    """The reply to one request line (the module docstring's protocol)."""
+    if msg["op"] == "loglikelihood":
+        return {"scores": loglikelihood(net, msg["groups"])}
+    if msg["op"] == "generate":
+        generations = generate(
+            net, tokenizer, msg["contexts"], msg["max_new_tokens"], msg["until"], msg["eos"]
+        )
+        return {"generations": generations}
+    raise SystemExit(f"unknown op {msg['op']!r}")
+
+
+def serve(folder: Path, device: str, tokenizer_file: Path | None) -> None:
     # Progress bars would go to the harness's terminal, between its own.
     transformers.utils.logging.disable_progress_bar()
     net = load(folder, device)
+    tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tokenizer_file is not None else None
     hello = {
         "ready": True,
         "transformers": transformers.__version__,
@@ -185,15 +293,8 @@ def serve(folder: Path, device: str) -> None:
     }
     print(json.dumps(hello), flush=True)
     for line in sys.stdin:
-        msg = json.loads(line)
-        if msg["op"] == "loglikelihood":
-            reply: dict[str, Any] = {"scores": loglikelihood(net, msg["groups"])}
-        elif msg["op"] == "generate":
-            reply = {"tokens": generate(net, msg["context"], msg["max_new_tokens"])}
-        else:
-            raise SystemExit(f"unknown op {msg['op']!r}")
-        print(json.dumps(reply), flush=True)
+        print(json.dumps(answer(net, tokenizer, json.loads(line))), flush=True)
 
 
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]), sys.argv[2])
+    serve(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]) if len(sys.argv) > 3 else None)
