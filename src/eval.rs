@@ -44,12 +44,13 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 2048)]
     pub max_length: usize,
     /// Where a zflow / Hugging Face ZAYA1 model runs: cpu, cuda or rocm (PyTorch's devices),
-    /// on device --device.
+    /// on the devices of --device.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
-    /// The GPU index for --backend cuda|rocm.
-    #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    /// The GPU indices for --backend cuda|rocm, comma-separated: one scorer runs on each and
+    /// every batch is split between them.
+    #[arg(long, default_value = "0", value_delimiter = ',')]
+    pub device: Vec<usize>,
     /// Who scores a zflow / Hugging Face ZAYA1 model: `torch` (transformers 5.23 in the torch
     /// engine's environment), the one there is and the default.
     #[arg(long)]
@@ -75,7 +76,7 @@ pub fn open_model(
     eos: &str,
     max_length: usize,
     backend: &str,
-    device: usize,
+    device: &[usize],
     engine: Option<&str>,
 ) -> Result<Box<dyn LanguageModel>> {
     match engine {
@@ -136,7 +137,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         &a.eos,
         a.max_length,
         &a.backend,
-        a.device,
+        &a.device,
         a.engine.as_deref(),
     )?;
     eprintln!(
@@ -156,6 +157,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         limit: a.limit,
         num_fewshot: a.num_fewshot,
         log_samples: a.log_samples,
+        python: zflow_stages::eval::python_env(),
         engine: EngineOptions {
             max_batch_tokens: a.batch_tokens,
             progress: true,

@@ -81,7 +81,7 @@ fn zflow_scores(
     tokenizer: &Path,
     groups: &[Vec<TokenRequest>],
 ) -> (Vec<Score>, Vec<u32>) {
-    let mut m = zflow_stages::eval::open_transformers(model, tokenizer, "t0", 64, "cpu", 0)
+    let mut m = zflow_stages::eval::open_transformers(model, tokenizer, "t0", 64, "cpu", &[0])
         .unwrap_or_else(|e| panic!("{}: {e:#}", model.display()));
     let scores = m.loglikelihood(groups).unwrap().concat();
     let generated = m

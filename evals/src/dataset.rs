@@ -23,6 +23,10 @@ pub enum DatasetFormat {
     OeEvalRequests,
     /// JSON lines (optionally gzipped), one object per document.
     Jsonl,
+    /// The documents are written in the task file itself (`docs:`), as lm-eval's
+    /// `fewshot_config.samples` are: fixed few-shot exemplars (gsm8k's chain-of-thought 8,
+    /// minerva's 4).
+    Inline,
 }
 
 /// Where a task's documents come from.
@@ -31,8 +35,13 @@ pub enum DatasetFormat {
 pub struct DatasetSpec {
     /// The file layout.
     pub format: DatasetFormat,
-    /// Path relative to the data root; `{split}` is replaced by the split's name.
+    /// Path relative to the data root; `{split}` is replaced by the split's name (none for
+    /// `inline`).
+    #[serde(default)]
     pub path: String,
+    /// The documents of an `inline` dataset, every split alike.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub docs: Vec<Doc>,
     /// A built-in document preprocessor applied to every row ([`crate::process`]).
     #[serde(default)]
     pub process_docs: Option<String>,
@@ -74,6 +83,19 @@ pub fn split_path(spec: &DatasetSpec, data_root: &Path, split: &str) -> PathBuf 
 
 /// Reads one split.
 pub fn load(spec: &DatasetSpec, data_root: &Path, split: &str) -> Result<Dataset> {
+    if spec.format == DatasetFormat::Inline {
+        if spec.docs.is_empty() || !spec.path.is_empty() {
+            bail!("an `inline` dataset has its documents in `docs:` and no `path`");
+        }
+        return Ok(Dataset {
+            source: PathBuf::from("(the task file's `docs:`)"),
+            columns: columns_of(&spec.docs),
+            docs: spec.docs.clone(),
+        });
+    }
+    if !spec.docs.is_empty() {
+        bail!("`docs:` is for `format: inline` datasets");
+    }
     let path = split_path(spec, data_root, split);
     if !path.exists() {
         bail!(
@@ -87,6 +109,7 @@ pub fn load(spec: &DatasetSpec, data_root: &Path, split: &str) -> Result<Dataset
         DatasetFormat::ArrowStream => read_arrow_stream(&path),
         DatasetFormat::OeEvalRequests => read_oe_eval(&path),
         DatasetFormat::Jsonl => read_jsonl(&path),
+        DatasetFormat::Inline => unreachable!("returned above"),
     }
     .with_context(|| format!("reading dataset file {}", path.display()))?;
     Ok(Dataset {
@@ -222,6 +245,7 @@ mod tests {
             format: DatasetFormat::OeEvalRequests,
             path: "requests.jsonl.gz".into(),
             process_docs: None,
+            docs: Vec::new(),
         };
         let ds = load(&spec, dir.path(), "test").unwrap();
         assert_eq!(ds.docs.len(), 2);
@@ -243,6 +267,7 @@ mod tests {
             format: DatasetFormat::ArrowStream,
             path: "x/{split}/d.arrow".into(),
             process_docs: None,
+            docs: Vec::new(),
         };
         let err = load(&spec, Path::new("/nonexistent"), "validation")
             .unwrap_err()
@@ -286,6 +311,7 @@ mod tests {
             format: DatasetFormat::ArrowStream,
             path: "d.arrow".into(),
             process_docs: None,
+            docs: Vec::new(),
         };
         let ds = load(&spec, dir.path(), "x").unwrap();
         assert_eq!(ds.columns, vec!["ids", "choices", "label"]);
@@ -335,6 +361,7 @@ mod tests {
                     format,
                     path: path.into(),
                     process_docs: None,
+                    docs: Vec::new(),
                 },
                 &root,
                 "",

@@ -378,60 +378,86 @@ impl<'a> Engine<'a> {
         keys: &[Vec<crate::cache::Key>],
         progress: &mut Progress,
     ) -> Result<()> {
-        let total: usize = instances
-            .iter()
-            .flat_map(|i| &i.requests)
-            .filter(|r| matches!(r, Request::Generate { .. }))
-            .count();
-        if total == 0 {
-            return Ok(());
-        }
-        // The stop check decodes while the model is borrowed for generation: it gets its own
-        // copy of the tokenizer, made once.
-        let tokenizer = self.model.tokenizer().inner().clone();
-        let mut done = 0;
+        // Every generation request still to run (the first of identical ones), with its
+        // tokenized, windowed context.
+        let mut pending: Vec<(usize, usize, Vec<u32>)> = Vec::new();
+        let mut queued = std::collections::HashSet::new();
+        let (mut total, mut done) = (0, 0);
+        let max_len = self.model.max_length();
         for (i, inst) in instances.iter().enumerate() {
             for (j, req) in inst.requests.iter().enumerate() {
                 let Request::Generate {
                     context,
-                    until,
                     max_gen_toks,
+                    ..
                 } = req
                 else {
                     continue;
                 };
-                done += 1;
-                if self.cache.get(&keys[i][j]).is_some() {
+                total += 1;
+                if self.cache.get(&keys[i][j]).is_some() || !queued.insert(keys[i][j]) {
                     self.stats.cached += 1;
+                    done += 1;
                     continue;
                 }
                 let ctx = self.model.tokenizer().encode_context(context)?;
-                let max_len = self.model.max_length();
-                let ctx = if ctx.len() + max_gen_toks > max_len {
-                    ctx[(ctx.len() + max_gen_toks)
-                        .saturating_sub(max_len)
-                        .min(ctx.len() - 1)..]
-                        .to_vec()
-                } else {
-                    ctx
-                };
-                let t0 = Instant::now();
-                let text = {
-                    let model = &mut *self.model;
-                    let mut stop = |generated: &[u32]| -> bool {
-                        let text = tokenizer.decode(generated, true).unwrap_or_default();
-                        until.iter().any(|u| text.contains(u.as_str()))
-                    };
-                    let out = model.generate_greedy(&ctx, *max_gen_toks, &mut stop)?;
-                    self.stats.generated_tokens += out.len();
-                    self.stats.input_tokens += ctx.len() + out.len();
-                    cut_at_stop(&model.tokenizer().decode(&out)?, until)
-                };
-                self.stats.model_time += t0.elapsed();
-                self.cache.put(keys[i][j], Cached::Text { text })?;
-                self.stats.scored += 1;
-                progress.tick(done, total, self.stats.input_tokens, false)?;
+                // Room for the generation: cut the context from the left, keeping a token.
+                let cut = (ctx.len() + max_gen_toks)
+                    .saturating_sub(max_len)
+                    .min(ctx.len() - 1);
+                pending.push((i, j, ctx[cut..].to_vec()));
             }
+        }
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let settings = |p: &(usize, usize, Vec<u32>)| match &instances[p.0].requests[p.1] {
+            Request::Generate {
+                until,
+                max_gen_toks,
+                ..
+            } => (until.clone(), *max_gen_toks),
+            _ => unreachable!("only generation requests are pending"),
+        };
+        // lm-eval's order: longest context first (ties in input order), so batches hold
+        // similar lengths and an out-of-memory shows at once. A batch shares its stop
+        // sequences and token limit, and holds at most `max_batch_tokens` context and
+        // generated tokens (always at least one request).
+        pending.sort_by_key(|p| std::cmp::Reverse(p.2.len()));
+        let mut at = 0;
+        while at < pending.len() {
+            let (until, max_gen_toks) = settings(&pending[at]);
+            let mut end = at + 1;
+            let mut cost = pending[at].2.len() + max_gen_toks;
+            while end < pending.len()
+                && settings(&pending[end]) == (until.clone(), max_gen_toks)
+                && cost + pending[end].2.len() + max_gen_toks <= self.opts.max_batch_tokens
+            {
+                cost += pending[end].2.len() + max_gen_toks;
+                end += 1;
+            }
+            let batch = &pending[at..end];
+            let contexts: Vec<Vec<u32>> = batch.iter().map(|p| p.2.clone()).collect();
+            let t0 = Instant::now();
+            let outputs = self.model.generate_batch(&contexts, max_gen_toks, &until)?;
+            self.stats.model_time += t0.elapsed();
+            if outputs.len() != batch.len() {
+                bail!(
+                    "the model returned {} generations for {} contexts",
+                    outputs.len(),
+                    batch.len()
+                );
+            }
+            for ((i, j, ctx), out) in batch.iter().zip(outputs) {
+                self.stats.generated_tokens += out.len();
+                self.stats.input_tokens += ctx.len() + out.len();
+                let text = cut_at_stop(&self.model.tokenizer().decode(&out)?, &until);
+                self.cache.put(keys[*i][*j], Cached::Text { text })?;
+                self.stats.scored += 1;
+                done += 1;
+            }
+            at = end;
+            progress.tick(done, total, self.stats.input_tokens, false)?;
         }
         progress.tick(done, total, self.stats.input_tokens, true)?;
         Ok(())

@@ -27,8 +27,79 @@ pub struct EvalOptions {
     pub num_fewshot: Option<usize>,
     /// Put per-document scores into the results.
     pub log_samples: bool,
+    /// The torch engine's Python: its base installation runs code tasks' programs in
+    /// [`crate::sandbox`], and it compares MATH answers with sympy. Tasks that need it are
+    /// refused without one.
+    pub python: Option<PythonEnv>,
     /// Batching and progress.
     pub engine: EngineOptions,
+}
+
+/// A Python and the environment its `zflow_torch` modules run in (`PYTHONPATH`).
+#[derive(Debug, Clone)]
+pub struct PythonEnv {
+    /// The interpreter.
+    pub program: PathBuf,
+    /// Variables to set.
+    pub env: Vec<(String, std::ffi::OsString)>,
+}
+
+impl PythonEnv {
+    /// Runs `python -m module`, `input` on its stdin; its stdout as JSON.
+    fn run_module(&self, module: &str, input: &serde_json::Value) -> Result<serde_json::Value> {
+        use std::io::Write;
+        let mut child = std::process::Command::new(&self.program)
+            .args(["-m", module])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {} -m {module}", self.program.display()))?;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(&serde_json::to_vec(input)?)?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "{} -m {module} failed ({}); its errors are above",
+                self.program.display(),
+                out.status
+            );
+        }
+        serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("{module} answered {}", String::from_utf8_lossy(&out.stdout)))
+    }
+}
+
+/// Which of `pairs` sympy judges equal (`workers/torch/zflow_torch/math_equivalence.py`).
+fn sympy_equivalent(
+    python: &PythonEnv,
+    pairs: Vec<(String, String)>,
+) -> Result<std::collections::HashSet<(String, String)>> {
+    if pairs.is_empty() {
+        return Ok(Default::default());
+    }
+    let reply = python.run_module(
+        "zflow_torch.math_equivalence",
+        &serde_json::json!({"pairs": pairs}),
+    )?;
+    let verdicts: Vec<bool> = serde_json::from_value(reply["equivalent"].clone())
+        .context("math_equivalence's verdicts")?;
+    if verdicts.len() != pairs.len() {
+        bail!(
+            "math_equivalence judged {} of {} pairs",
+            verdicts.len(),
+            pairs.len()
+        );
+    }
+    Ok(pairs
+        .into_iter()
+        .zip(verdicts)
+        .filter(|(_, v)| *v)
+        .map(|(p, _)| p)
+        .collect())
 }
 
 /// Results plus what it took (kept apart from the results so those stay reproducible).
@@ -67,8 +138,47 @@ pub fn evaluate(
         let mut engine = Engine::new(model, &mut cache, opts.engine.clone());
         let results = engine.run(&instances, name)?;
         let stats = engine.stats.clone();
-        let (metrics, samples) = metrics::compute(&loaded.spec, &instances, &results)
-            .with_context(|| format!("scoring task {name}"))?;
+        let runs = match &loaded.spec.code_eval {
+            None => None,
+            Some(code) => {
+                let python = opts.python.as_ref().with_context(|| {
+                    format!(
+                        "task {name} runs the model's programs, and no Python was given for the sandbox \
+                         (the torch engine's: scripts/setup.sh makes it)"
+                    )
+                })?;
+                let limits = crate::sandbox::Limits {
+                    wall_secs: code.timeout,
+                    cpu_secs: code.timeout,
+                    ..Default::default()
+                };
+                let sandbox = crate::sandbox::PythonSandbox::new(&python.program, limits)?;
+                let programs = metrics::programs(&loaded.spec, &instances, &results)?;
+                let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+                Some(sandbox.run_all(&programs, threads)?)
+            }
+        };
+        let equivalent = match loaded.spec.exact_match.equivalence {
+            None => Default::default(),
+            Some(crate::task::Equivalence::Sympy) => {
+                let python = opts.python.as_ref().with_context(|| {
+                    format!(
+                        "task {name} compares answers with sympy, and no Python was given \
+                         (the torch engine's: scripts/setup.sh makes it)"
+                    )
+                })?;
+                let pairs = metrics::equivalence_candidates(&loaded.spec, &instances, &results)?;
+                sympy_equivalent(python, pairs).with_context(|| format!("task {name}"))?
+            }
+        };
+        let (metrics, samples) = metrics::compute(
+            &loaded.spec,
+            &instances,
+            &results,
+            runs.as_deref(),
+            &equivalent,
+        )
+        .with_context(|| format!("scoring task {name}"))?;
         let dataset =
             crate::dataset::split_path(&loaded.spec.dataset, Path::new(""), &loaded.spec.split);
         tasks.push(TaskResult {
@@ -143,7 +253,16 @@ fn group_results(
         let key = metric.name();
         let mut values = Vec::new();
         for (member, (m, n)) in &members {
-            let Some(&(v, se)) = m.get(key) else {
+            // A member with one answer filter reports `exact_match,<filter>`: that is its
+            // `exact_match`.
+            let prefixed: Vec<_> = m
+                .iter()
+                .filter(|(k, _)| k.strip_prefix(key).is_some_and(|r| r.starts_with(',')))
+                .collect();
+            let found = m
+                .get(key)
+                .or_else(|| (prefixed.len() == 1).then(|| prefixed[0].1));
+            let Some(&(v, se)) = found else {
                 bail!(
                     "group file {}: member `{member}` reports no `{key}`",
                     file.display()

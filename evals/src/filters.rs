@@ -9,7 +9,7 @@
 use anyhow::Result;
 use regex::Regex;
 
-use crate::task::{ExactMatchSpec, FilterSpec};
+use crate::task::{AnswerNormalization, ExactMatchSpec, FilterSpec};
 
 /// A compiled extraction filter.
 #[derive(Debug, Clone)]
@@ -19,6 +19,8 @@ pub struct Extractor {
     regex: Regex,
     group_select: i64,
     fallback: String,
+    suffix: String,
+    normalize: Option<AnswerNormalization>,
 }
 
 impl Extractor {
@@ -29,11 +31,21 @@ impl Extractor {
             regex: Regex::new(&spec.regex)?,
             group_select: spec.group_select,
             fallback: spec.fallback.clone(),
+            suffix: spec.suffix.clone(),
+            normalize: spec.normalize,
         })
     }
 
-    /// The extracted answer (stripped), or the fallback.
+    /// The extracted answer (stripped, then normalised), or the fallback (normalised too).
     pub fn apply(&self, text: &str) -> String {
+        let answer = self.extract(&format!("{text}{}", self.suffix));
+        match self.normalize {
+            None => answer,
+            Some(AnswerNormalization::MinervaMath) => crate::math::normalize_final_answer(&answer),
+        }
+    }
+
+    fn extract(&self, text: &str) -> String {
         let groups = self.regex.captures_len();
         let matches: Vec<Option<String>> = self
             .regex
@@ -102,9 +114,16 @@ impl Normalizer {
         s
     }
 
-    /// 1.0 when prediction and reference normalise to the same text.
-    pub fn score(&self, prediction: &str, reference: &str) -> f64 {
-        f64::from(u8::from(self.apply(prediction) == self.apply(reference)))
+    /// 1.0 when prediction and reference normalise to the same text, or to a pair in
+    /// `equivalent` (those the task's `exact_match.equivalence` judged equal).
+    pub fn score(
+        &self,
+        prediction: &str,
+        reference: &str,
+        equivalent: &std::collections::HashSet<(String, String)>,
+    ) -> f64 {
+        let pair = (self.apply(prediction), self.apply(reference));
+        f64::from(u8::from(pair.0 == pair.1 || equivalent.contains(&pair)))
     }
 }
 
@@ -118,6 +137,8 @@ mod tests {
             regex: r"#### (\-?[0-9\.\,]+)".into(),
             group_select: 0,
             fallback: "[invalid]".into(),
+            suffix: String::new(),
+            normalize: None,
         })
         .unwrap();
         let flexible = Extractor::new(&FilterSpec {
@@ -125,6 +146,8 @@ mod tests {
             regex: r"(-?[$0-9.,]{2,})|(-?[0-9]+)".into(),
             group_select: -1,
             fallback: "[invalid]".into(),
+            suffix: String::new(),
+            normalize: None,
         })
         .unwrap();
         let norm = Normalizer::new(&ExactMatchSpec {
@@ -136,6 +159,7 @@ mod tests {
                 "(?s).*#### ".into(),
                 r"\.$".into(),
             ],
+            equivalence: None,
         })
         .unwrap();
         (strict, flexible, norm)
@@ -144,16 +168,36 @@ mod tests {
     #[test]
     fn gsm8k_extraction_matches_lm_eval() {
         let (strict, flexible, norm) = gsm8k();
+        let none = Default::default();
         let reference = "She makes 9 * 2 = $<<9*2=18>>18 every day.\n#### 18";
         let out = " Janet has 16 - 3 - 4 = 9 eggs. 9 * 2 = $18.\n#### 18";
         assert_eq!(strict.apply(out), "18");
-        assert_eq!(norm.score(&strict.apply(out), reference), 1.0);
+        assert_eq!(norm.score(&strict.apply(out), reference, &none), 1.0);
         let out = " She sells 9 eggs for $2 each, so she makes $18.";
         assert_eq!(strict.apply(out), "[invalid]");
         assert_eq!(flexible.apply(out), "$18.");
-        assert_eq!(norm.score(&flexible.apply(out), reference), 1.0);
+        assert_eq!(norm.score(&flexible.apply(out), reference, &none), 1.0);
         assert_eq!(flexible.apply("1,234 and then 5"), "5");
         assert_eq!(norm.apply("$1,234."), "1234");
         assert_eq!(flexible.apply("no digits"), "[invalid]");
+    }
+
+    #[test]
+    fn minerva_answers_are_extracted_and_normalised_as_lm_eval_does() {
+        let minerva = Extractor::new(&FilterSpec {
+            name: "minerva".into(),
+            regex: "Final Answer: The final answer is(.*?). I hope it is correct.".into(),
+            group_select: 0,
+            fallback: "[invalidanswer]".into(),
+            suffix: "I hope it is correct.".into(),
+            normalize: Some(AnswerNormalization::MinervaMath),
+        })
+        .unwrap();
+        let g = "so x = 4.\nFinal Answer: The final answer is $4$. I hope it is correct.\n\n";
+        assert_eq!(minerva.apply(g), "4");
+        // Cut off before the closing sentence.
+        let g = "Final Answer: The final answer is $\\frac{1}{2}$ inches. ";
+        assert_eq!(minerva.apply(g), "\\frac{1}{2}");
+        assert_eq!(minerva.apply("no answer here"), "[invalidanswer]");
     }
 }

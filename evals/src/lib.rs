@@ -28,6 +28,7 @@ pub mod evaluate;
 pub mod fewshot;
 pub mod filters;
 pub mod gguf;
+pub mod math;
 pub mod metrics;
 pub mod model;
 pub mod process;

@@ -86,24 +86,174 @@ fn score_of(c: &Cached) -> Result<crate::model::Score> {
     }
 }
 
-/// What the harness keeps per document for the results' samples.
+/// What the harness keeps per document for the results' samples (`--log-samples`): what
+/// lm-eval's samples hold, so a person (or a comparison with lm-eval) reads each document's
+/// exact prompts and the model's raw answers.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DocScores {
     /// Document index.
     pub doc: usize,
+    /// The reference: the gold choice, the scored text, the target answer, or a code task's
+    /// tests.
+    pub target: String,
+    /// Each request as sent (the exact prompt) with the model's raw response.
+    pub requests: Vec<SampleRequest>,
     /// Metric name -> per-document value (`acc`: 0/1, `perplexity`: the loglikelihood, ...).
     pub values: BTreeMap<String, f64>,
     /// Generation tasks: the filtered answers by filter name.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub answers: BTreeMap<String, String>,
+    /// Code tasks: how the program ran in the sandbox.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run: Option<crate::sandbox::Run>,
+}
+
+/// One request of a sample and its raw response.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SampleRequest {
+    /// A (context, continuation) pair and its score.
+    Loglikelihood {
+        /// The prompt, few-shot examples included.
+        context: String,
+        /// The scored text.
+        continuation: String,
+        /// Its log-likelihood.
+        logprob: f64,
+        /// Whether every token of it was the model's greedy choice.
+        is_greedy: bool,
+    },
+    /// A whole text scored in windows.
+    Rolling {
+        /// The text.
+        text: String,
+        /// Its log-likelihood.
+        logprob: f64,
+    },
+    /// A generation.
+    Generate {
+        /// The prompt, few-shot examples included.
+        context: String,
+        /// The stop sequences.
+        until: Vec<String>,
+        /// The token limit.
+        max_gen_toks: usize,
+        /// The generated text, cut before the first stop sequence.
+        text: String,
+    },
+}
+
+fn sample_requests(inst: &Instance, res: &[Cached]) -> Vec<SampleRequest> {
+    use crate::request::Request;
+    inst.requests
+        .iter()
+        .zip(res)
+        .map(|(req, c)| match (req, c) {
+            (
+                Request::Loglikelihood {
+                    context,
+                    continuation,
+                },
+                Cached::Score(s),
+            ) => SampleRequest::Loglikelihood {
+                context: context.clone(),
+                continuation: continuation.clone(),
+                logprob: s.logprob,
+                is_greedy: s.is_greedy,
+            },
+            (Request::Rolling { text }, Cached::Score(s)) => SampleRequest::Rolling {
+                text: text.clone(),
+                logprob: s.logprob,
+            },
+            (
+                Request::Generate {
+                    context,
+                    until,
+                    max_gen_toks,
+                },
+                Cached::Text { text },
+            ) => SampleRequest::Generate {
+                context: context.clone(),
+                until: until.clone(),
+                max_gen_toks: *max_gen_toks,
+                text: text.clone(),
+            },
+            _ => unreachable!("results have their requests' kinds (checked by scoring)"),
+        })
+        .collect()
+}
+
+/// Code tasks: each document's program, from its generation (after the task's first filter,
+/// if it has one), to be run in [`crate::sandbox`].
+pub fn programs(
+    spec: &TaskSpec,
+    instances: &[Instance],
+    results: &[Vec<Cached>],
+) -> Result<Vec<String>> {
+    let extractor = spec.filters.first().map(Extractor::new).transpose()?;
+    instances
+        .iter()
+        .zip(results)
+        .map(|(inst, res)| {
+            let Some(Cached::Text { text }) = res.first() else {
+                bail!("expected a generation in the cache")
+            };
+            let answer = extractor
+                .as_ref()
+                .map_or_else(|| text.clone(), |e| e.apply(text));
+            Ok(inst.program(&answer))
+        })
+        .collect()
+}
+
+/// Tasks with an `exact_match.equivalence`: every (answer, reference) pair, both normalised,
+/// that differs as text, for that equivalence to judge (each pair once, in document order).
+pub fn equivalence_candidates(
+    spec: &TaskSpec,
+    instances: &[Instance],
+    results: &[Vec<Cached>],
+) -> Result<Vec<(String, String)>> {
+    let extractors: Vec<Extractor> = spec
+        .filters
+        .iter()
+        .map(Extractor::new)
+        .collect::<Result<_>>()?;
+    let normalizer = Normalizer::new(&spec.exact_match)?;
+    let mut seen = std::collections::HashSet::new();
+    let mut pairs = Vec::new();
+    for (inst, res) in instances.iter().zip(results) {
+        let Some(Cached::Text { text }) = res.first() else {
+            continue;
+        };
+        let answers: Vec<String> = if extractors.is_empty() {
+            vec![text.clone()]
+        } else {
+            extractors.iter().map(|e| e.apply(text)).collect()
+        };
+        for a in answers {
+            let pair = (normalizer.apply(&a), normalizer.apply(&inst.target));
+            if pair.0 != pair.1 && seen.insert(pair.clone()) {
+                pairs.push(pair);
+            }
+        }
+    }
+    Ok(pairs)
 }
 
 /// Scores every document and aggregates, in the order of `spec.metrics` (then filters).
+/// `runs` are code tasks' program runs, one per instance ([`programs`]); `equivalent` holds the
+/// (answer, reference) pairs, both normalised, that `exact_match.equivalence` judged equal
+/// ([`equivalence_candidates`]).
 pub fn compute(
     spec: &TaskSpec,
     instances: &[Instance],
     results: &[Vec<Cached>],
+    runs: Option<&[crate::sandbox::Run]>,
+    equivalent: &std::collections::HashSet<(String, String)>,
 ) -> Result<(Vec<MetricValue>, Vec<DocScores>)> {
+    if spec.code_eval.is_some() && runs.is_none_or(|r| r.len() != instances.len()) {
+        bail!("a code task is scored with one program run per document");
+    }
     let mut docs = Vec::with_capacity(instances.len());
     // Per metric name: per-document values, and for ratios the denominators.
     let mut cols: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
@@ -113,7 +263,8 @@ pub fn compute(
         .map(Extractor::new)
         .collect::<Result<_>>()?;
     let normalizer = Normalizer::new(&spec.exact_match)?;
-    for (inst, res) in instances.iter().zip(results) {
+    for (k, (inst, res)) in instances.iter().zip(results).enumerate() {
+        let run = runs.map(|r| r[k].clone());
         let mut values = BTreeMap::new();
         let mut answers = BTreeMap::new();
         let mut push = |name: &str, v: f64, d: f64, values: &mut BTreeMap<String, f64>| {
@@ -180,19 +331,32 @@ pub fn compute(
                 let Cached::Text { text } = &res[0] else {
                     bail!("expected a generation in the cache")
                 };
-                if extractors.is_empty() {
+                if let Some(run) = &run {
+                    let passed = f64::from(u8::from(run.outcome.passed()));
+                    push(Metric::PassAt1.name(), passed, 1.0, &mut values);
+                    let answer = extractors
+                        .first()
+                        .map_or_else(|| text.clone(), |e| e.apply(text));
+                    answers.insert("program".to_string(), inst.program(&answer));
+                }
+                if !spec.metrics.contains(&Metric::ExactMatch) {
+                    // A code task: its filters shape the program, not an exact match.
+                } else if extractors.is_empty() {
                     push(
                         "exact_match",
-                        normalizer.score(text, &inst.target),
+                        normalizer.score(text, &inst.target, equivalent),
                         1.0,
                         &mut values,
                     );
                 }
-                for ex in &extractors {
+                for ex in extractors
+                    .iter()
+                    .filter(|_| spec.metrics.contains(&Metric::ExactMatch))
+                {
                     let answer = ex.apply(text);
                     push(
                         &format!("exact_match,{}", ex.name),
-                        normalizer.score(&answer, &inst.target),
+                        normalizer.score(&answer, &inst.target, equivalent),
                         1.0,
                         &mut values,
                     );
@@ -202,8 +366,11 @@ pub fn compute(
         }
         docs.push(DocScores {
             doc: inst.doc_index,
+            target: inst.target.clone(),
+            requests: sample_requests(inst, res),
             values,
             answers,
+            run,
         });
     }
     // Aggregate in the spec's metric order (then filter order), not name order.
@@ -311,6 +478,7 @@ mod tests {
             choices: vec!["ab".into(), "abcdef".into()],
             gold: Some(gold),
             target: String::new(),
+            program_prefix: None,
         };
         let sc = |l| {
             Cached::Score(Score {
@@ -323,6 +491,8 @@ mod tests {
             &spec,
             &[inst(0), inst(1)],
             &[vec![sc(-2.0), sc(-3.0)], vec![sc(-2.0), sc(-3.0)]],
+            None,
+            &Default::default(),
         )
         .unwrap();
         assert_eq!(vals[0].metric, "acc");

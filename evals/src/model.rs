@@ -45,4 +45,28 @@ pub trait LanguageModel {
         max_new_tokens: usize,
         stop: &mut dyn FnMut(&[u32]) -> bool,
     ) -> Result<Vec<u32>>;
+
+    /// Greedy decoding after each of `contexts`, every one stopping at an end-of-sequence
+    /// token, at `max_new_tokens`, or once its decoded text holds one of `until` (that token
+    /// included; the caller trims). Each result must equal [`LanguageModel::generate_greedy`]'s
+    /// for its context alone. The default runs them one by one; an adapter with batched
+    /// decoding (the transformers scorer) runs them together.
+    fn generate_batch(
+        &mut self,
+        contexts: &[Vec<u32>],
+        max_new_tokens: usize,
+        until: &[String],
+    ) -> Result<Vec<Vec<u32>>> {
+        // The stop check decodes while the model is borrowed for generation: it gets its own
+        // copy of the tokenizer.
+        let tokenizer = self.tokenizer().inner().clone();
+        let mut stop = |generated: &[u32]| -> bool {
+            let text = tokenizer.decode(generated, true).unwrap_or_default();
+            until.iter().any(|u| text.contains(u.as_str()))
+        };
+        contexts
+            .iter()
+            .map(|c| self.generate_greedy(c, max_new_tokens, &mut stop))
+            .collect()
+    }
 }

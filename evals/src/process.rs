@@ -22,7 +22,10 @@ pub fn columns(name: &str) -> Result<(&'static [&'static str], &'static [&'stati
             &["contexts", "continuation", "gold"],
             &["sentence", "option1", "option2", "answer"],
         ),
-        other => bail!("unknown process_docs `{other}` (known: hellaswag, winogrande)"),
+        "minerva_math" => (&["answer"], &["solution"]),
+        other => {
+            bail!("unknown process_docs `{other}` (known: hellaswag, winogrande, minerva_math)")
+        }
     })
 }
 
@@ -36,6 +39,7 @@ pub fn apply(name: &str, ds: &mut Dataset) -> Result<()> {
         let extra = match name {
             "hellaswag" => hellaswag(doc),
             "winogrande" => winogrande(doc),
+            "minerva_math" => minerva_math(doc),
             _ => unreachable!("checked by columns()"),
         }
         .with_context(|| {
@@ -60,6 +64,16 @@ fn str_col<'a>(doc: &'a crate::dataset::Doc, col: &str) -> Result<&'a str> {
     doc.get(col)
         .and_then(Value::as_str)
         .with_context(|| format!("column `{col}` is not a string"))
+}
+
+/// lm-eval's `minerva_math` `process_docs`: the gold answer is the solution's last box,
+/// normalised ([`crate::math::gold_answer`]). AllenAI's prepared documents carry an `answer`
+/// of their own that differs on 96 of MATH's 5,500 test problems; this one replaces it.
+fn minerva_math(doc: &crate::dataset::Doc) -> Result<Vec<(&'static str, Value)>> {
+    let solution = str_col(doc, "solution")?;
+    let answer = crate::math::gold_answer(solution)
+        .with_context(|| "the solution has no \\boxed{} answer")?;
+    Ok(vec![("answer", json!(answer))])
 }
 
 static BRACKETS: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\[.*?\]").unwrap());

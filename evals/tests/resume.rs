@@ -124,6 +124,7 @@ fn opts(dir: &Path, cache: &str) -> EvalOptions {
         limit: None,
         num_fewshot: None,
         log_samples: true,
+        python: None,
         engine: EngineOptions {
             max_batch_tokens: 40,
             progress: false,

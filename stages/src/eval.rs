@@ -122,6 +122,10 @@ pub struct EvalConfig {
     /// differently, so the backend is part of the identity.
     #[serde(default = "cpu")]
     pub backend: String,
+    /// GPUs the stage asks for (with a GPU `backend`): one scorer runs on each, and every
+    /// batch is split between them (does not change any score, so not part of the identity).
+    #[serde(default = "one", skip_serializing)]
+    pub devices: u32,
     /// Who scores a zflow or Hugging Face ZAYA1 model: `torch` (transformers 5.23 in the torch
     /// engine's environment, `zflow_evals::transformers`), the one there is and the default.
     /// `native` (the retired burn forward pass) is refused at load.
@@ -131,6 +135,10 @@ pub struct EvalConfig {
 
 fn cpu() -> String {
     "cpu".into()
+}
+
+fn one() -> u32 {
+    1
 }
 /// The scoring engines `engine` may name.
 pub const SCORING_ENGINES: &[&str] = &["torch"];
@@ -269,7 +277,7 @@ impl Stage for Eval {
         let all = std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1);
-        let gpus = u32::from(c.backend != "cpu");
+        let gpus = if c.backend == "cpu" { 0 } else { c.devices };
         zflow_pipeline::Resources {
             cpus: c.threads.unwrap_or(all).clamp(1, all),
             gpus,
@@ -306,6 +314,7 @@ impl Stage for Eval {
             tokenizer_dir.as_deref(),
             c.max_length,
             &c.backend,
+            c.devices as usize,
         )?;
         tracing::info!("scoring {} ({})", model_path.display(), model.identity());
 
@@ -326,6 +335,7 @@ impl Stage for Eval {
             limit: c.limit,
             num_fewshot: c.num_fewshot,
             log_samples: false,
+            python: python_env(),
             engine: EngineOptions {
                 max_batch_tokens: c.max_batch_tokens,
                 progress: false,
@@ -361,37 +371,52 @@ impl Stage for Eval {
     }
 }
 
+/// The torch engine's Python for the harness's code sandbox and sympy comparisons, when there
+/// is one (tasks that need it say so when it is missing).
+pub fn python_env() -> Option<zflow_evals::evaluate::PythonEnv> {
+    let e = crate::engine::torch_module("zflow_torch.math_equivalence", Vec::new()).ok()?;
+    Some(zflow_evals::evaluate::PythonEnv {
+        program: e.program,
+        env: e.env,
+    })
+}
+
 /// A zflow or Hugging Face ZAYA1 model scored through transformers in the torch engine's
-/// environment (`crate::engine::torch_module`), on `backend` device `device`: PyTorch names
-/// ROCm GPUs `cuda` too.
+/// environment (`crate::engine::torch_module`), on `backend` devices `devices` (one scorer
+/// each; PyTorch names ROCm GPUs `cuda` too).
 pub fn open_transformers(
     path: &Path,
     tokenizer: &Path,
     eos: &str,
     max_length: usize,
     backend: &str,
-    device: usize,
+    devices: &[usize],
 ) -> Result<zflow_evals::transformers::TransformersModel> {
     let e = crate::engine::torch_module("zflow_torch.score", Vec::new())?;
     let mut scorer = std::process::Command::new(&e.program);
     scorer.args(&e.args).envs(e.env.iter().map(|(k, v)| (k, v)));
     let device = match backend {
         "cpu" => "cpu".to_string(),
-        _ => format!("cuda:{device}"),
+        _ => devices
+            .iter()
+            .map(|d| format!("cuda:{d}"))
+            .collect::<Vec<_>>()
+            .join(","),
     };
     zflow_evals::transformers::TransformersModel::open(
         scorer, path, tokenizer, eos, max_length, &device,
     )
 }
 
-/// Opens a model for scoring; a zflow model through transformers on `backend` (device 0:
-/// under a scheduler, the device the stage was given).
+/// Opens a model for scoring; a zflow model through transformers on `backend`, on its first
+/// `devices` devices (under a scheduler, the devices the stage was given).
 pub fn open_model(
     format: ModelFormat,
     path: &Path,
     tokenizer_dir: Option<&Path>,
     max_length: usize,
     backend: &str,
+    devices: usize,
 ) -> Result<Box<dyn LanguageModel + Send>> {
     let tokenizer = tokenizer_dir.map(|d| d.join("tokenizer.json"));
     Ok(match format {
@@ -405,7 +430,12 @@ pub fn open_model(
             };
             let eos = eos_token(dir, tokenizer)?;
             Box::new(open_transformers(
-                path, tokenizer, &eos, max_length, backend, 0,
+                path,
+                tokenizer,
+                &eos,
+                max_length,
+                backend,
+                &(0..devices.max(1)).collect::<Vec<_>>(),
             )?)
         }
         ModelFormat::Gguf => Box::new(zflow_evals::gguf::GgufModel::load(

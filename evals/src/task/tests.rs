@@ -24,7 +24,14 @@ fn builtin_tasks_load() {
     ] {
         assert!(reg.tasks.contains_key(t), "{t}");
     }
-    for t in ["openbookqa", "sciq", "gsm8k", "lambada"] {
+    for t in [
+        "openbookqa",
+        "sciq",
+        "gsm8k_cot",
+        "humaneval",
+        "mbpp",
+        "lambada",
+    ] {
         assert!(reg.tasks.contains_key(t), "{t}");
     }
     let mmlu = reg.tasks_of("mmlu").unwrap();

@@ -61,6 +61,9 @@ pub struct EvalsSpec {
     /// Where they are scored: `cpu` (the default), `cuda` or `rocm`.
     #[serde(default)]
     pub backend: Option<String>,
+    /// GPUs per eval stage with a GPU backend (one scorer on each; default 1).
+    #[serde(default)]
+    pub devices: Option<u32>,
     /// Remove (or flag) training documents that share an n-gram with the tasks' test
     /// documents ([`crate::decontaminate`]): a `contamination` stage every ingest reads.
     #[serde(default)]
@@ -159,6 +162,9 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
             if let Some(v) = value {
                 config[key] = json!(v);
             }
+        }
+        if let Some(n) = s.devices {
+            config["devices"] = json!(n);
         }
         // A batch holds at least one input of the phase's full context.
         config["max_batch_tokens"] = json!(
