@@ -155,6 +155,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         data_root: a.data.clone(),
         cache_dir: a.cache.clone(),
         limit: a.limit,
+        generation_limit: None,
         num_fewshot: a.num_fewshot,
         log_samples: a.log_samples,
         python: zflow_stages::eval::python_env(),

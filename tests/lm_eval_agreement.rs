@@ -77,5 +77,9 @@ fn zflow_agrees_with_lm_eval_per_document() {
         .arg(sb.path().join("zflow.json"))
         .arg(sb.path().join("lm-eval")));
     eprintln!("{report}");
-    assert_eq!(report.matches("2 documents compared, agree").count(), 6, "{report}");
+    assert_eq!(
+        report.matches("2 documents compared, agree").count(),
+        6,
+        "{report}"
+    );
 }

@@ -23,6 +23,9 @@ pub struct EvalOptions {
     pub cache_dir: PathBuf,
     /// Score only the first N documents of each task.
     pub limit: Option<usize>,
+    /// Score only the first N documents of each generation task (each generates up to
+    /// hundreds of tokens), when fewer than `limit`.
+    pub generation_limit: Option<usize>,
     /// Override every task's number of few-shot examples.
     pub num_fewshot: Option<usize>,
     /// Put per-document scores into the results.
@@ -134,7 +137,14 @@ pub fn evaluate(
         let loaded = &registry.tasks[name];
         let t0 = Instant::now();
         let prepared = PreparedTask::prepare(loaded, &opts.data_root, opts.num_fewshot)?;
-        let instances = prepared.instances(opts.limit)?;
+        let limit = match loaded.spec.output_type {
+            crate::task::OutputType::GenerateUntil => match (opts.limit, opts.generation_limit) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+            _ => opts.limit,
+        };
+        let instances = prepared.instances(limit)?;
         let mut engine = Engine::new(model, &mut cache, opts.engine.clone());
         let results = engine.run(&instances, name)?;
         let stats = engine.stats.clone();

@@ -186,10 +186,17 @@ impl PreparedTask {
             // solution`); one neither has is a typo.
             for col in self.templates.columns(field)? {
                 let who = format!("task file {file}: field `{name}`");
-                let in_fewshot = self
-                    .fewshot_docs
+                // Inline few-shot documents count even when none are asked for (0-shot).
+                let inline = self
+                    .spec()
+                    .fewshot_dataset
                     .as_ref()
-                    .is_some_and(|fs| fs.columns.contains(&col));
+                    .is_some_and(|d| d.docs.iter().any(|doc| doc.contains_key(&col)));
+                let in_fewshot = inline
+                    || self
+                        .fewshot_docs
+                        .as_ref()
+                        .is_some_and(|fs| fs.columns.contains(&col));
                 if !in_fewshot {
                     self.docs.require_column(&col, &who)?;
                 }

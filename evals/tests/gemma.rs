@@ -40,6 +40,7 @@ fn opts(cache: &Path, limit: usize, num_fewshot: Option<usize>) -> EvalOptions {
         data_root: zflow_evals::evaluate::test_data_root(),
         cache_dir: cache.to_path_buf(),
         limit: Some(limit),
+        generation_limit: None,
         num_fewshot,
         log_samples: false,
         // The torch engine's Python: code tasks run their programs with it, MATH compares

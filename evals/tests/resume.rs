@@ -122,6 +122,7 @@ fn opts(dir: &Path, cache: &str) -> EvalOptions {
         data_root: dir.join("data"),
         cache_dir: dir.join(cache),
         limit: None,
+        generation_limit: None,
         num_fewshot: None,
         log_samples: true,
         python: None,

@@ -106,6 +106,9 @@ pub struct EvalConfig {
     /// Documents per task (default: all).
     #[serde(default)]
     pub limit: Option<usize>,
+    /// Documents per generation task, when fewer than `limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_limit: Option<usize>,
     /// Override every task's number of few-shot examples.
     #[serde(default)]
     pub num_fewshot: Option<usize>,
@@ -333,6 +336,7 @@ impl Stage for Eval {
             data_root: data_root.path().to_path_buf(),
             cache_dir: ctx.cache_dir().join("eval-requests"),
             limit: c.limit,
+            generation_limit: c.generation_limit,
             num_fewshot: c.num_fewshot,
             log_samples: false,
             python: python_env(),

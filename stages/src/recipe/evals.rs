@@ -40,6 +40,9 @@ pub struct EvalsSpec {
     /// Documents per task.
     #[serde(default)]
     pub limit: Option<usize>,
+    /// Documents per generation task (gsm8k, MATH, code), when fewer than `limit`.
+    #[serde(default)]
+    pub generation_limit: Option<usize>,
     /// Few-shot examples, overriding each task's own.
     #[serde(default)]
     pub num_fewshot: Option<usize>,
@@ -165,6 +168,9 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
         }
         if let Some(n) = s.devices {
             config["devices"] = json!(n);
+        }
+        if let Some(n) = s.generation_limit {
+            config["generation_limit"] = json!(n);
         }
         // A batch holds at least one input of the phase's full context.
         config["max_batch_tokens"] = json!(
