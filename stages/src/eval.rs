@@ -125,8 +125,9 @@ pub struct EvalConfig {
     /// differently, so the backend is part of the identity.
     #[serde(default = "cpu")]
     pub backend: String,
-    /// GPUs the stage asks for (with a GPU `backend`): one scorer runs on each, and every
-    /// batch is split between them (does not change any score, so not part of the identity).
+    /// GPUs the stage asks for (with a GPU `backend`; on the CPU, scorer processes): one
+    /// scorer runs on each, and every batch is split between them (does not change any
+    /// score, so not part of the identity).
     #[serde(default = "one", skip_serializing)]
     pub devices: u32,
     /// Who scores a zflow or Hugging Face ZAYA1 model: `torch` (transformers 5.23 in the torch
@@ -400,7 +401,7 @@ pub fn open_transformers(
     let mut scorer = std::process::Command::new(&e.program);
     scorer.args(&e.args).envs(e.env.iter().map(|(k, v)| (k, v)));
     let device = match backend {
-        "cpu" => "cpu".to_string(),
+        "cpu" => vec!["cpu"; devices.len().max(1)].join(","),
         _ => devices
             .iter()
             .map(|d| format!("cuda:{d}"))
