@@ -2,7 +2,7 @@
 `evaluate.load("code_eval")`.
 
 `evaluate` fetches that metric's script from the Hugging Face Hub (it is not in the PyPI
-package), which this project cannot reach. `evaluate.load(NAME)` first looks for NAME/NAME.py
+package), which this project cannot reach. `evaluate.load(name)` first looks for a folder of that name holding a script of that name
 under the working directory, so run.sh runs lm_eval from scripts/lm-eval/ and this file is
 loaded instead, lm-eval's task code unchanged. It is written here from the metric's documented
 behaviour, which it keeps:
