@@ -251,9 +251,11 @@ stages:
     run: cat "$ZFLOW_IN_SLOW/two" > "$ZFLOW_OUT/three"
 "#;
 
+/// Waits until `path` holds a whole line: the shell creates the file before `echo` writes to
+/// it, so its mere existence is not enough.
 fn wait_for(path: &std::path::Path, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !path.exists() {
+    while !std::fs::read_to_string(path).is_ok_and(|s| s.ends_with('\n')) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -490,7 +492,7 @@ stages:
     kind: shell
     needs: [corpus]
     run: |
-      touch "$PWD/reader.started"
+      echo started > "$PWD/reader.started"
       while [ ! -e "$PWD/go" ]; do sleep 0.05; done
       cat "$ZFLOW_IN_CORPUS"/a.txt > "$ZFLOW_OUT/copy.txt"
 "#,
