@@ -380,7 +380,13 @@ impl<'a> Engine<'a> {
     ) -> Result<()> {
         // Every generation request still to run (the first of identical ones), with its
         // tokenized, windowed context.
-        let mut pending: Vec<(usize, usize, Vec<u32>)> = Vec::new();
+        struct Pending<'r> {
+            at: (usize, usize),
+            context: Vec<u32>,
+            until: &'r [String],
+            max_gen_toks: usize,
+        }
+        let mut pending: Vec<Pending> = Vec::new();
         let mut queued = std::collections::HashSet::new();
         let (mut total, mut done) = (0, 0);
         let max_len = self.model.max_length();
@@ -388,8 +394,8 @@ impl<'a> Engine<'a> {
             for (j, req) in inst.requests.iter().enumerate() {
                 let Request::Generate {
                     context,
+                    until,
                     max_gen_toks,
-                    ..
                 } = req
                 else {
                     continue;
@@ -405,41 +411,39 @@ impl<'a> Engine<'a> {
                 let cut = (ctx.len() + max_gen_toks)
                     .saturating_sub(max_len)
                     .min(ctx.len() - 1);
-                pending.push((i, j, ctx[cut..].to_vec()));
+                pending.push(Pending {
+                    at: (i, j),
+                    context: ctx[cut..].to_vec(),
+                    until,
+                    max_gen_toks: *max_gen_toks,
+                });
             }
         }
         if pending.is_empty() {
             return Ok(());
         }
-        let settings = |p: &(usize, usize, Vec<u32>)| match &instances[p.0].requests[p.1] {
-            Request::Generate {
-                until,
-                max_gen_toks,
-                ..
-            } => (until.clone(), *max_gen_toks),
-            _ => unreachable!("only generation requests are pending"),
-        };
         // lm-eval's order: longest context first (ties in input order), so batches hold
         // similar lengths and an out-of-memory shows at once. A batch shares its stop
         // sequences and token limit, and holds at most `max_batch_tokens` context and
         // generated tokens (always at least one request).
-        pending.sort_by_key(|p| std::cmp::Reverse(p.2.len()));
+        pending.sort_by_key(|p| std::cmp::Reverse(p.context.len()));
         let mut at = 0;
         while at < pending.len() {
-            let (until, max_gen_toks) = settings(&pending[at]);
+            let (until, max_gen_toks) = (pending[at].until, pending[at].max_gen_toks);
             let mut end = at + 1;
-            let mut cost = pending[at].2.len() + max_gen_toks;
+            let mut cost = pending[at].context.len() + max_gen_toks;
             while end < pending.len()
-                && settings(&pending[end]) == (until.clone(), max_gen_toks)
-                && cost + pending[end].2.len() + max_gen_toks <= self.opts.max_batch_tokens
+                && pending[end].until == until
+                && pending[end].max_gen_toks == max_gen_toks
+                && cost + pending[end].context.len() + max_gen_toks <= self.opts.max_batch_tokens
             {
-                cost += pending[end].2.len() + max_gen_toks;
+                cost += pending[end].context.len() + max_gen_toks;
                 end += 1;
             }
             let batch = &pending[at..end];
-            let contexts: Vec<Vec<u32>> = batch.iter().map(|p| p.2.clone()).collect();
+            let contexts: Vec<Vec<u32>> = batch.iter().map(|p| p.context.clone()).collect();
             let t0 = Instant::now();
-            let outputs = self.model.generate_batch(&contexts, max_gen_toks, &until)?;
+            let outputs = self.model.generate_batch(&contexts, max_gen_toks, until)?;
             self.stats.model_time += t0.elapsed();
             if outputs.len() != batch.len() {
                 bail!(
@@ -448,11 +452,12 @@ impl<'a> Engine<'a> {
                     batch.len()
                 );
             }
-            for ((i, j, ctx), out) in batch.iter().zip(outputs) {
+            for (p, out) in batch.iter().zip(outputs) {
                 self.stats.generated_tokens += out.len();
-                self.stats.input_tokens += ctx.len() + out.len();
-                let text = cut_at_stop(&self.model.tokenizer().decode(&out)?, &until);
-                self.cache.put(keys[*i][*j], Cached::Text { text })?;
+                self.stats.input_tokens += p.context.len() + out.len();
+                let text = cut_at_stop(&self.model.tokenizer().decode(&out)?, until);
+                self.cache
+                    .put(keys[p.at.0][p.at.1], Cached::Text { text })?;
                 self.stats.scored += 1;
                 done += 1;
             }

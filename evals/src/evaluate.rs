@@ -76,6 +76,16 @@ impl PythonEnv {
     }
 }
 
+/// The Python task `task` needs because it `does` something only Python can.
+fn required_python<'a>(opts: &'a EvalOptions, task: &str, does: &str) -> Result<&'a PythonEnv> {
+    opts.python.as_ref().with_context(|| {
+        format!(
+            "task {task} {does}, and no Python was given (the torch engine's: scripts/setup.sh \
+             makes it)"
+        )
+    })
+}
+
 /// Which of `pairs` sympy judges equal (`workers/torch/zflow_torch/math_equivalence.py`).
 fn sympy_equivalent(
     python: &PythonEnv,
@@ -151,12 +161,7 @@ pub fn evaluate(
         let runs = match &loaded.spec.code_eval {
             None => None,
             Some(code) => {
-                let python = opts.python.as_ref().with_context(|| {
-                    format!(
-                        "task {name} runs the model's programs, and no Python was given for the sandbox \
-                         (the torch engine's: scripts/setup.sh makes it)"
-                    )
-                })?;
+                let python = required_python(opts, name, "runs the model's programs")?;
                 let limits = crate::sandbox::Limits {
                     wall_secs: code.timeout,
                     cpu_secs: code.timeout,
@@ -171,12 +176,7 @@ pub fn evaluate(
         let equivalent = match loaded.spec.exact_match.equivalence {
             None => Default::default(),
             Some(crate::task::Equivalence::Sympy) => {
-                let python = opts.python.as_ref().with_context(|| {
-                    format!(
-                        "task {name} compares answers with sympy, and no Python was given \
-                         (the torch engine's: scripts/setup.sh makes it)"
-                    )
-                })?;
+                let python = required_python(opts, name, "compares answers with sympy")?;
                 let pairs = metrics::equivalence_candidates(&loaded.spec, &instances, &results)?;
                 sympy_equivalent(python, pairs).with_context(|| format!("task {name}"))?
             }

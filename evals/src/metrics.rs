@@ -183,14 +183,27 @@ fn sample_requests(inst: &Instance, res: &[Cached]) -> Vec<SampleRequest> {
         .collect()
 }
 
-/// Code tasks: each document's program, from its generation (after the task's first filter,
-/// if it has one), to be run in [`crate::sandbox`].
+/// The task's answer extraction pipelines, compiled.
+fn extractors(spec: &TaskSpec) -> Result<Vec<Extractor>> {
+    spec.filters.iter().map(Extractor::new).collect()
+}
+
+/// A code task's program for one generation: the answer is the generation after the task's
+/// first filter, if it has one.
+fn program_of(extractors: &[Extractor], inst: &Instance, text: &str) -> String {
+    let answer = extractors
+        .first()
+        .map_or_else(|| text.to_string(), |e| e.apply(text));
+    inst.program(&answer)
+}
+
+/// Code tasks: each document's program ([`program_of`]), to be run in [`crate::sandbox`].
 pub fn programs(
     spec: &TaskSpec,
     instances: &[Instance],
     results: &[Vec<Cached>],
 ) -> Result<Vec<String>> {
-    let extractor = spec.filters.first().map(Extractor::new).transpose()?;
+    let extractors = extractors(spec)?;
     instances
         .iter()
         .zip(results)
@@ -198,10 +211,7 @@ pub fn programs(
             let Some(Cached::Text { text }) = res.first() else {
                 bail!("expected a generation in the cache")
             };
-            let answer = extractor
-                .as_ref()
-                .map_or_else(|| text.clone(), |e| e.apply(text));
-            Ok(inst.program(&answer))
+            Ok(program_of(&extractors, inst, text))
         })
         .collect()
 }
@@ -213,11 +223,7 @@ pub fn equivalence_candidates(
     instances: &[Instance],
     results: &[Vec<Cached>],
 ) -> Result<Vec<(String, String)>> {
-    let extractors: Vec<Extractor> = spec
-        .filters
-        .iter()
-        .map(Extractor::new)
-        .collect::<Result<_>>()?;
+    let extractors = extractors(spec)?;
     let normalizer = Normalizer::new(&spec.exact_match)?;
     let mut seen = std::collections::HashSet::new();
     let mut pairs = Vec::new();
@@ -257,11 +263,7 @@ pub fn compute(
     let mut docs = Vec::with_capacity(instances.len());
     // Per metric name: per-document values, and for ratios the denominators.
     let mut cols: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-    let extractors: Vec<Extractor> = spec
-        .filters
-        .iter()
-        .map(Extractor::new)
-        .collect::<Result<_>>()?;
+    let extractors = extractors(spec)?;
     let normalizer = Normalizer::new(&spec.exact_match)?;
     for (k, (inst, res)) in instances.iter().zip(results).enumerate() {
         let run = runs.map(|r| r[k].clone());
@@ -334,33 +336,28 @@ pub fn compute(
                 if let Some(run) = &run {
                     let passed = f64::from(u8::from(run.outcome.passed()));
                     push(Metric::PassAt1.name(), passed, 1.0, &mut values);
-                    let answer = extractors
-                        .first()
-                        .map_or_else(|| text.clone(), |e| e.apply(text));
-                    answers.insert("program".to_string(), inst.program(&answer));
+                    answers.insert("program".to_string(), program_of(&extractors, inst, text));
                 }
-                if !spec.metrics.contains(&Metric::ExactMatch) {
-                    // A code task: its filters shape the program, not an exact match.
-                } else if extractors.is_empty() {
-                    push(
-                        "exact_match",
-                        normalizer.score(text, &inst.target, equivalent),
-                        1.0,
-                        &mut values,
-                    );
-                }
-                for ex in extractors
-                    .iter()
-                    .filter(|_| spec.metrics.contains(&Metric::ExactMatch))
-                {
-                    let answer = ex.apply(text);
-                    push(
-                        &format!("exact_match,{}", ex.name),
-                        normalizer.score(&answer, &inst.target, equivalent),
-                        1.0,
-                        &mut values,
-                    );
-                    answers.insert(ex.name.clone(), answer);
+                // A code task's filters shape its program, not an exact match.
+                if spec.metrics.contains(&Metric::ExactMatch) {
+                    if extractors.is_empty() {
+                        push(
+                            "exact_match",
+                            normalizer.score(text, &inst.target, equivalent),
+                            1.0,
+                            &mut values,
+                        );
+                    }
+                    for ex in &extractors {
+                        let answer = ex.apply(text);
+                        push(
+                            &format!("exact_match,{}", ex.name),
+                            normalizer.score(&answer, &inst.target, equivalent),
+                            1.0,
+                            &mut values,
+                        );
+                        answers.insert(ex.name.clone(), answer);
+                    }
                 }
             }
         }
