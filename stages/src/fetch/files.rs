@@ -1,4 +1,5 @@
-//! Local files: glob matches, and copying a fetched tree (or a part of an archive) into the output.
+//! Local files: glob matches, where a local fetch lays them out, and copying a fetched tree (or
+//! a part of an archive) into the output.
 
 use anyhow::{Context, Result, bail};
 use std::fs;
@@ -64,6 +65,44 @@ pub(super) fn walk_files(path: &Path) -> Result<Vec<PathBuf>> {
         }
     } else {
         out.push(path.to_path_buf());
+    }
+    Ok(out)
+}
+
+/// Where a local fetch puts what its `url` matched (`matches`, from [`local_matches`]), as
+/// (destination relative to the output, source), in match order: one folder's contents
+/// (destination `""`), as for a package path; otherwise (a file, a glob, several matches) each
+/// match under its own name. The one statement of that rule: the copy, the in-place pointers
+/// and the file list a recipe sizes its shards by must agree on every path.
+pub(super) fn local_layout(matches: &[(String, PathBuf)]) -> Vec<(PathBuf, &Path)> {
+    match matches {
+        [(_, dir)] if dir.is_dir() => vec![(PathBuf::new(), dir.as_path())],
+        _ => matches
+            .iter()
+            .map(|(_, path)| {
+                (
+                    PathBuf::from(path.file_name().unwrap_or_default()),
+                    path.as_path(),
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Every file a local fetch brings, as (path relative to the output, file), in
+/// [`local_layout`]'s order, each match's files sorted.
+pub(super) fn local_entries(matches: &[(String, PathBuf)]) -> Result<Vec<(PathBuf, PathBuf)>> {
+    let mut out = Vec::new();
+    for (dest, src) in local_layout(matches) {
+        for file in walk_files(src)? {
+            // Chained components, not `join`: a matched file strips to `""`, and
+            // `dest.join("")` would end its path in a `/`.
+            let rel = dest
+                .components()
+                .chain(file.strip_prefix(src).unwrap_or(&file).components())
+                .collect();
+            out.push((rel, file));
+        }
     }
     Ok(out)
 }

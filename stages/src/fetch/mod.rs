@@ -40,7 +40,7 @@ use download::{
     apt_download, cached_download, check_sha, http_get, run_tool, single_file, unpack_dir, untar,
     unzip_path,
 };
-use files::{copy_selected, copy_tree, local_matches, walk_files};
+use files::{copy_selected, copy_tree, local_entries, local_layout, local_matches, walk_files};
 
 /// The `fetch` stage kind.
 pub struct Fetch;
@@ -78,28 +78,16 @@ pub fn local_files(url: &str, cwd: &Path) -> Result<Option<Vec<(String, u64)>>> 
     let Ok(Source::Local(pattern)) = parse_url(url) else {
         return Ok(None);
     };
-    let matches = local_matches(cwd, pattern)?;
     let mut out = Vec::new();
-    // As `run` copies them: one folder's contents, else each match under its own name.
-    let single_dir = matches!(matches.as_slice(), [(_, dir)] if dir.is_dir());
-    for (_, path) in &matches {
-        let base = if single_dir {
-            path.clone()
-        } else {
-            path.parent().map(Path::to_path_buf).unwrap_or_default()
-        };
-        for file in walk_files(path)? {
-            let rel: Vec<String> = file
-                .strip_prefix(&base)
-                .unwrap_or(&file)
-                .components()
-                .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                .collect();
-            let size = fs::metadata(&file)
-                .with_context(|| format!("reading {}", file.display()))?
-                .len();
-            out.push((rel.join("/"), size));
-        }
+    for (rel, file) in local_entries(&local_matches(cwd, pattern)?)? {
+        let rel: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let size = fs::metadata(&file)
+            .with_context(|| format!("reading {}", file.display()))?
+            .len();
+        out.push((rel.join("/"), size));
     }
     out.sort();
     Ok(Some(out))
@@ -235,15 +223,13 @@ impl Stage for Fetch {
                     };
                     check_sha(single, pin)?;
                 }
-                match matches.as_slice() {
-                    _ if config.in_place => write_pointers(ctx, pattern, &matches)?,
-                    // One folder: its contents, as for package paths.
-                    [(_, dir)] if dir.is_dir() => copy_selected(dir, "", out, false)?,
-                    _ => {
-                        for (_, path) in &matches {
-                            ctx.check_cancelled()?;
-                            copy_tree(path, &out.join(path.file_name().unwrap_or_default()))?;
-                        }
+                if config.in_place {
+                    write_pointers(ctx, pattern, &matches)?;
+                } else {
+                    // Whole matches, not `local_entries`' files: a copy keeps empty folders.
+                    for (dest, src) in local_layout(&matches) {
+                        ctx.check_cancelled()?;
+                        copy_tree(src, &out.join(dest))?;
                     }
                 }
             }
@@ -389,33 +375,23 @@ fn write_pointers(
     matches: &[(String, std::path::PathBuf)],
 ) -> Result<()> {
     let out = ctx.out_dir();
-    let single_dir = matches!(matches, [(_, dir)] if dir.is_dir());
     let (mut files, mut bytes, mut hashed) = (0u64, 0u64, 0u64);
-    for (_, path) in matches {
-        // As a copy lays them out: one folder's contents, else each match under its name.
-        let base = if single_dir {
-            path.clone()
-        } else {
-            path.parent().map(Path::to_path_buf).unwrap_or_default()
+    for (rel, file) in local_entries(matches)? {
+        ctx.check_cancelled()?;
+        // A relative `url` is recorded relative: the same files in another checkout give
+        // the same output, and so the same downstream identities.
+        let named = match Path::new(pattern).is_absolute() {
+            true => &file,
+            false => file.strip_prefix(ctx.cwd()).unwrap_or(&file),
         };
-        for file in walk_files(path)? {
-            ctx.check_cancelled()?;
-            let rel = file.strip_prefix(&base).unwrap_or(&file);
-            // A relative `url` is recorded relative: the same files in another checkout give
-            // the same output, and so the same downstream identities.
-            let named = match Path::new(pattern).is_absolute() {
-                true => &file,
-                false => file.strip_prefix(ctx.cwd()).unwrap_or(&file),
-            };
-            hashed += u64::from(in_place::write_pointer(
-                ctx.cache_dir(),
-                &file,
-                named,
-                &out.join(rel),
-            )?);
-            files += 1;
-            bytes += fs::metadata(&file)?.len();
-        }
+        hashed += u64::from(in_place::write_pointer(
+            ctx.cache_dir(),
+            &file,
+            named,
+            &out.join(rel),
+        )?);
+        files += 1;
+        bytes += fs::metadata(&file)?.len();
     }
     fs::write(
         out.join(in_place::MARKER),

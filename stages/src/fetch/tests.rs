@@ -139,3 +139,43 @@ fn unzip_selects_a_folder_or_a_file() {
             .contains("not in the archive")
     );
 }
+
+#[test]
+fn a_local_fetch_lays_out_a_folders_contents_else_each_match_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path();
+    fs::create_dir_all(cwd.join("data/sub")).unwrap();
+    fs::create_dir_all(cwd.join("data/empty")).unwrap();
+    fs::write(cwd.join("data/a.txt"), "A").unwrap();
+    fs::write(cwd.join("data/sub/b.txt"), "BB").unwrap();
+    for (url, expected) in [
+        ("data", vec![("a.txt", 1), ("sub/b.txt", 2)]),
+        ("data/a.txt", vec![("a.txt", 1)]),
+        ("data/*", vec![("a.txt", 1), ("sub/b.txt", 2)]),
+        ("data/s*", vec![("b.txt", 2)]),
+    ] {
+        let listed = local_files(url, cwd).unwrap().unwrap();
+        let expected: Vec<(String, u64)> =
+            expected.into_iter().map(|(p, n)| (p.into(), n)).collect();
+        assert_eq!(listed, expected, "{url}");
+        // The copy lays out the very files listed (and, unlike the list, keeps empty folders).
+        let out = dir
+            .path()
+            .join(format!("out-{}", url.replace(['/', '*'], "_")));
+        let matches = local_matches(cwd, url).unwrap();
+        for (dest, src) in local_layout(&matches) {
+            copy_tree(src, &out.join(dest)).unwrap();
+        }
+        let copied: Vec<String> = walk_files(&out)
+            .unwrap()
+            .iter()
+            .map(|f| f.strip_prefix(&out).unwrap().to_string_lossy().into_owned())
+            .collect();
+        let listed: Vec<String> = listed.into_iter().map(|(p, _)| p).collect();
+        assert_eq!(copied, listed, "{url}");
+        assert_eq!(
+            out.join("empty").is_dir(),
+            url != "data/a.txt" && url != "data/s*"
+        );
+    }
+}
