@@ -21,6 +21,19 @@ fn recipe_on(engine: &str, ranks: usize, max_restarts: u32) -> String {
     common::tiny_train_recipe_on(engine, ranks, max_restarts)
 }
 
+/// `recipe` with Muon's Newton-Schulz iterations in f32 (`train.muon.ns_dtype`), for tests
+/// that compare runs on different numbers of ranks: their gradient sums round differently,
+/// which bf16 iterations turn into updates that part after a few steps, and f32 ones do not.
+fn exact_across_world_sizes(recipe: String) -> String {
+    with_train_setting(&recipe, "muon: {ns_dtype: f32}")
+}
+
+/// `recipe` with `setting` (one `key: value` line) first in its `train:` section.
+fn with_train_setting(recipe: &str, setting: &str) -> String {
+    assert!(recipe.contains("\ntrain:\n"), "{recipe}");
+    recipe.replace("\ntrain:\n", &format!("\ntrain:\n  {setting}\n"))
+}
+
 fn final_weights(sb: &Sandbox) -> Vec<u8> {
     std::fs::read(sb.output("train.p1").join("final/model.safetensors")).unwrap()
 }
@@ -176,7 +189,7 @@ fn two_ranks_of_the_torch_engine_reshaped_to_one_and_four_continue_the_same_run(
 fn reshapes(engine: &str) {
     // Two ranks train to step 10 and stop (out of restarts after a crash at step 12).
     let sb = Sandbox::new();
-    sb.write("r.yaml", &recipe_on(engine, 2, 0));
+    sb.write("r.yaml", &exact_across_world_sizes(recipe_on(engine, 2, 0)));
     let out = sb
         .cmd(&["run", "r.yaml"])
         .env("ZFLOW_FAULTS", "crash@12")
@@ -202,7 +215,7 @@ fn reshapes(engine: &str) {
 
     // The uninterrupted 2-rank run, for comparison.
     let reference = Sandbox::new();
-    reference.write("r.yaml", &recipe_on(engine, 2, 0));
+    reference.write("r.yaml", &exact_across_world_sizes(recipe_on(engine, 2, 0)));
     reference.ok(&["run", "r.yaml"]);
     let reference_losses = losses(
         &std::fs::read_to_string(reference.output("train.p1").join("metrics.jsonl")).unwrap(),
@@ -745,10 +758,7 @@ fn activation_checkpointing_on_two_ranks_changes_no_bit() {
         let sb = Sandbox::new();
         sb.write(
             "r.yaml",
-            &short.replace(
-                "\ntrain:\n",
-                &format!("\ntrain:\n  activation_checkpointing: {mode}\n"),
-            ),
+            &with_train_setting(&short, &format!("activation_checkpointing: {mode}")),
         );
         sb.ok(&["run", "r.yaml"]);
         final_weights(&sb)
@@ -759,6 +769,41 @@ fn activation_checkpointing_on_two_ranks_changes_no_bit() {
             final_of(mode) == kept,
             "{mode} differs from none on 2 ranks"
         );
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn bf16_gradient_reduction_on_two_ranks_trains_near_f32() {
+    // Three steps on 2 ranks with the gradients sent in bf16 and summed in f32
+    // (`workers/torch/zflow_torch/reduce.py`; `workers/torch/tests/test_reduce.py` checks its
+    // sums bit for bit), then with f32's all-reduce in the same store (only the train stage
+    // runs again: the setting is part of its identity): other weights, losses near f32's.
+    let short = recipe(2, 3).replace("tokens: 30000", "tokens: 1536");
+    let sb = Sandbox::new();
+    let run = |dtype: &str| {
+        sb.write(
+            "r.yaml",
+            &with_train_setting(&short, &format!("grad_reduce_dtype: {dtype}")),
+        );
+        sb.ok(&["run", "r.yaml"]);
+        // Two train outputs end in the store: this recipe's is the one `zflow path` names.
+        let out = std::path::PathBuf::from(sb.ok(&["path", "r.yaml", "train.p1"]).stdout.trim());
+        let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+        (
+            std::fs::read(out.join("final/model.safetensors")).unwrap(),
+            losses(&metrics),
+        )
+    };
+    let (bf16, bf16_losses) = run("bf16");
+    let (f32, f32_losses) = run("f32");
+    assert!(bf16 != f32, "bf16 reduction changed no bit: is it on?");
+    assert_eq!(bf16_losses.len(), f32_losses.len());
+    for ((step, a), (_, b)) in bf16_losses.iter().zip(&f32_losses) {
+        assert!((a - b).abs() <= 1e-2 * b.abs(), "step {step}: {a} vs {b}");
     }
 }
 
@@ -1074,7 +1119,7 @@ fn a_context_parallel_phase_resumes_on_one_rank_with_the_same_data() {
     // step-5 checkpoint; the same phase then resumes on 1 rank (`launch` is not part of the
     // stage's identity). Every step's loss and routing must be the uninterrupted 1-rank run's:
     // the data cursor and the checkpoint do not depend on the split.
-    let short = recipe(1, 0).replace("tokens: 30000", "tokens: 8000");
+    let short = exact_across_world_sizes(recipe(1, 0)).replace("tokens: 30000", "tokens: 8000");
     let split = short.replace(
         "data_parallel: 1,",
         "data_parallel: 1, context_parallel: 2,",

@@ -20,6 +20,13 @@ pub struct MuonSettings {
     pub ns_steps: usize,
     /// Decoupled weight decay.
     pub weight_decay: f64,
+    /// The number format of the Newton-Schulz iterations
+    /// (`workers/torch/zflow_torch/optim.py`). bf16, as torch.optim.Muon runs them, is 2-3x
+    /// faster than f32 on GPUs and on CPUs with bf16 matrix instructions; but gradient sums
+    /// that round differently (one rank against two) then give updates that part after a few
+    /// steps. In f32 the same run on one rank or on several agrees to float rounding, step
+    /// after step (what tests of reshaping and context parallelism compare).
+    pub ns_dtype: Dtype,
 }
 
 impl Default for MuonSettings {
@@ -29,6 +36,28 @@ impl Default for MuonSettings {
             nesterov: true,
             ns_steps: 5,
             weight_decay: 0.1,
+            ns_dtype: Dtype::Bf16,
+        }
+    }
+}
+
+/// A floating-point number format a setting chooses: `bf16` or `f32`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// bfloat16: 8 exponent bits, 8 significant bits.
+    #[default]
+    Bf16,
+    /// IEEE single precision.
+    F32,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::Bf16 => 2,
+            Dtype::F32 => 4,
         }
     }
 }
@@ -76,6 +105,12 @@ pub struct TrainSettings {
     pub muon: MuonSettings,
     /// AdamW settings.
     pub adamw: AdamWSettings,
+    /// The number format gradients cross the network in between data-parallel ranks
+    /// (`workers/torch/zflow_torch/reduce.py`). `f32`: DistributedDataParallel's all-reduce.
+    /// `bf16`: half the bytes; each rank sends the others their shares in bf16, sums its share
+    /// of every rank's in f32 and sends the mean back in bf16, so the gradient is rounded to
+    /// bf16 twice but never summed in bf16. Gradient accumulation over micro-batches stays f32.
+    pub grad_reduce_dtype: Dtype,
     /// Clip the global gradient norm to this (0 = off).
     pub grad_clip: f64,
     /// The router balancing controller.
@@ -133,6 +168,7 @@ impl Default for TrainSettings {
             schedule: WsdSchedule::default(),
             muon: MuonSettings::default(),
             adamw: AdamWSettings::default(),
+            grad_reduce_dtype: Dtype::F32,
             grad_clip: 1.0,
             balance: BalanceConfig::default(),
             rope_base: None,

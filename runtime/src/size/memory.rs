@@ -17,10 +17,10 @@
 //! - **optimizer shard**: the state of the parameters this rank owns (ZeRO-1,
 //!   [`crate::checkpoint::layout::Layout`] over all ranks): one f32 Muon momentum per matrix
 //!   element, two f32 AdamW moments per other element; the figures are the most loaded rank's;
-//! - **optimizer step**: the step's temporaries: Muon's Nesterov updates of every owned matrix,
-//!   the stacked same-shaped group and its orthogonalised copy, Newton-Schulz's products; AdamW's
-//!   denominators (one tensor at a time on a CPU, every owned tensor at once with the foreach
-//!   kernels of a GPU);
+//! - **optimizer step**: the step's temporaries: Muon's, for one same-shaped group at a time
+//!   (the largest), its Nesterov updates, their stack, its `ns_dtype` copy and Newton-Schulz's
+//!   products and iterates; AdamW's denominators (one tensor at a time on a CPU, every owned
+//!   tensor at once with the foreach kernels of a GPU);
 //! - **activations**: what autograd keeps for one micro-batch of `micro_batch x seq_len /
 //!   context_parallel` tokens, per block and per checkpointing mode ([`block_elements`]);
 //! - **recomputed block**: under checkpointing, the one block the backward pass runs again
@@ -28,10 +28,11 @@
 //!   its parameters' gradients);
 //! - **logits and loss**: one chunk of `loss_chunk_tokens` positions' f32 logits, their
 //!   log-softmax and its gradient (`loss.py`; plus the bf16 logits on a GPU);
-//! - **communication**: ZeRO-1's all-gather, which broadcasts each owner's updated tensors as one
-//!   flat buffer, and, with context parallelism, one layer's gathered keys and values and its
-//!   attention mask in global positions (counted with the activations: every block keeps its
-//!   own without checkpointing).
+//! - **communication**: bf16 gradient reduction's buffers (`train.grad_reduce_dtype: bf16`),
+//!   ZeRO-1's all-gather, which broadcasts each owner's updated tensors as one flat buffer, and,
+//!   with context parallelism, one layer's gathered keys and values and its attention mask in
+//!   global positions (counted with the activations: every block keeps its own without
+//!   checkpointing).
 //!
 //! The peak is the larger of the forward/backward peak and the optimizer step's. Both hold the
 //! weights and the optimizer state; the first adds the embedding's gradient (all the
@@ -49,7 +50,7 @@
 use serde::Serialize;
 
 use crate::checkpoint::layout::Layout;
-use crate::contract::settings::ActivationCheckpointing;
+use crate::contract::settings::{ActivationCheckpointing, Dtype};
 use crate::model::config::ModelConfig;
 use crate::model::tensors;
 
@@ -91,6 +92,10 @@ pub struct RankSetup {
     pub activation_checkpointing: ActivationCheckpointing,
     /// Positions whose logits exist at once.
     pub loss_chunk_tokens: usize,
+    /// The number format of Muon's Newton-Schulz iterations.
+    pub ns_dtype: Dtype,
+    /// The number format gradients cross the network in.
+    pub grad_reduce_dtype: Dtype,
     /// CPU or GPU.
     pub device: Device,
 }
@@ -207,6 +212,8 @@ pub fn block_elements(m: &ModelConfig, mode: ActivationCheckpointing) -> BlockEl
 
 /// f32 bytes.
 const F32: u64 = 4;
+/// DistributedDataParallel's bucket size in bytes (`bucket_cap_mb=25` in `trainer.py`).
+const DDP_BUCKET_BYTES: u64 = 25 << 20;
 
 impl ModelConfig {
     /// One rank's memory on the torch engine for `setup` (the module page lists the terms).
@@ -224,7 +231,6 @@ impl ModelConfig {
         let layout = Layout::new(&slots, world).expect("world >= 1");
         let rank_bytes = |rank: usize| -> (u64, u64, u64) {
             let mut state = 0;
-            let mut muon_owned = 0;
             let mut adamw_largest = 0;
             let mut adamw_owned = 0;
             let mut owned = 0;
@@ -237,7 +243,6 @@ impl ModelConfig {
                 owned += n;
                 if t.linear {
                     state += F32 * n;
-                    muon_owned += n;
                     *groups.entry(t.shape.as_slice()).or_default() += n;
                 } else {
                     state += 2 * F32 * n;
@@ -245,27 +250,26 @@ impl ModelConfig {
                     adamw_largest = adamw_largest.max(n);
                 }
             }
-            let largest_group = groups.values().copied().max().unwrap_or(0);
-            let largest_matrix = all
+            // Muon runs one same-shaped group at a time (`optim.py`). The larger of two moments
+            // of the largest group: its Nesterov updates, their f32 stack and the stack's
+            // `ns_dtype` copy (none in f32); then that copy and Newton-Schulz's normalised
+            // input, Gram matrix, polynomial of it and next iterate, in `ns_dtype`.
+            let ns = setup.ns_dtype.bytes();
+            let muon = groups
                 .iter()
-                .zip(&layout.params)
-                .filter(|(t, s)| s.owner == rank && t.linear)
-                .map(|(t, _)| {
-                    let (a, b) = (t.shape[0] as u64, t.shape[1] as u64);
-                    // x, its normalised copy and the next x, plus gram and its square.
-                    3 * a * b + 2 * a.min(b) * a.min(b)
+                .map(|(shape, &n)| {
+                    let (a, b) = (shape[0] as u64, shape[1] as u64);
+                    let square = n / (a * b) * a.min(b) * a.min(b);
+                    let copy = match setup.ns_dtype {
+                        Dtype::F32 => 0,
+                        Dtype::Bf16 => ns * n,
+                    };
+                    let stacking = 2 * F32 * n + copy;
+                    let iterating = ns * (3 * n + 2 * square);
+                    stacking.max(iterating)
                 })
                 .max()
                 .unwrap_or(0);
-            // Nesterov updates of every owned matrix; of the largest same-shaped group, its
-            // stack, its orthogonalised matrices and their concatenation; Newton-Schulz's
-            // products (one matrix at a time on a CPU; the group in bf16 on a GPU).
-            let newton_schulz = if gpu {
-                2 * largest_group
-            } else {
-                largest_matrix
-            };
-            let muon = F32 * (muon_owned + 3 * largest_group + newton_schulz);
             // AdamW's denominator and its intermediate (sqrt, then the division).
             let adamw = 2 * F32 * if gpu { adamw_owned } else { adamw_largest };
             (state, muon.max(adamw), F32 * owned)
@@ -337,7 +341,15 @@ impl ModelConfig {
         let chunk = setup.loss_chunk_tokens.min(setup.tokens_per_rank()).max(1) as u64;
         let logits_and_loss =
             chunk * self.vocab_size as u64 * if gpu { 2 + 3 * F32 } else { 3 * F32 };
-        let communication = gather_buffer.max(gathered_kv);
+        // bf16 gradient reduction (`reduce.py`) sends, receives and gathers back a bucket's
+        // gradients in bf16 (three copies; DDP's buckets hold at most 25 MB of f32), during the
+        // backward pass: counted for one bucket in flight.
+        let reduce_buffers = if world > 1 && setup.grad_reduce_dtype == Dtype::Bf16 {
+            3 * Dtype::Bf16.bytes() * params.min(DDP_BUCKET_BYTES / F32)
+        } else {
+            0
+        };
+        let communication = gather_buffer.max(gathered_kv).max(reduce_buffers);
 
         let embedding_grad = F32 * (self.vocab_size * self.hidden_size) as u64;
         let grads_during_pass = if setup.micro_batches() > 1 {
@@ -352,7 +364,8 @@ impl ModelConfig {
             + bf16_weights
             + grads_during_pass
             + kept
-            + (head + logits_and_loss).max(recomputed);
+            + (head + logits_and_loss).max(recomputed)
+            + reduce_buffers;
         let step_peak = persistent + gradients + optimizer_step.max(gather_buffer);
         EngineMemory {
             master_weights,

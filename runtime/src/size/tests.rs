@@ -1,6 +1,6 @@
 use super::memory::{Device, RankSetup, block_elements};
 use super::*;
-use crate::contract::settings::ActivationCheckpointing;
+use crate::contract::settings::{ActivationCheckpointing, Dtype};
 
 /// A config small enough to count by hand: h 4, 1 block, vocab 8, 2 query heads and 1 KV
 /// head of 2 channels (q latent 4, k latent 2, [q;k] 6 channels, value halves of 1),
@@ -174,6 +174,8 @@ fn setup(world: usize, mode: ActivationCheckpointing, device: Device) -> RankSet
         context_parallel: 1,
         activation_checkpointing: mode,
         loss_chunk_tokens: 4,
+        ns_dtype: Dtype::Bf16,
+        grad_reduce_dtype: Dtype::F32,
         device,
     }
 }
@@ -214,6 +216,20 @@ fn tiny_engine_memory_by_hand() {
     // Two ranks split the optimizer state.
     let two = tiny().engine_memory(&setup(2, none, Device::Cpu));
     assert!(two.optimizer_shard < m.optimizer_shard, "{two:?}");
+    // bf16 gradient reduction sends, receives and gathers back a bucket in bf16 (here all
+    // 307 gradients) on more than one rank.
+    let bf16_reduce = |world| RankSetup {
+        grad_reduce_dtype: Dtype::Bf16,
+        ..setup(world, none, Device::Cpu)
+    };
+    assert_eq!(
+        tiny().engine_memory(&bf16_reduce(2)).communication,
+        3 * 2 * 307
+    );
+    assert_eq!(
+        tiny().engine_memory(&bf16_reduce(1)).communication,
+        m.communication
+    );
     // A GPU adds autocast's bf16 copies of the matrices and the tied embedding (8 x 4).
     let gpu = tiny().engine_memory(&setup(1, none, Device::Gpu));
     assert_eq!(gpu.bf16_weights, (166 + 32) * 2);
@@ -230,6 +246,8 @@ fn zaya1_at_32k_needs_context_parallelism_and_checkpointing_on_an_mi300x() {
         context_parallel: cp,
         activation_checkpointing: mode,
         loss_chunk_tokens: 4096,
+        ns_dtype: Dtype::Bf16,
+        grad_reduce_dtype: Dtype::F32,
         device: Device::Gpu,
     };
     let mi300x = 192_000_000_000;

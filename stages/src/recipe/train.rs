@@ -41,6 +41,8 @@ impl PhaseTrain {
             context_parallel: self.launch.context_parallel(),
             activation_checkpointing: self.activation_checkpointing,
             loss_chunk_tokens: self.settings.loss_chunk_tokens,
+            ns_dtype: self.settings.muon.ns_dtype,
+            grad_reduce_dtype: self.settings.grad_reduce_dtype,
             device: Device::of_backend(&self.settings.backend),
         }
     }

@@ -5,16 +5,13 @@ Four processes make one world of 4: once as one CP group of 4, once as two CP gr
 x CP, each pair with batches of its own). The model has a sliding-window layer whose window
 crosses the chunks' boundaries, and CCA convolutions whose halo does."""
 
-import multiprocessing
-import os
-import socket
 import tempfile
 import time
 import unittest
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import gloo_ranks
 import tiny_model
 import torch
 import torch.distributed as dist
@@ -90,14 +87,7 @@ def run_rank(rank: int, port: int, out: str) -> None:
     """One process of the world: each split, each case; a group's first rank saves its
     group's summed loss and gradients."""
     torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=60),
-    )
+    gloo_ranks.join(rank, port, WORLD)
     m = tiny()
     for size in (2, 4):
         # Every rank makes every group, in the same order.
@@ -116,13 +106,6 @@ def run_rank(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class Splits(unittest.TestCase):
     def test_two_and_four_ranks_give_one_ranks_loss_and_gradients(self) -> None:
         started = time.monotonic()
@@ -137,25 +120,7 @@ class Splits(unittest.TestCase):
             for case in CASES
         }
         with tempfile.TemporaryDirectory() as out:
-            port = free_port()
-            fork = multiprocessing.get_context("fork")
-            ranks = [fork.Process(target=run_rank, args=(r, port, out)) for r in range(WORLD)]
-            for p in ranks:
-                p.start()
-            try:
-                # A failed rank (its traceback on stderr) or a hung one fails the test.
-                while any(p.is_alive() for p in ranks):
-                    failed = [r for r, p in enumerate(ranks) if p.exitcode not in (None, 0)]
-                    if failed:
-                        self.fail(f"rank {failed[0]} exited with {ranks[failed[0]].exitcode}")
-                    if time.monotonic() - started > DEADLINE_S:
-                        self.fail(f"the ranks did not finish in {DEADLINE_S:.0f} s")
-                    time.sleep(0.02)
-            finally:
-                for p in ranks:
-                    p.kill()
-                    p.join()
-            self.assertEqual([p.exitcode for p in ranks], [0] * WORLD)
+            gloo_ranks.run(self, run_rank, WORLD, out, started + DEADLINE_S)
             for size in (2, 4):
                 for index in range(WORLD // size):
                     for name, dtype, _ in CASES:

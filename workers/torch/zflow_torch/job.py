@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 SkipOutput = Literal["zero", "input"]
 DecayShape = Literal["linear", "cosine", "sqrt"]
 ActivationCheckpointing = Literal["none", "full", "selective"]
+Dtype = Literal["bf16", "f32"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class MuonSettings:
     nesterov: bool
     ns_steps: int
     weight_decay: float
+    ns_dtype: Dtype
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class TrainSettings:
     schedule: WsdSchedule
     muon: MuonSettings
     adamw: AdamWSettings
+    grad_reduce_dtype: Dtype
     grad_clip: float
     balance: BalanceConfig
     rope_base: float | None

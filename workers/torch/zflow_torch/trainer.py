@@ -5,7 +5,8 @@ JSON lines on stdout, the exit codes, the checkpoint format, the data order.
 A step: ``global_batch / (world x
 micro_batch)`` micro-batches read through the data cursor, their gradients accumulated and
 averaged over the ranks (DistributedDataParallel: bucketed all-reduce overlapped with the
-backward pass), clipped by global norm, then Muon (torch.optim.Muon, RMS-matched to AdamW) on
+backward pass; in bf16 with f32 sums where ``train.grad_reduce_dtype`` says so, ``reduce.py``),
+clipped by global norm, then Muon (torch.optim.Muon, RMS-matched to AdamW) on
 the 2-D weight matrices and AdamW on the rest, at the WSD learning rate, each rank updating
 only the tensors it owns (ZeRO-1, ``checkpoint.layout``) and broadcasting them to the others.
 After the update the balancing controller moves the router biases from the step's global
@@ -34,6 +35,7 @@ from zflow_torch import (
     context_parallel,
     faults,
     model,
+    reduce,
     schedule,
     spike,
 )
@@ -168,6 +170,8 @@ class Trainer:
                 gradient_as_bucket_view=True,
                 lazy_bucket_allocation=True,
             )
+            if self.t.grad_reduce_dtype == "bf16":
+                self.ddp.register_comm_hook(None, reduce.bf16_mean_in_f32)
 
     def context_parallel_group(self) -> ContextParallel:
         """This rank's context-parallel group: ranks ``[g * C, (g + 1) * C)`` for data-parallel
@@ -188,7 +192,9 @@ class Trainer:
         rest = [p for tensor, p in self.mine if not tensor.linear]
         aw = t.adamw
         self.muon: torch.optim.Optimizer | None = (
-            BatchedMuon(matrices, **self.muon_settings()) if matrices else None
+            BatchedMuon(matrices, self.t.muon.ns_dtype, **self.muon_settings())
+            if matrices
+            else None
         )
         self.adamw = (
             torch.optim.AdamW(
