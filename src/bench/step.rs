@@ -3,8 +3,9 @@
 //! zflow_torch.bench train`) in a process of its own, so that each peak is its own:
 //! - activation checkpointing `none`, `full` and `selective`, with the engine's chunked loss;
 //! - the loss made from the full logits (plain transformers' way);
-//! - the matrices' optimizer: the engine's batched Muon, torch.optim.Muon as shipped (one matrix
-//!   at a time, bf16 Newton-Schulz), and AdamW (Muon's cost is the gap to it).
+//! - the matrices' optimizer: the engine's batched Muon (Newton-Schulz in bf16, the default
+//!   `train.muon.ns_dtype`, and in f32), torch.optim.Muon as shipped (one matrix at a time,
+//!   bf16 Newton-Schulz), and AdamW (Muon's cost is the gap to it).
 //!
 //! The variants alternate within each round, so a change in the machine's load shows as a
 //! spread between rounds, not as a difference between them.
@@ -16,11 +17,12 @@ use anyhow::Result;
 use crate::RecipeArgs;
 
 /// One variant: its label, activation checkpointing, loss and the matrices' optimizer.
-const VARIANTS: [(&str, &str, &str, &str); 6] = [
+const VARIANTS: [(&str, &str, &str, &str); 7] = [
     ("engine (checkpointing none)", "none", "chunked", "muon"),
     ("checkpointing full", "full", "chunked", "muon"),
     ("checkpointing selective", "selective", "chunked", "muon"),
     ("loss from the full logits", "none", "full", "muon"),
+    ("Muon's Newton-Schulz in f32", "none", "chunked", "muon-f32"),
     (
         "torch.optim.Muon as shipped",
         "none",

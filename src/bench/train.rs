@@ -40,7 +40,7 @@ pub fn run(
             100.0 * gflops / peak
         );
     };
-    let mut ratios = Vec::new();
+    let mut ratios = vec![Vec::new(); STOCK_OPTIMIZERS.len()];
     let flops_per_token = model.flops(seq_len).total;
     for round in 1..=rounds {
         let engine_tps = match torch_engine_step(&model, batch, seq_len, steps, threads) {
@@ -59,35 +59,39 @@ pub fn run(
                 None
             }
         };
-        match torch_step(&model, batch, seq_len, steps, threads) {
-            Ok(t) => {
-                let tps = t["tokens_per_s"].as_f64().unwrap_or(0.0);
-                let label = format!(
-                    "transformers {} + PyTorch {} ({}), round {round}",
-                    t["transformers"].as_str().unwrap_or("?"),
-                    t["torch"].as_str().unwrap_or("?"),
-                    t["optimizer"].as_str().unwrap_or("?")
-                );
-                row(
-                    &label,
-                    t["step_s"].as_f64().unwrap_or(0.0),
-                    tps,
-                    flops_per_token,
-                );
-                if let Some(e) = engine_tps {
-                    ratios.push(e / tps);
+        for (i, optimizer) in STOCK_OPTIMIZERS.iter().enumerate() {
+            match torch_step(&model, batch, seq_len, steps, threads, optimizer) {
+                Ok(t) => {
+                    let tps = t["tokens_per_s"].as_f64().unwrap_or(0.0);
+                    let label = format!(
+                        "transformers {} + PyTorch {} ({}), round {round}",
+                        t["transformers"].as_str().unwrap_or("?"),
+                        t["torch"].as_str().unwrap_or("?"),
+                        t["optimizer"].as_str().unwrap_or("?")
+                    );
+                    row(
+                        &label,
+                        t["step_s"].as_f64().unwrap_or(0.0),
+                        tps,
+                        flops_per_token,
+                    );
+                    if let Some(e) = engine_tps {
+                        ratios[i].push(e / tps);
+                    }
                 }
+                Err(e) => println!("plain PyTorch ({optimizer}): not run ({e:#})"),
             }
-            Err(e) => println!("plain PyTorch: not run ({e:#})"),
         }
     }
-    if !ratios.is_empty() {
-        let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}x")).collect();
-        println!();
-        println!(
-            "torch engine / plain PyTorch, per round: {}",
-            shown.join(", ")
-        );
+    println!();
+    for (optimizer, ratios) in STOCK_OPTIMIZERS.iter().zip(&ratios) {
+        if !ratios.is_empty() {
+            let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}x")).collect();
+            println!(
+                "torch engine / plain PyTorch with {optimizer}, per round: {}",
+                shown.join(", ")
+            );
+        }
     }
     println!(
         "model FLOPs per token (forward + backward): {:.1} M",
@@ -185,17 +189,22 @@ fn last_json_line(out: &std::process::Output, what: &str) -> Result<serde_json::
     serde_json::from_str(&line).with_context(|| format!("parsing {what}'s output: {line}"))
 }
 
+/// The optimizer loops of the plain PyTorch side (`scripts/bench_train_torch.py`): AdamW over
+/// every parameter, and torch.optim.Muon over the hidden 2-D matrices with AdamW for the rest.
+const STOCK_OPTIMIZERS: [&str; 2] = ["adamw", "muon"];
+
 fn torch_step(
     model: &zflow_runtime::model::config::ModelConfig,
     batch: usize,
     seq_len: usize,
     steps: usize,
     threads: usize,
+    optimizer: &str,
 ) -> Result<serde_json::Value> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench_train_torch.py");
     let dir = tempfile::tempdir()?;
     let cfg = dir.path().join("bench.json");
-    let config = serde_json::json!({"model": model, "batch": batch, "seq_len": seq_len, "steps": steps, "threads": threads});
+    let config = serde_json::json!({"model": model, "batch": batch, "seq_len": seq_len, "steps": steps, "threads": threads, "optimizer": optimizer});
     std::fs::write(&cfg, serde_json::to_vec(&config)?)?;
     // The torch engine's Python, with `zflow_torch` on the path for its config mapping.
     let python = zflow_stages::engine::torch_module("zflow_torch", Vec::new())?;

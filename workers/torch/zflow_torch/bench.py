@@ -5,8 +5,8 @@
   Muon + AdamW), on random tokens: the real worker's step, without the data plane and
   checkpoints. The config may set ``activation_checkpointing``, ``loss: full`` (the plain
   ``cross_entropy`` of the whole micro-batch's logits instead of the engine's chunks) and
-  ``optimizer`` for the matrices (``muon``, the engine's; ``torch-muon``, torch.optim.Muon as
-  shipped; ``adamw``). Prints
+  ``optimizer`` for the matrices (``muon``, the engine's; ``muon-f32``, the engine's with
+  Newton-Schulz in f32; ``torch-muon``, torch.optim.Muon as shipped; ``adamw``). Prints
   ``step_s`` (the best of the timed steps), ``tokens_per_s``, ``torch``, and the step's memory:
   ``peak_bytes``, the process's peak resident set during the timed steps above
   ``baseline_bytes``, its size after the warm-up step (the model and the optimizer's state
@@ -58,6 +58,7 @@ from zflow_torch.contract import JOB_VERSION, RANK, RENDEZVOUS, SECRET, WORLD, E
 from zflow_torch.distributed import join_group
 from zflow_torch.job import ModelConfig, TrainJob, decode
 from zflow_torch.mixture import DataCursor
+from zflow_torch.optim import BatchedMuon
 
 
 def _trainer(cfg: dict[str, Any], checkpoints: str, backend: str = "cpu") -> trainer.Trainer:
@@ -91,6 +92,8 @@ def _trainer(cfg: dict[str, Any], checkpoints: str, backend: str = "cpu") -> tra
     matrices = [p for tensor, p in t.mine if tensor.linear]
     if cfg.get("optimizer") == "torch-muon":
         t.muon = torch.optim.Muon(matrices, **t.muon_settings())
+    elif cfg.get("optimizer") == "muon-f32":
+        t.muon = BatchedMuon(matrices, "f32", **t.muon_settings())
     elif cfg.get("optimizer") == "adamw":
         aw = job.train.adamw
         t.muon = torch.optim.AdamW(
