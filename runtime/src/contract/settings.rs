@@ -111,6 +111,11 @@ pub struct TrainSettings {
     /// of every rank's in f32 and sends the mean back in bf16, so the gradient is rounded to
     /// bf16 twice but never summed in bf16. Gradient accumulation over micro-batches stays f32.
     pub grad_reduce_dtype: Dtype,
+    /// Gradient bytes (f32) per DistributedDataParallel bucket: each bucket is reduced as soon
+    /// as its gradients are complete, overlapping the backward pass (torch's `bucket_cap_mb`;
+    /// 25 MiB is its default). Larger buckets mean fewer collectives, larger bf16 reduction
+    /// buffers (`zflow size` counts them) and, past 2 ranks, another summation order.
+    pub grad_bucket_bytes: u64,
     /// Clip the global gradient norm to this (0 = off).
     pub grad_clip: f64,
     /// The router balancing controller.
@@ -169,6 +174,7 @@ impl Default for TrainSettings {
             muon: MuonSettings::default(),
             adamw: AdamWSettings::default(),
             grad_reduce_dtype: Dtype::F32,
+            grad_bucket_bytes: 25 << 20,
             grad_clip: 1.0,
             balance: BalanceConfig::default(),
             rope_base: None,
@@ -195,6 +201,13 @@ impl TrainSettings {
         }
         if self.loss_chunk_tokens == 0 {
             return Err("`loss_chunk_tokens` must be at least 1".into());
+        }
+        if self.grad_bucket_bytes < 1 << 20 {
+            return Err(format!(
+                "`grad_bucket_bytes` ({}) must be at least 1 MiB ({})",
+                self.grad_bucket_bytes,
+                1 << 20
+            ));
         }
         if !self.global_batch.is_multiple_of(self.micro_batch) {
             return Err(format!(

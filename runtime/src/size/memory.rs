@@ -96,6 +96,8 @@ pub struct RankSetup {
     pub ns_dtype: Dtype,
     /// The number format gradients cross the network in.
     pub grad_reduce_dtype: Dtype,
+    /// Gradient bytes per DistributedDataParallel bucket (`train.grad_bucket_bytes`).
+    pub grad_bucket_bytes: u64,
     /// CPU or GPU.
     pub device: Device,
 }
@@ -212,8 +214,6 @@ pub fn block_elements(m: &ModelConfig, mode: ActivationCheckpointing) -> BlockEl
 
 /// f32 bytes.
 const F32: u64 = 4;
-/// DistributedDataParallel's bucket size in bytes (`bucket_cap_mb=25` in `trainer.py`).
-const DDP_BUCKET_BYTES: u64 = 25 << 20;
 
 impl ModelConfig {
     /// One rank's memory on the torch engine for `setup` (the module page lists the terms).
@@ -342,10 +342,10 @@ impl ModelConfig {
         let logits_and_loss =
             chunk * self.vocab_size as u64 * if gpu { 2 + 3 * F32 } else { 3 * F32 };
         // bf16 gradient reduction (`reduce.py`) sends, receives and gathers back a bucket's
-        // gradients in bf16 (three copies; DDP's buckets hold at most 25 MB of f32), during the
-        // backward pass: counted for one bucket in flight.
+        // gradients in bf16 (three copies of a bucket of `grad_bucket_bytes` of f32), during
+        // the backward pass: counted for one bucket in flight.
         let reduce_buffers = if world > 1 && setup.grad_reduce_dtype == Dtype::Bf16 {
-            3 * Dtype::Bf16.bytes() * params.min(DDP_BUCKET_BYTES / F32)
+            3 * Dtype::Bf16.bytes() * params.min(setup.grad_bucket_bytes / F32)
         } else {
             0
         };

@@ -176,6 +176,7 @@ fn setup(world: usize, mode: ActivationCheckpointing, device: Device) -> RankSet
         loss_chunk_tokens: 4,
         ns_dtype: Dtype::Bf16,
         grad_reduce_dtype: Dtype::F32,
+        grad_bucket_bytes: 25 << 20,
         device,
     }
 }
@@ -248,6 +249,7 @@ fn zaya1_at_32k_needs_context_parallelism_and_checkpointing_on_an_mi300x() {
         loss_chunk_tokens: 4096,
         ns_dtype: Dtype::Bf16,
         grad_reduce_dtype: Dtype::F32,
+        grad_bucket_bytes: 25 << 20,
         device: Device::Gpu,
     };
     let mi300x = 192_000_000_000;

@@ -43,6 +43,7 @@ impl PhaseTrain {
             loss_chunk_tokens: self.settings.loss_chunk_tokens,
             ns_dtype: self.settings.muon.ns_dtype,
             grad_reduce_dtype: self.settings.grad_reduce_dtype,
+            grad_bucket_bytes: self.settings.grad_bucket_bytes,
             device: Device::of_backend(&self.settings.backend),
         }
     }

@@ -117,6 +117,7 @@ class TrainSettings:
     muon: MuonSettings
     adamw: AdamWSettings
     grad_reduce_dtype: Dtype
+    grad_bucket_bytes: int
     grad_clip: float
     balance: BalanceConfig
     rope_base: float | None

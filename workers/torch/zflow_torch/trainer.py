@@ -163,7 +163,7 @@ class Trainer:
                 self.lm_loss,
                 device_ids=ids,
                 broadcast_buffers=False,
-                bucket_cap_mb=25,
+                bucket_cap_mb=self.t.grad_bucket_bytes / 2**20,
                 find_unused_parameters=True,
                 # ZeRO-1 without DDP's extra copy of the gradients: they are views into its
                 # buckets, which exist from the backward pass to `zero_grad` only.
