@@ -76,6 +76,53 @@ impl PythonEnv {
     }
 }
 
+/// What task `name` judges outside the harness (`metrics::Judgments`): its programs run in the
+/// sandbox, its answers compared by sympy, its generations checked by math-verify.
+fn judge(
+    opts: &EvalOptions,
+    name: &str,
+    spec: &crate::task::TaskSpec,
+    instances: &[crate::request::Instance],
+    results: &[Vec<crate::cache::Cached>],
+) -> Result<metrics::Judgments> {
+    let runs = match &spec.code_eval {
+        None => None,
+        Some(code) => {
+            let python = required_python(opts, name, "runs the model's programs")?;
+            let limits = crate::sandbox::Limits {
+                wall_secs: code.timeout,
+                cpu_secs: code.timeout,
+                ..Default::default()
+            };
+            let sandbox = crate::sandbox::PythonSandbox::new(&python.program, limits)?;
+            let programs = metrics::programs(spec, instances, results)?;
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Some(sandbox.run_all(&programs, threads)?)
+        }
+    };
+    let equivalent = match spec.exact_match.equivalence {
+        None => Default::default(),
+        Some(crate::task::Equivalence::Sympy) => {
+            let python = required_python(opts, name, "compares answers with sympy")?;
+            let pairs = metrics::equivalence_candidates(spec, instances, results)?;
+            sympy_equivalent(python, pairs).with_context(|| format!("task {name}"))?
+        }
+    };
+    let verified = match &spec.math_verify {
+        None => None,
+        Some(_) => {
+            let python = required_python(opts, name, "verifies answers with math-verify")?;
+            let pairs = metrics::math_verify_pairs(instances, results)?;
+            Some(math_verified(python, pairs).with_context(|| format!("task {name}"))?)
+        }
+    };
+    Ok(metrics::Judgments {
+        runs,
+        equivalent,
+        verified,
+    })
+}
+
 /// The Python task `task` needs because it `does` something only Python can.
 fn required_python<'a>(opts: &'a EvalOptions, task: &str, does: &str) -> Result<&'a PythonEnv> {
     opts.python.as_ref().with_context(|| {
@@ -113,6 +160,28 @@ fn sympy_equivalent(
         .filter(|(_, v)| *v)
         .map(|(p, _)| p)
         .collect())
+}
+
+/// math-verify's verdict on each (gold, generation) pair, in order
+/// (`workers/torch/zflow_torch/math_verify.py`).
+fn math_verified(python: &PythonEnv, pairs: Vec<(String, String)>) -> Result<Vec<bool>> {
+    if pairs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let reply = python.run_module(
+        "zflow_torch.math_verify",
+        &serde_json::json!({"pairs": pairs}),
+    )?;
+    let verdicts: Vec<bool> =
+        serde_json::from_value(reply["verified"].clone()).context("math_verify's verdicts")?;
+    if verdicts.len() != pairs.len() {
+        bail!(
+            "math_verify judged {} of {} pairs",
+            verdicts.len(),
+            pairs.len()
+        );
+    }
+    Ok(verdicts)
 }
 
 /// Results plus what it took (kept apart from the results so those stay reproducible).
@@ -158,37 +227,9 @@ pub fn evaluate(
         let mut engine = Engine::new(model, &mut cache, opts.engine.clone());
         let results = engine.run(&instances, name)?;
         let stats = engine.stats.clone();
-        let runs = match &loaded.spec.code_eval {
-            None => None,
-            Some(code) => {
-                let python = required_python(opts, name, "runs the model's programs")?;
-                let limits = crate::sandbox::Limits {
-                    wall_secs: code.timeout,
-                    cpu_secs: code.timeout,
-                    ..Default::default()
-                };
-                let sandbox = crate::sandbox::PythonSandbox::new(&python.program, limits)?;
-                let programs = metrics::programs(&loaded.spec, &instances, &results)?;
-                let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-                Some(sandbox.run_all(&programs, threads)?)
-            }
-        };
-        let equivalent = match loaded.spec.exact_match.equivalence {
-            None => Default::default(),
-            Some(crate::task::Equivalence::Sympy) => {
-                let python = required_python(opts, name, "compares answers with sympy")?;
-                let pairs = metrics::equivalence_candidates(&loaded.spec, &instances, &results)?;
-                sympy_equivalent(python, pairs).with_context(|| format!("task {name}"))?
-            }
-        };
-        let (metrics, samples) = metrics::compute(
-            &loaded.spec,
-            &instances,
-            &results,
-            runs.as_deref(),
-            &equivalent,
-        )
-        .with_context(|| format!("scoring task {name}"))?;
+        let judged = judge(opts, name, &loaded.spec, &instances, &results)?;
+        let (metrics, samples) = metrics::compute(&loaded.spec, &instances, &results, &judged)
+            .with_context(|| format!("scoring task {name}"))?;
         let dataset =
             crate::dataset::split_path(&loaded.spec.dataset, Path::new(""), &loaded.spec.split);
         tasks.push(TaskResult {

@@ -246,27 +246,60 @@ pub fn equivalence_candidates(
     Ok(pairs)
 }
 
-/// Scores every document and aggregates, in the order of `spec.metrics` (then filters).
-/// `runs` are code tasks' program runs, one per instance ([`programs`]); `equivalent` holds the
-/// (answer, reference) pairs, both normalised, that `exact_match.equivalence` judged equal
-/// ([`equivalence_candidates`]).
+/// `math_verify` tasks: every instance's (gold, raw generation) pair, in instance order, for
+/// math-verify to judge.
+pub fn math_verify_pairs(
+    instances: &[Instance],
+    results: &[Vec<Cached>],
+) -> Result<Vec<(String, String)>> {
+    instances
+        .iter()
+        .zip(results)
+        .map(|(inst, res)| {
+            let (Some(gold), Some(Cached::Text { text })) = (&inst.math_verify_gold, res.first())
+            else {
+                bail!("a math_verify task is scored with one gold text and one generation")
+            };
+            Ok((gold.clone(), text.clone()))
+        })
+        .collect()
+}
+
+/// What was judged outside the harness, by programs the task names, before scoring.
+#[derive(Debug, Clone, Default)]
+pub struct Judgments {
+    /// Code tasks: each instance's program run ([`programs`], in [`crate::sandbox`]).
+    pub runs: Option<Vec<crate::sandbox::Run>>,
+    /// The (answer, reference) pairs, both normalised, that `exact_match.equivalence` judged
+    /// equal ([`equivalence_candidates`]).
+    pub equivalent: std::collections::HashSet<(String, String)>,
+    /// `math_verify` tasks: each instance's verdict ([`math_verify_pairs`]).
+    pub verified: Option<Vec<bool>>,
+}
+
+/// Scores every document and aggregates, in the order of `spec.metrics` (then filters), with
+/// what `judged` holds for the metrics that need it.
 pub fn compute(
     spec: &TaskSpec,
     instances: &[Instance],
     results: &[Vec<Cached>],
-    runs: Option<&[crate::sandbox::Run]>,
-    equivalent: &std::collections::HashSet<(String, String)>,
+    judged: &Judgments,
 ) -> Result<(Vec<MetricValue>, Vec<DocScores>)> {
-    if spec.code_eval.is_some() && runs.is_none_or(|r| r.len() != instances.len()) {
+    let per_instance = |v: Option<usize>| v == Some(instances.len());
+    if spec.code_eval.is_some() && !per_instance(judged.runs.as_ref().map(Vec::len)) {
         bail!("a code task is scored with one program run per document");
     }
+    if spec.math_verify.is_some() && !per_instance(judged.verified.as_ref().map(Vec::len)) {
+        bail!("a math_verify task is scored with one verdict per document");
+    }
+    let equivalent = &judged.equivalent;
     let mut docs = Vec::with_capacity(instances.len());
     // Per metric name: per-document values, and for ratios the denominators.
     let mut cols: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     let extractors = extractors(spec)?;
     let normalizer = Normalizer::new(&spec.exact_match)?;
     for (k, (inst, res)) in instances.iter().zip(results).enumerate() {
-        let run = runs.map(|r| r[k].clone());
+        let run = judged.runs.as_ref().map(|r| r[k].clone());
         let mut values = BTreeMap::new();
         let mut answers = BTreeMap::new();
         let mut push = |name: &str, v: f64, d: f64, values: &mut BTreeMap<String, f64>| {
@@ -337,6 +370,10 @@ pub fn compute(
                     let passed = f64::from(u8::from(run.outcome.passed()));
                     push(Metric::PassAt1.name(), passed, 1.0, &mut values);
                     answers.insert("program".to_string(), program_of(&extractors, inst, text));
+                }
+                if let Some(verified) = &judged.verified {
+                    let v = f64::from(u8::from(verified[k]));
+                    push(Metric::MathVerify.name(), v, 1.0, &mut values);
                 }
                 // A code task's filters shape its program, not an exact match.
                 if spec.metrics.contains(&Metric::ExactMatch) {
@@ -476,6 +513,7 @@ mod tests {
             gold: Some(gold),
             target: String::new(),
             program_prefix: None,
+            math_verify_gold: None,
         };
         let sc = |l| {
             Cached::Score(Score {
@@ -488,8 +526,7 @@ mod tests {
             &spec,
             &[inst(0), inst(1)],
             &[vec![sc(-2.0), sc(-3.0)], vec![sc(-2.0), sc(-3.0)]],
-            None,
-            &Default::default(),
+            &Judgments::default(),
         )
         .unwrap();
         assert_eq!(vals[0].metric, "acc");

@@ -58,6 +58,8 @@ pub struct Instance {
     pub target: String,
     /// Code tasks: what goes before the answer in the program (`code_eval.prefix`).
     pub program_prefix: Option<String>,
+    /// MATH tasks: the gold text the `math_verify` metric checks the generation against.
+    pub math_verify_gold: Option<String>,
 }
 
 impl Instance {
@@ -86,6 +88,7 @@ pub struct PreparedTask {
     choice: Option<Field>,
     description: Option<Field>,
     program_prefix: Option<Field>,
+    math_verify_gold: Option<Field>,
 }
 
 impl PreparedTask {
@@ -144,6 +147,11 @@ impl PreparedTask {
             .and_then(|c| c.prefix.as_ref())
             .map(|p| compile("code_eval.prefix", &FieldSpec::Text(p.clone())))
             .transpose()?;
+        let math_verify_gold = spec
+            .math_verify
+            .as_ref()
+            .map(|m| compile("math_verify.gold", &FieldSpec::Text(m.gold.clone())))
+            .transpose()?;
         if text.is_none() && spec.output_type != OutputType::LoglikelihoodRolling {
             bail!(
                 "task file {file}: field `doc_to_text` is required for {:?} tasks",
@@ -161,6 +169,7 @@ impl PreparedTask {
             choice,
             description,
             program_prefix,
+            math_verify_gold,
         };
         prepared.check_columns()?;
         Ok(prepared)
@@ -178,6 +187,7 @@ impl PreparedTask {
             ("doc_to_choice", self.choice.as_ref()),
             ("description", self.description.as_ref()),
             ("code_eval.prefix", self.program_prefix.as_ref()),
+            ("math_verify.gold", self.math_verify_gold.as_ref()),
         ];
         for (name, field) in fields {
             let Some(field) = field else { continue };
@@ -300,6 +310,7 @@ impl PreparedTask {
                         gold: Some(gold),
                         target: cont,
                         program_prefix: None,
+                        math_verify_gold: None,
                     }
                 } else {
                     let choices = self.templates.list(choice, doc)?;
@@ -317,6 +328,7 @@ impl PreparedTask {
                         gold: Some(gold),
                         target,
                         program_prefix: None,
+                        math_verify_gold: None,
                     }
                 }
             }
@@ -335,6 +347,7 @@ impl PreparedTask {
                     gold: None,
                     target: cont,
                     program_prefix: None,
+                    math_verify_gold: None,
                 }
             }
             OutputType::LoglikelihoodRolling => {
@@ -346,6 +359,7 @@ impl PreparedTask {
                     gold: None,
                     target: text,
                     program_prefix: None,
+                    math_verify_gold: None,
                 }
             }
             OutputType::GenerateUntil => {
@@ -368,6 +382,11 @@ impl PreparedTask {
                     .map(|p| self.templates.text(p, doc))
                     .transpose()?
                     .or_else(|| spec.code_eval.as_ref().map(|_| String::new()));
+                let math_verify_gold = self
+                    .math_verify_gold
+                    .as_ref()
+                    .map(|g| self.templates.text(g, doc))
+                    .transpose()?;
                 Instance {
                     doc_index: i,
                     requests: vec![request],
@@ -375,6 +394,7 @@ impl PreparedTask {
                     gold: None,
                     target,
                     program_prefix,
+                    math_verify_gold,
                 }
             }
         };

@@ -54,6 +54,10 @@ pub enum Metric {
     /// the sandbox, one greedy sample each (HF `evaluate`'s `code_eval` with k = 1).
     #[serde(rename = "pass@1")]
     PassAt1,
+    /// MATH: the math-verify package's verdict on the raw generation against the task's
+    /// `math_verify.gold` (lm-eval's `minerva_math` `math_verify`;
+    /// `workers/torch/zflow_torch/math_verify.py`).
+    MathVerify,
 }
 
 impl Metric {
@@ -68,6 +72,7 @@ impl Metric {
             Metric::WordPerplexity => "word_perplexity",
             Metric::BytePerplexity => "byte_perplexity",
             Metric::PassAt1 => "pass@1",
+            Metric::MathVerify => "math_verify",
         }
     }
 }
@@ -199,6 +204,15 @@ fn default_code_timeout() -> u64 {
     3
 }
 
+/// The reference the `math_verify` metric checks each generation against. lm-eval hard-codes it
+/// in `minerva_math`'s Python (the document's whole solution); here the task file names it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MathVerifySpec {
+    /// A template of the document rendering the gold text (`"{{solution}}"`).
+    pub gold: String,
+}
+
 /// Normalisation before `exact_match` compares (HF `evaluate`'s exact_match options).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -282,6 +296,9 @@ pub struct TaskSpec {
     /// Code tasks: how each answer becomes a program that is run (`pass@1`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code_eval: Option<CodeEvalSpec>,
+    /// MATH tasks: the gold text of the `math_verify` metric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub math_verify: Option<MathVerifySpec>,
 }
 
 fn default_fewshot_seed() -> u64 {
@@ -561,7 +578,7 @@ fn validate(spec: &TaskSpec) -> Result<()> {
                 m,
                 Metric::WordPerplexity | Metric::BytePerplexity | Metric::BitsPerByte
             ),
-            GenerateUntil => matches!(m, Metric::ExactMatch | Metric::PassAt1),
+            GenerateUntil => matches!(m, Metric::ExactMatch | Metric::PassAt1 | Metric::MathVerify),
         };
         if !ok {
             bail!(
@@ -573,6 +590,12 @@ fn validate(spec: &TaskSpec) -> Result<()> {
     }
     if spec.metrics.contains(&Metric::PassAt1) != spec.code_eval.is_some() {
         bail!("fields `metrics`/`code_eval`: `pass@1` and `code_eval` go together");
+    }
+    if spec.metrics.contains(&Metric::MathVerify) != spec.math_verify.is_some() {
+        bail!(
+            "fields `metrics`/`math_verify`: the `math_verify` metric needs its gold text \
+             (`math_verify: {{gold: TEMPLATE}}`), and the setting needs the metric"
+        );
     }
     if spec.multiple_inputs && spec.metrics.contains(&Metric::AccNorm) {
         bail!("field `metrics`: acc_norm needs choices as continuations, not multiple inputs");

@@ -10,7 +10,8 @@ the zflow results (or the named ones) and every document both scored, it checks:
 - log-likelihoods within 1e-4 relative, and the same is-greedy verdict;
 - the same generated text;
 - the same extracted answers (gsm8k's filters), and the same per-document metric values
-  (exact_match, pass@1, acc, acc_norm).
+  (exact_match, math_verify, pass@1, acc, acc_norm); a value lm-eval does not report is a
+  difference too.
 
 It prints one line per task and every difference, and exits 1 if there is one.
 """
@@ -25,6 +26,7 @@ REL_TOL = 1e-4
 # zflow's per-document value names -> lm-eval's, per task family.
 VALUES = {
     "exact_match,minerva": "exact_match",
+    "math_verify": "math_verify",
     "pass@1": ("pass@1", "pass_at_1"),
     "acc": "acc",
     "acc_norm": "acc_norm",
@@ -76,12 +78,19 @@ def compare_doc(task: str, ours: dict[str, Any], theirs: list[dict[str, Any]]) -
             diffs.append(
                 f"filter {name}: answer {ours['answers'][name]!r} vs {rec['filtered_resps'][0]!r}"
             )
-        for key, value in ours["values"].items():
-            metric, _, filt = key.partition(",")
-            theirs_keys = VALUES.get(key, metric if filt == name else None)
-            for k in (theirs_keys,) if isinstance(theirs_keys, str) else theirs_keys or ():
-                if k in rec and float(rec[k]) != value:
-                    diffs.append(f"{key}: {value} vs lm-eval's {k} {rec[k]}")
+    for key, value in ours["values"].items():
+        metric, _, filt = key.partition(",")
+        counterparts = 0
+        for rec in theirs:
+            mapped = VALUES.get(key, metric if filt == rec.get("filter", "none") else None)
+            for k in (mapped,) if isinstance(mapped, str) else mapped or ():
+                if k in rec:
+                    counterparts += 1
+                    if float(rec[k]) != value:
+                        diffs.append(f"{key}: {value} vs lm-eval's {k} {rec[k]}")
+        # A value lm-eval does not report is a difference, not something to pass over.
+        if counterparts == 0:
+            diffs.append(f"{key}: lm-eval's samples have no counterpart")
     return diffs
 
 

@@ -90,6 +90,45 @@ fn bad_combinations_are_named() {
     assert!(err.contains("fewshot_split"), "{err}");
 }
 
+/// A generation task in the shape of minerva_math's.
+const MATH: &str = "task: m\nversion: 1\ndataset: {format: jsonl, path: 'm.jsonl'}\nsplit: test\n\
+    output_type: generate_until\ndoc_to_text: \"{{problem}}\"\ndoc_to_target: answer\n\
+    generation: {until: [\"Problem:\"]}\n";
+
+#[test]
+fn math_verify_needs_its_gold_and_the_gold_its_metric() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = write(
+        dir.path(),
+        "ok.yaml",
+        &format!(
+            "{MATH}metrics: [exact_match, math_verify]\nmath_verify: {{gold: \"{{{{solution}}}}\"}}\n"
+        ),
+    );
+    let mut reg = TaskRegistry::default();
+    reg.add_file(&ok).unwrap();
+    let gold = reg.tasks["m"]
+        .spec
+        .math_verify
+        .as_ref()
+        .map(|m| m.gold.as_str());
+    assert_eq!(gold, Some("{{solution}}"));
+    for (name, text) in [
+        ("no_gold.yaml", format!("{MATH}metrics: [math_verify]\n")),
+        (
+            "no_metric.yaml",
+            format!("{MATH}metrics: [exact_match]\nmath_verify: {{gold: x}}\n"),
+        ),
+    ] {
+        let f = write(dir.path(), name, &text);
+        let err = format!("{:#}", TaskRegistry::default().add_file(&f).unwrap_err());
+        assert!(
+            err.contains(name) && err.contains("`metrics`/`math_verify`"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn includes_merge_deeply_and_config_hash_ignores_formatting() {
     let dir = tempfile::tempdir().unwrap();
