@@ -1,32 +1,31 @@
-//! `dedup.<source>`: exact and near-duplicate removal across the shards of a sharded source.
+//! `dedup.<source>`: exact and near-duplicate removal over the whole of a deduplicated source
+//! (every shard of a sharded one), in memory bounded by the number of runs, not the corpus.
 //!
-//! Each shard's ingest drops its own exact duplicates and writes `hashes.bin`: one record per
-//! kept document (the first 16 bytes of the blake3 of its normalised text, its index in the
-//! shard, its size in bytes), sorted; with `near_dedup`, also `bands.bin`, a record per LSH band
-//! of each kept document ([`crate::minhash`]). This stage merges every shard's records of a kind,
-//! a k-way merge that holds one record per shard in memory however large the source: of equal
-//! texts, the first in shard order stays. Documents sharing a band are candidate pairs; a pair
-//! whose signatures (`signatures.bin`, read per pair) agree on at least `jaccard` of their
-//! values joins a cluster (union-find over the documents in some verified pair), and each
-//! cluster keeps its first document in shard order ([`crate::minhash`]). Every other document
-//! goes into its shard's drop list,
-//! `drops/<index>.bin` (document indices, u64 little-endian, ascending; a file for every shard,
-//! empty when it drops nothing), which that shard's tokenize stage leaves out. A tokenize
-//! stage's identity hashes its own drop list only ([`crate::tokenize::SkipList`]), so a
-//! changed shard re-runs this stage (cheap: it reads 32 bytes per document) but only the
-//! tokenize stages whose drop lists changed.
+//! An ingest stage never holds a set of every document it has seen. It writes its kept
+//! documents' records in sorted runs ([`crate::sorted_runs`]): `hashes/` (the first 16 bytes of
+//! the blake3 of each normalised text) and, with `near_dedup`, `bands/` (a record per LSH band)
+//! and `signatures.bin` ([`crate::minhash`]). It drops a repeat of a text already in the run
+//! it is filling, and leaves the rest to this stage. This stage merges every input's runs of a
+//! kind, a k-way merge that holds one record per run in memory: of equal texts, the first in
+//! (input, document) order stays. Documents sharing a band are candidate pairs; a pair whose
+//! signatures (`signatures.bin`, read per pair) agree on at least `jaccard` of their values
+//! joins a cluster (union-find over the documents in some verified pair), and each cluster
+//! keeps its first document ([`crate::minhash`]). Every other document goes into its input's
+//! drop list, `drops/<source>/<index>.bin` (document indices, u64 little-endian, ascending; a
+//! file for every input, empty when it drops nothing), which that input's tokenize stage leaves
+//! out. A tokenize stage's identity hashes its own drop list only
+//! ([`crate::tokenize::SkipList`]), so a changed shard re-runs this stage (cheap: it reads 32
+//! bytes per document) but only the tokenize stages whose drop lists changed.
 //!
-//! The exact result equals deduplicating the concatenation of the shards in order: what stays
-//! is the same set of texts as one unsharded ingest keeps (in shard order rather than file
-//! order).
+//! The exact result equals deduplicating the concatenation of the inputs in order: what stays
+//! is the same set of texts whatever the shards and the runs.
 //!
 //! `stats.json` and `stats.parquet` (`source`, `shard`, `rule`, `documents`, `bytes`): per
-//! shard, the documents it holds, those dropped as exact duplicates of an earlier shard's and
-//! as near duplicates, and those kept.
+//! input, the documents it holds, those dropped as exact duplicates of an earlier document (of
+//! another run or shard) and as near duplicates, and those kept.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -38,20 +37,21 @@ use zflow_pipeline::{ConfigError, Stage, StageContext};
 
 use crate::names;
 use crate::shard::Shard;
+use crate::sorted_runs::{DocHash, Run, open_runs};
 
 /// The `dedup` stage kind.
 pub struct Dedup;
 
-/// `dedup` settings (what `sources.<name>.shards`, or `cross_dedup`, writes).
+/// `dedup` settings (what a deduplicated source, or `cross_dedup`, writes).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DedupConfig {
     /// The sources, in the order their documents count: of duplicates, the first in this
     /// order (then shard order) stays. One for a sharded source; several with `cross_dedup`.
     pub sources: Vec<DedupSource>,
-    /// Exact duplicates across shards (the shards' `hashes.bin`).
+    /// Exact duplicates (the inputs' `hashes/` runs).
     pub exact: bool,
-    /// Near duplicates (the shards' `bands.bin` and `signatures.bin`).
+    /// Near duplicates (the inputs' `bands/` runs and `signatures.bin`).
     pub near: bool,
     /// The least estimated Jaccard similarity of a near-duplicate pair (the source's
     /// `near_dedup.jaccard`).
@@ -65,8 +65,10 @@ pub struct DedupConfig {
 pub struct DedupSource {
     /// The source's name.
     pub name: String,
-    /// Its number of shards; its ingest shards are inputs.
-    pub shards: usize,
+    /// Its number of shards, whose ingest stages are inputs; none for an unsharded source, whose
+    /// one ingest stage is.
+    #[serde(default)]
+    pub shards: Option<usize>,
 }
 
 fn default_jaccard() -> f64 {
@@ -80,7 +82,7 @@ impl DedupConfig {
         self.sources
             .iter()
             .flat_map(|src| {
-                names::sharded(&names::ingest(&src.name), Some(src.shards))
+                names::sharded(&names::ingest(&src.name), src.shards)
                     .into_iter()
                     .enumerate()
                     .map(move |(i, stage)| (stage, src, i))
@@ -89,65 +91,13 @@ impl DedupConfig {
     }
 }
 
-/// A shard's records of its documents' text hashes.
-pub const EXACT: &str = "hashes.bin";
-/// A shard's records of its documents' LSH bands.
-pub const NEAR: &str = "bands.bin";
-/// A shard's kept documents' MinHash signatures, in document order: `bands * rows` u64
-/// (little-endian) each ([`crate::minhash::MinHasher::signature`]).
+/// An ingest stage's runs of its documents' text hashes (a folder).
+pub const EXACT: &str = "hashes";
+/// An ingest stage's runs of its documents' LSH bands (a folder).
+pub const NEAR: &str = "bands";
+/// An ingest stage's kept documents' MinHash signatures, in document order: `bands * rows`
+/// u64 (little-endian) each ([`crate::minhash::MinHasher::signature`]).
 pub const SIGNATURES: &str = "signatures.bin";
-
-/// One kept document of a shard, as `hashes.bin` holds it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct DocHash {
-    /// The first 16 bytes of the blake3 of the normalised text (the order of the records).
-    pub hash: [u8; 16],
-    /// The document's index in its shard's `documents.parquet`.
-    pub doc: u64,
-    /// Its size in bytes.
-    pub bytes: u64,
-}
-
-impl DocHash {
-    /// Bytes per record.
-    const LEN: usize = 32;
-
-    /// The record of document `doc` of `bytes` bytes whose text's blake3 is `text_hash`.
-    pub fn of(text_hash: &blake3::Hash, doc: u64, bytes: u64) -> DocHash {
-        DocHash {
-            hash: text_hash.as_bytes()[..16].try_into().expect("16 bytes"),
-            doc,
-            bytes,
-        }
-    }
-
-    fn encode(&self) -> [u8; Self::LEN] {
-        let mut out = [0; Self::LEN];
-        out[..16].copy_from_slice(&self.hash);
-        out[16..24].copy_from_slice(&self.doc.to_le_bytes());
-        out[24..].copy_from_slice(&self.bytes.to_le_bytes());
-        out
-    }
-
-    fn decode(b: &[u8; Self::LEN]) -> DocHash {
-        DocHash {
-            hash: b[..16].try_into().expect("16 bytes"),
-            doc: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
-            bytes: u64::from_le_bytes(b[24..].try_into().expect("8 bytes")),
-        }
-    }
-}
-
-/// Writes a shard's records ([`EXACT`] or [`NEAR`]) to `path`, sorted.
-pub fn write_records(path: &Path, mut hashes: Vec<DocHash>) -> Result<()> {
-    hashes.sort_unstable();
-    let mut w = BufWriter::new(std::fs::File::create(path)?);
-    for h in &hashes {
-        w.write_all(&h.encode())?;
-    }
-    w.into_inner()?.sync_all()?;
-    Ok(())
-}
 
 /// The path, within a dedup stage's output, of the drop list of shard `index` (of `count`) of
 /// `source`.
@@ -168,50 +118,6 @@ pub fn read_drops(path: &Path) -> Result<Vec<u64>> {
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
         .collect())
-}
-
-/// One shard's records, read one at a time.
-struct Records {
-    reader: BufReader<std::fs::File>,
-    path: std::path::PathBuf,
-    previous: Option<DocHash>,
-    /// No two records with one hash (the exact kind: the shard dropped its own duplicates).
-    unique: bool,
-}
-
-impl Records {
-    fn open(path: std::path::PathBuf, unique: bool) -> Result<Records> {
-        let file = std::fs::File::open(&path).with_context(|| {
-            format!(
-                "opening {} (an ingest shard of a deduplicated source writes it)",
-                path.display()
-            )
-        })?;
-        Ok(Records {
-            reader: BufReader::with_capacity(1 << 16, file),
-            path,
-            previous: None,
-            unique,
-        })
-    }
-
-    fn next(&mut self) -> Result<Option<DocHash>> {
-        let mut b = [0u8; DocHash::LEN];
-        match self.reader.read_exact(&mut b) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", self.path.display())),
-        }
-        let h = DocHash::decode(&b);
-        ensure!(
-            self.previous
-                .is_none_or(|p| p < h && !(self.unique && p.hash == h.hash)),
-            "{}: records out of order or repeated (a damaged file?)",
-            self.path.display()
-        );
-        self.previous = Some(h);
-        Ok(Some(h))
-    }
 }
 
 impl Stage for Dedup {
@@ -236,7 +142,8 @@ impl Stage for Dedup {
 
     fn run(&self, c: &DedupConfig, ctx: &StageContext) -> Result<()> {
         let inputs = c.inputs();
-        raise_open_files_limit(inputs.len() as u64 + 64);
+        // The merges hold every run of every input open at once.
+        raise_open_files_limit();
         let dirs: Vec<std::path::PathBuf> = inputs
             .iter()
             .map(|(stage, _, _)| ctx.input(stage).map(Path::to_path_buf))
@@ -255,12 +162,9 @@ impl Stage for Dedup {
             vec![Default::default(); inputs.len()];
         if c.exact {
             ctx.progress()
-                .set_message(format!("merging the shards' {EXACT}"));
-            let readers = dirs
-                .iter()
-                .map(|d| Records::open(d.join(EXACT), true))
-                .collect::<Result<Vec<_>>>()?;
-            merge(readers, &|| ctx.check_cancelled(), |shard, h| {
+                .set_message(format!("merging the inputs' {EXACT} runs"));
+            let records = Merged::open(&dirs, EXACT, true)?;
+            merge(records, &|| ctx.check_cancelled(), |shard, h| {
                 if dropped[shard].insert(h.doc) {
                     let t = &mut shards[shard];
                     t.exact.0 += 1;
@@ -271,7 +175,7 @@ impl Stage for Dedup {
         if c.near {
             // After the exact rule: a document both rules drop counts as an exact duplicate.
             ctx.progress()
-                .set_message(format!("clustering the shards' {NEAR}"));
+                .set_message(format!("clustering the inputs' {NEAR} runs"));
             let docs: Vec<u64> = shards.iter().map(|t| t.documents.0).collect();
             for (shard, doc, bytes) in
                 near_clusters(&dirs, &docs, c.jaccard, &|| ctx.check_cancelled())?
@@ -289,7 +193,8 @@ impl Stage for Dedup {
         for ((_, src, i), list) in inputs.iter().zip(&dropped) {
             let bytes: Vec<u8> = list.iter().flat_map(|d| d.to_le_bytes()).collect();
             std::fs::write(
-                ctx.out_dir().join(drops_file(&src.name, *i, src.shards)),
+                ctx.out_dir()
+                    .join(drops_file(&src.name, *i, src.shards.unwrap_or(1))),
                 bytes,
             )?;
         }
@@ -298,7 +203,7 @@ impl Stage for Dedup {
             .fold((0, 0), |(e, n), t| (e + t.exact.0, n + t.near.0));
         let names: Vec<&str> = c.sources.iter().map(|s| s.name.as_str()).collect();
         tracing::info!(
-            "{}: {} shards; dropped {exact} exact duplicates of an earlier shard's documents and {near} near duplicates",
+            "{}: {} inputs; dropped {exact} exact duplicates of an earlier document and {near} near duplicates",
             names.join(", "),
             inputs.len()
         );
@@ -318,28 +223,71 @@ struct ShardTally {
     near: (u64, u64),
 }
 
-/// Merges the shards' sorted records by (hash, shard, document) and calls `later` with every
-/// record whose hash an earlier one (in that order) had.
+/// Every input's runs of one kind, merged: their records in (hash, input, document) order, a
+/// k-way merge that holds one record per run.
+struct Merged {
+    /// Each run, with the input it belongs to.
+    runs: Vec<(usize, Run)>,
+    /// The next record of each run that has one, least first.
+    heap: BinaryHeap<Reverse<Pending>>,
+}
+
+/// A run's next record in the merge: (hash, input, document, bytes, run), ordered as merged.
+type Pending = ([u8; 16], usize, u64, u64, usize);
+
+impl Merged {
+    /// The runs in `<dir>/<kind>` of every input dir; `unique` when no run repeats a hash.
+    fn open(dirs: &[std::path::PathBuf], kind: &str, unique: bool) -> Result<Merged> {
+        let mut runs = Vec::new();
+        for (input, dir) in dirs.iter().enumerate() {
+            runs.extend(
+                open_runs(&dir.join(kind), unique)?
+                    .into_iter()
+                    .map(|r| (input, r)),
+            );
+        }
+        let mut merged = Merged {
+            runs,
+            heap: BinaryHeap::new(),
+        };
+        for run in 0..merged.runs.len() {
+            merged.refill(run)?;
+        }
+        Ok(merged)
+    }
+
+    /// Puts run `run`'s next record, if any, in the heap.
+    fn refill(&mut self, run: usize) -> Result<()> {
+        let (input, r) = &mut self.runs[run];
+        if let Some(h) = r.next_record()? {
+            self.heap
+                .push(Reverse((h.hash, *input, h.doc, h.bytes, run)));
+        }
+        Ok(())
+    }
+
+    /// The next record in order, with its input.
+    fn next(&mut self) -> Result<Option<(usize, DocHash)>> {
+        let Some(Reverse((hash, input, doc, bytes, run))) = self.heap.pop() else {
+            return Ok(None);
+        };
+        self.refill(run)?;
+        Ok(Some((input, DocHash { hash, doc, bytes })))
+    }
+}
+
+/// Calls `later` with every record, in [`Merged`]'s order, whose hash an earlier one had.
 fn merge(
-    mut shards: Vec<Records>,
+    mut records: Merged,
     check: &dyn Fn() -> Result<()>,
     mut later: impl FnMut(usize, DocHash),
 ) -> Result<()> {
-    let mut heap = BinaryHeap::new();
-    for (i, r) in shards.iter_mut().enumerate() {
-        if let Some(h) = r.next()? {
-            heap.push(Reverse((h.hash, i, h.doc, h.bytes)));
-        }
-    }
     let (mut last, mut merged) = (None, 0u64);
-    while let Some(Reverse((hash, shard, doc, bytes))) = heap.pop() {
-        if last == Some(hash) {
-            later(shard, DocHash { hash, doc, bytes });
+    while let Some((input, h)) = records.next()? {
+        if last == Some(h.hash) {
+            later(input, h);
         }
-        last = Some(hash);
-        if let Some(h) = shards[shard].next()? {
-            heap.push(Reverse((h.hash, shard, h.doc, h.bytes)));
-        }
+        last = Some(h.hash);
         merged += 1;
         if merged.is_multiple_of(1 << 20) {
             check()?;
@@ -440,20 +388,11 @@ fn near_clusters(
         .zip(docs)
         .map(|(d, &n)| Signatures::open(d, n))
         .collect::<Result<Vec<_>>>()?;
-    let mut readers = dirs
-        .iter()
-        .map(|d| Records::open(d.join(NEAR), false))
-        .collect::<Result<Vec<_>>>()?;
-    let mut heap = BinaryHeap::new();
-    for (i, r) in readers.iter_mut().enumerate() {
-        if let Some(h) = r.next()? {
-            heap.push(Reverse((h.hash, i, h.doc, h.bytes)));
-        }
-    }
+    let mut records = Merged::open(dirs, NEAR, false)?;
     let mut clusters = Clusters::default();
     let mut bytes_of = std::collections::HashMap::new();
     let (mut previous, mut merged): (Option<([u8; 16], usize, u64)>, u64) = (None, 0);
-    while let Some(Reverse((hash, shard, doc, bytes))) = heap.pop() {
+    while let Some((shard, DocHash { hash, doc, bytes })) = records.next()? {
         if let Some((h, s, d)) = previous
             && h == hash
             && (s, d) != (shard, doc)
@@ -465,9 +404,6 @@ fn near_clusters(
             }
         }
         previous = Some((hash, shard, doc));
-        if let Some(h) = readers[shard].next()? {
-            heap.push(Reverse((h.hash, shard, h.doc, h.bytes)));
-        }
         merged += 1;
         if merged.is_multiple_of(1 << 20) {
             check()?;
@@ -490,10 +426,11 @@ fn near_clusters(
     }
     if !unknown.is_empty() {
         for (i, dir) in dirs.iter().enumerate() {
-            let mut r = Records::open(dir.join(NEAR), false)?;
-            while let Some(h) = r.next()? {
-                if unknown.remove(&(offsets[i] + h.doc)) {
-                    out.push((i, h.doc, h.bytes));
+            for mut run in open_runs(&dir.join(NEAR), false)? {
+                while let Some(h) = run.next_record()? {
+                    if unknown.remove(&(offsets[i] + h.doc)) {
+                        out.push((i, h.doc, h.bytes));
+                    }
                 }
             }
         }
@@ -508,7 +445,7 @@ fn write_stats(out: &Path, labels: &[(&str, u64)], shards: &[ShardTally]) -> Res
     for (&(source, i), t) in labels.iter().zip(shards) {
         let mut push = |rule, (d, b): (u64, u64)| rows.push((source, i, rule, d, b));
         push("documents", t.documents);
-        push("dropped:duplicate_of_earlier_shard", t.exact);
+        push("dropped:duplicate", t.exact);
         push("dropped:near_duplicate", t.near);
         push(
             "kept",
@@ -540,17 +477,17 @@ fn write_stats(out: &Path, labels: &[(&str, u64)], shards: &[ShardTally]) -> Res
     crate::util::write_parquet(&out.join("stats.parquet"), fields, cols)
 }
 
-/// Raises this process's soft limit on open files towards `want` (up to the hard limit): the
-/// merge holds every shard's file open at once.
-fn raise_open_files_limit(want: u64) {
+/// Raises this process's soft limit on open files to the hard limit: a merge holds every run
+/// of every input open at once.
+fn raise_open_files_limit() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < want {
-            lim.rlim_cur = want.min(lim.rlim_max);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
@@ -564,8 +501,8 @@ mod tests {
         DocHash::of(&blake3::hash(text.as_bytes()), doc, text.len() as u64)
     }
 
-    /// Writes a shard's `bands.bin` and `signatures.bin` for `docs` (each: its signature and
-    /// its band keys, which a test may forge).
+    /// Writes a shard's `bands/` (in runs of 7 records) and `signatures.bin` for `docs` (each:
+    /// its signature and its band keys, which a test may forge).
     fn write_shard(dir: &Path, docs: &[(Vec<u64>, Vec<[u8; 16]>)]) {
         std::fs::create_dir_all(dir).unwrap();
         let mut bands = Vec::new();
@@ -578,7 +515,11 @@ mod tests {
             }));
             sigs.extend(sig.iter().flat_map(|v| v.to_le_bytes()));
         }
-        write_records(&dir.join(NEAR), bands).unwrap();
+        let mut runs = crate::sorted_runs::RunWriter::create(dir.join(NEAR), 7).unwrap();
+        for b in bands {
+            runs.push(b).unwrap();
+        }
+        assert!(runs.finish().unwrap() > 1, "several runs");
         std::fs::write(dir.join(SIGNATURES), sigs).unwrap();
     }
 
@@ -620,12 +561,23 @@ mod tests {
     }
 
     #[test]
-    fn records_round_trip_and_sort_by_hash_first() {
-        let a = record("one text", 7);
-        assert_eq!(DocHash::decode(&a.encode()), a);
-        let mut v = [record("b", 0), record("a", 1), record("c", 2)];
-        v.sort();
-        assert!(v.windows(2).all(|w| w[0].hash < w[1].hash));
+    fn exact_repeats_in_other_runs_and_other_inputs_go_and_the_first_stays() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs: Vec<std::path::PathBuf> =
+            (0..2).map(|i| tmp.path().join(format!("s{i}"))).collect();
+        // Input 0: a, b | c, a (runs of 2: the second a is in another run); input 1: b, d.
+        for (dir, texts) in dirs.iter().zip([&["a", "b", "c", "a"][..], &["b", "d"]]) {
+            let mut w = crate::sorted_runs::RunWriter::create(dir.join(EXACT), 2).unwrap();
+            for (doc, t) in texts.iter().enumerate() {
+                w.push(record(t, doc as u64)).unwrap();
+            }
+            w.finish().unwrap();
+        }
+        let mut later = Vec::new();
+        let records = Merged::open(&dirs, EXACT, true).unwrap();
+        merge(records, &|| Ok(()), |input, h| later.push((input, h.doc))).unwrap();
+        later.sort();
+        assert_eq!(later, vec![(0, 3), (1, 0)]);
         assert_eq!(drops_file("web", 3, 12), "drops/web/03.bin");
         assert_eq!(drops_file("web", 0, 1), "drops/web/0.bin");
     }

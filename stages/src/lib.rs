@@ -29,6 +29,7 @@ pub mod recipe;
 pub mod report;
 pub mod shard;
 pub mod shell;
+pub mod sorted_runs;
 pub mod token_ids;
 pub mod tokenize;
 pub mod tokenizer;

@@ -6,13 +6,9 @@
 //! Sharing a band makes two documents candidates only: a pair is a near duplicate when the
 //! fraction of equal MinHash values of their signatures, an unbiased estimate of their
 //! Jaccard similarity, is at least `jaccard` (0.7 by default; 0 takes every candidate, as
-//! datatrove does). For a sharded source each shard's ingest writes its documents' bands
-//! (`bands.bin`) and signatures (`signatures.bin`), and the source's `dedup` stage joins the
-//! verified pairs into clusters (connected components) and keeps the first document of each,
-//! in shard order. An unsharded ingest applies the rule as it reads: a document is dropped
-//! when it is verified similar to the first earlier document with one of its bands; that
-//! keeps one document of a cluster unless the cluster's documents join only through later
-//! ones (shard a source for exact clusters).
+//! datatrove does). Each ingest writes its documents' bands (sorted runs in `bands/`) and
+//! signatures (`signatures.bin`), and the source's `dedup` stage joins the verified pairs into
+//! clusters (connected components) and keeps the first document of each, in shard order.
 //!
 //! Hand-written rather than taken from a crate: which documents a recipe keeps must never change
 //! with a dependency's upgrade, so the shingling, the hash of a shingle (blake3) and the

@@ -1,86 +1,91 @@
 //! What an ingest stage keeps of each document: NFC, length limits, the quality filters
-//! ([`crate::filters`]), exact and near dedup, in that order, counting every drop by rule and
-//! every edit (C4's removed lines, redacted addresses) by filter.
+//! ([`crate::filters`]), exact dedup within a run, in that order, counting every drop by rule
+//! and every edit (C4's removed lines, redacted addresses) by filter; and the records of the
+//! kept documents that the source's `dedup` stage deduplicates over the whole source
+//! ([`crate::dedup`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::io::{BufWriter, Write};
+use std::path::Path;
 
+use anyhow::Result;
 use unicode_normalization::UnicodeNormalization;
 
 use super::IngestConfig;
 use crate::decontaminate::{Action, NgramSet};
 use crate::ingest_stats::IngestStats;
-use crate::minhash::{MinHasher, similarity};
+use crate::minhash::MinHasher;
+use crate::sorted_runs::{DocHash, RunWriter};
 
 /// NFC, length limits, filters and dedup, in that order, one document at a time, counting drops.
 pub(super) struct Cleaner<'a> {
     c: &'a IngestConfig,
-    seen: HashSet<[u8; 32]>,
     pub(super) stats: IngestStats,
-    /// Of a deduplicated shard: every kept document's hash, for the source's dedup stage.
-    pub(super) hashes: Option<Vec<crate::dedup::DocHash>>,
-    /// With `near_dedup`: what near-duplicate detection keeps.
-    pub(super) near: Option<Near>,
+    /// With `dedup`: the kept documents' text hashes.
+    exact: Option<Exact>,
+    /// With `near_dedup`: the kept documents' bands and signatures.
+    near: Option<Near>,
     /// With `decontaminate`: the eval tasks' test n-grams.
     ngrams: Option<NgramSet>,
-    /// With `decontaminate: {action: flag}`: (document id, tasks) of each kept document that
-    /// overlaps a task.
-    pub(super) flagged: Vec<(u64, Vec<String>)>,
+    /// With `decontaminate: {action: flag}`: each kept document that overlaps a task.
+    flagged: Flagged,
     /// The tasks the document being cleaned overlaps, until it is kept or dropped.
     pending_flag: Option<Vec<String>>,
 }
 
-/// Near-duplicate detection in an ingest stage ([`crate::minhash`]).
-pub(super) enum Near {
-    /// Unsharded: drop a document verified similar to the first earlier document that had one
-    /// of its bands.
-    Drop {
-        hasher: MinHasher,
-        jaccard: f64,
-        /// Band -> the first document (index into `signatures`) that had it.
-        first: HashMap<[u8; 16], u32>,
-        /// Every document's signature, dropped ones too (a band points at its first).
-        signatures: Vec<Vec<u64>>,
-    },
-    /// A shard: record every kept document's bands and signature for the source's dedup stage.
-    Record {
-        hasher: MinHasher,
-        bands: Vec<crate::dedup::DocHash>,
-        /// The kept documents' signatures, one after another (`bands * rows` values each).
-        signatures: Vec<u64>,
-    },
+/// (document id, the tasks it overlaps) of each kept document that overlaps an eval task.
+pub(super) type Flagged = Vec<(u64, Vec<String>)>;
+
+/// Exact dedup in memory bounded by a run: the hashes of the documents kept since the last run
+/// went to disk, where a repeat is dropped at once; every kept document's record goes into a
+/// sorted run (`hashes/`), and the `dedup` stage's merge drops the repeats in other runs.
+struct Exact {
+    in_run: HashSet<[u8; 16]>,
+    runs: RunWriter,
+}
+
+/// Near-dedup records ([`crate::minhash`]): every kept document's bands in sorted runs
+/// (`bands/`) and its signature (`signatures.bin`, in document order), which the `dedup` stage
+/// clusters.
+struct Near {
+    hasher: MinHasher,
+    bands: RunWriter,
+    signatures: BufWriter<std::fs::File>,
 }
 
 impl<'a> Cleaner<'a> {
-    pub(super) fn new(c: &'a IngestConfig, ngrams: Option<NgramSet>) -> Self {
-        let near = c.near_dedup.map(|settings| {
-            let hasher = MinHasher::new(settings);
-            match c.shard {
-                None => Near::Drop {
-                    hasher,
-                    jaccard: settings.jaccard,
-                    first: HashMap::new(),
-                    signatures: Vec::new(),
-                },
-                Some(_) => Near::Record {
-                    hasher,
-                    bands: Vec::new(),
-                    signatures: Vec::new(),
-                },
-            }
-        });
+    /// A cleaner writing its dedup records under `out` (the stage's output folder).
+    pub(super) fn new(c: &'a IngestConfig, ngrams: Option<NgramSet>, out: &Path) -> Result<Self> {
+        let run = c.dedup_run_records;
+        let exact = c
+            .dedup
+            .then(|| -> Result<Exact> {
+                Ok(Exact {
+                    in_run: HashSet::new(),
+                    runs: RunWriter::create(out.join(crate::dedup::EXACT), run)?,
+                })
+            })
+            .transpose()?;
+        let near = c
+            .near_dedup
+            .map(|settings| -> Result<Near> {
+                let path = out.join(crate::dedup::SIGNATURES);
+                Ok(Near {
+                    hasher: MinHasher::new(settings),
+                    bands: RunWriter::create(out.join(crate::dedup::NEAR), run)?,
+                    signatures: BufWriter::new(std::fs::File::create(path)?),
+                })
+            })
+            .transpose()?;
         let mut rules = vec!["filter", "empty", "min_chars", "max_chars"];
         rules.extend(c.filters.drop_rules());
         if c.decontaminate.as_ref().map(|d| d.action) == Some(Action::Remove) {
             rules.push("decontaminate");
         }
         rules.push("duplicate");
-        if matches!(near, Some(Near::Drop { .. })) {
-            rules.push("near_duplicate");
-        }
         let dropped = rules.iter().map(|r| (r.to_string(), 0, 0)).collect();
-        Cleaner {
+        Ok(Cleaner {
             c,
-            seen: HashSet::new(),
             stats: IngestStats {
                 dropped,
                 contamination: ngrams
@@ -97,63 +102,54 @@ impl<'a> Cleaner<'a> {
                 .collect(),
                 ..Default::default()
             },
-            hashes: (c.shard.is_some() && c.dedup).then(Vec::new),
+            exact,
             near,
             ngrams,
             flagged: Vec::new(),
             pending_flag: None,
-        }
+        })
     }
 
-    /// Whether `text` is a near duplicate of an earlier document (unsharded); a shard records
-    /// the bands of the document it is about to keep instead, and says no.
-    fn near_duplicate(&mut self, text: &str) -> bool {
-        let doc = self.stats.docs_out;
-        match &mut self.near {
-            None => false,
-            Some(Near::Drop {
-                hasher,
-                jaccard,
-                first,
-                signatures,
-            }) => {
-                let signature = hasher.signature(text);
-                let me = signatures.len() as u32;
-                let mut hit = false;
-                for band in hasher.bands_of(&signature) {
-                    match first.entry(band) {
-                        std::collections::hash_map::Entry::Occupied(e) => {
-                            hit = hit
-                                || similarity(&signature, &signatures[*e.get() as usize])
-                                    >= *jaccard;
-                        }
-                        std::collections::hash_map::Entry::Vacant(e) => {
-                            e.insert(me);
-                        }
-                    }
-                }
-                signatures.push(signature);
-                hit
+    /// Whether the text whose hash is `hash` repeats a document of the current run (and if not,
+    /// notes it there).
+    fn repeats(&mut self, hash: &blake3::Hash) -> bool {
+        let key = DocHash::of(hash, 0, 0).hash;
+        self.exact.as_mut().is_some_and(|e| !e.in_run.insert(key))
+    }
+
+    /// Records a document about to be kept as document `doc`: its text hash in the exact runs,
+    /// its bands and signature for near dedup.
+    fn record(&mut self, hash: Option<blake3::Hash>, text: &str) -> Result<()> {
+        let (doc, bytes) = (self.stats.docs_out, text.len() as u64);
+        if let (Some(exact), Some(h)) = (&mut self.exact, hash)
+            && exact.runs.push(DocHash::of(&h, doc, bytes))?
+        {
+            exact.in_run.clear();
+        }
+        if let Some(near) = &mut self.near {
+            let mut signature = near.hasher.signature(text);
+            for hash in near.hasher.bands_of(&signature) {
+                near.bands.push(DocHash { hash, doc, bytes })?;
             }
-            Some(Near::Record {
-                hasher,
-                bands,
-                signatures,
-            }) => {
-                let bytes = text.len() as u64;
-                let mut signature = hasher.signature(text);
-                bands.extend(
-                    hasher
-                        .bands_of(&signature)
-                        .into_iter()
-                        .map(|hash| crate::dedup::DocHash { hash, doc, bytes }),
-                );
-                // Fixed-size records: a wordless text (no bands, never a candidate) pads.
-                signature.resize(hasher.signature_len(), u64::MAX);
-                signatures.extend(signature);
-                false
+            // Fixed-size records: a wordless text (no bands, never a candidate) pads.
+            signature.resize(near.hasher.signature_len(), u64::MAX);
+            for v in signature {
+                near.signatures.write_all(&v.to_le_bytes())?;
             }
         }
+        Ok(())
+    }
+
+    /// Writes the last runs and the signatures.
+    pub(super) fn finish(self) -> Result<(IngestStats, Flagged)> {
+        if let Some(exact) = self.exact {
+            exact.runs.finish()?;
+        }
+        if let Some(near) = self.near {
+            near.bands.finish()?;
+            near.signatures.into_inner()?.sync_all()?;
+        }
+        Ok((self.stats, self.flagged))
     }
 
     /// Runs the quality filters ([`crate::filters`]) on `text`, editing it in place (C4's line
@@ -211,7 +207,7 @@ impl<'a> Cleaner<'a> {
     }
 
     /// The cleaned text, or `None` (counted under its rule) when a rule drops it.
-    pub(super) fn keep(&mut self, text: String) -> Option<String> {
+    pub(super) fn keep(&mut self, text: String) -> Result<Option<String>> {
         let c = self.c;
         self.stats.bytes_in += text.len() as u64;
         let mut text: String = if c.nfc { text.nfc().collect() } else { text };
@@ -229,23 +225,18 @@ impl<'a> Cleaner<'a> {
         } else if self.contaminated(&text) {
             "decontaminate"
         } else {
-            // One hash per text: the stage's own dedup set and a shard's record share it.
+            // One hash per text: the run's set and the record share it.
             let hash = c.dedup.then(|| blake3::hash(text.as_bytes()));
-            if hash.is_some_and(|h| !self.seen.insert(*h.as_bytes())) {
+            if hash.as_ref().is_some_and(|h| self.repeats(h)) {
                 "duplicate"
-            } else if self.near_duplicate(&text) {
-                "near_duplicate"
             } else {
-                if let (Some(hashes), Some(h)) = (&mut self.hashes, &hash) {
-                    let bytes = text.len() as u64;
-                    hashes.push(crate::dedup::DocHash::of(h, self.stats.docs_out, bytes));
-                }
+                self.record(hash, &text)?;
                 if let Some(tasks) = self.pending_flag.take() {
                     self.flagged.push((self.stats.docs_out, tasks));
                 }
                 self.stats.docs_out += 1;
                 self.stats.bytes_out += text.len() as u64;
-                return Some(text);
+                return Ok(Some(text));
             }
         };
         self.pending_flag = None;
@@ -253,6 +244,6 @@ impl<'a> Cleaner<'a> {
             entry.1 += 1;
             entry.2 += bytes;
         }
-        None
+        Ok(None)
     }
 }

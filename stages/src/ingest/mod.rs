@@ -5,10 +5,11 @@
 //! the fetched folder or, for a local source, where its files are ([`crate::fetch::in_place`]) (Hugging Face `save_to_disk` folders use
 //! the IPC *stream* format). The document text is a SQL expression over the columns
 //! (`text: "goal || ' ' || sol1"`), an optional SQL `filter` runs in DataFusion, then Unicode
-//! NFC normalisation, length limits, exact dedup by content hash and (with `near_dedup`)
-//! near-duplicate removal by MinHash LSH ([`crate::minhash`]). Every dropped document is counted
-//! by rule in `stats.parquet` / `stats.json`. A shard of a sharded source (`shard`) reads only
-//! its files and leaves what crosses shards to the source's `dedup` stage ([`crate::dedup`]).
+//! NFC normalisation, length limits and exact dedup by content hash within a run. Every dropped
+//! document is counted by rule in `stats.parquet` / `stats.json`. A deduplicated source's
+//! `dedup` stage drops the other exact and (with `near_dedup`) near duplicates over the whole
+//! source, from the sorted runs of records this stage writes ([`crate::dedup`]); a shard of a
+//! sharded source (`shard`) reads only its files.
 //!
 //! Documents keep their order (file order, then position in the file), so the output is
 //! byte-identical across runs and `-j` settings. Files are read in batches of at most 8192
@@ -35,7 +36,7 @@ mod clean;
 mod read;
 mod write;
 
-use clean::{Cleaner, Near};
+use clean::Cleaner;
 use write::DocWriter;
 
 /// The `ingest` stage kind.
@@ -86,23 +87,26 @@ pub struct IngestConfig {
     /// Unicode NFC normalisation.
     #[serde(default = "yes")]
     pub nfc: bool,
-    /// Drop exact duplicates (by blake3 of the normalised text), keeping the first.
+    /// Drop exact duplicates (by blake3 of the normalised text), keeping the first: those of
+    /// a document in the same run here, the rest in the source's `dedup` stage.
     #[serde(default = "yes")]
     pub dedup: bool,
+    /// Records per sorted run of `hashes/` and `bands/` ([`crate::sorted_runs`]): what dedup
+    /// holds in memory at most (32 bytes a record, and the run's set of text hashes), however
+    /// large the source.
+    #[serde(default = "default_run_records")]
+    pub dedup_run_records: usize,
     /// Drop documents shorter than this many characters (after trimming).
     #[serde(default)]
     pub min_chars: usize,
     /// Drop documents longer than this many characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_chars: Option<usize>,
-    /// Drop near duplicates ([`crate::minhash`]: MinHash + LSH over word n-grams); `{}` takes
-    /// datatrove's defaults.
+    /// Drop near duplicates ([`crate::minhash`]: MinHash + LSH over word n-grams; the source's
+    /// `dedup` stage clusters them); `{}` takes datatrove's defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub near_dedup: Option<NearDedup>,
-    /// Read only this shard's files ([`crate::shard`]; set by `sources.<name>.shards`). Its
-    /// duplicates of other shards' documents are the source's `dedup` stage's to drop: this
-    /// stage writes `hashes.bin` for it (with `dedup`) and `bands.bin` (with `near_dedup`), and
-    /// leaves near duplicates, within the shard too, to it.
+    /// Read only this shard's files ([`crate::shard`]; set by `sources.<name>.shards`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<Shard>,
     /// Quality filters, language identification and PII redaction ([`crate::filters`]), after
@@ -118,6 +122,10 @@ pub struct IngestConfig {
 fn default_text() -> String {
     "text".into()
 }
+/// 4 Mi records: 128 MiB of a run, and its set.
+fn default_run_records() -> usize {
+    1 << 22
+}
 fn yes() -> bool {
     true
 }
@@ -128,7 +136,9 @@ impl Stage for Ingest {
     // 2: documents.parquet is written in row groups of 8192 documents, one input file at a time.
     // 3: near duplicates are candidate pairs verified by their signatures' similarity, and a
     // shard writes `signatures.bin`.
-    const VERSION: u32 = 3;
+    // 4: exact dedup within a run only, every deduplicated source's records in sorted runs
+    // (`hashes/`, `bands/`) for its `dedup` stage.
+    const VERSION: u32 = 4;
 
     fn validate(&self, c: &IngestConfig, needs: &[String]) -> Result<(), ConfigError> {
         let contamination = c.decontaminate.as_ref().map(|d| &d.stage);
@@ -176,6 +186,12 @@ impl Stage for Ingest {
         }
         if let Some(near) = &c.near_dedup {
             near.validate()?;
+        }
+        if c.dedup_run_records == 0 {
+            return Err(ConfigError::new(
+                "dedup_run_records",
+                "a run holds at least 1 record",
+            ));
         }
         c.filters.validate()?;
         if let Some(sh) = c.shard
@@ -251,7 +267,7 @@ impl Stage for Ingest {
             .build()?;
         // One partition: documents come back in input order, so output is deterministic.
         let sql = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
-        let mut cleaner = Cleaner::new(c, ngrams);
+        let mut cleaner = Cleaner::new(c, ngrams, ctx.out_dir())?;
         let mut writer = DocWriter::create(ctx.out_dir(), &c.source)?;
         let mut jsonl_fields = BTreeMap::new();
         ctx.progress().set_length(files.len() as u64);
@@ -266,7 +282,7 @@ impl Stage for Ingest {
                 cleaner.stats.docs_in += read;
                 cleaner.stats.dropped[0].1 += read.saturating_sub(texts.len() as u64);
                 for text in texts {
-                    if let Some(kept) = cleaner.keep(text) {
+                    if let Some(kept) = cleaner.keep(text)? {
                         writer.push(kept)?;
                     }
                 }
@@ -275,24 +291,13 @@ impl Stage for Ingest {
             ctx.progress().inc(1);
         }
         writer.finish()?;
-        if let Some(hashes) = cleaner.hashes {
-            crate::dedup::write_records(&ctx.out_dir().join(crate::dedup::EXACT), hashes)?;
-        }
+        let (stats, flagged) = cleaner.finish()?;
         if c.decontaminate.as_ref().map(|d| d.action) == Some(crate::decontaminate::Action::Flag) {
             std::fs::write(
                 ctx.out_dir().join("contaminated.json"),
-                serde_json::to_vec(&cleaner.flagged)?,
+                serde_json::to_vec(&flagged)?,
             )?;
         }
-        if let Some(Near::Record {
-            bands, signatures, ..
-        }) = cleaner.near
-        {
-            crate::dedup::write_records(&ctx.out_dir().join(crate::dedup::NEAR), bands)?;
-            let bytes: Vec<u8> = signatures.iter().flat_map(|v| v.to_le_bytes()).collect();
-            std::fs::write(ctx.out_dir().join(crate::dedup::SIGNATURES), bytes)?;
-        }
-        let stats = cleaner.stats;
         crate::ingest_stats::write(ctx.out_dir(), &c.source, &stats)?;
         ctx.progress().set_message(format!(
             "{} of {} documents kept",

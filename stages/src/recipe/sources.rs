@@ -306,10 +306,10 @@ impl Source {
             .jaccard
     }
 
-    /// Whether its shards are deduplicated against each other, exactly or near, through
-    /// `dedup.<name>`.
-    pub fn dedup_across_shards(&self) -> bool {
-        self.shards.is_some() && (self.exact_dedup() || self.near_dedup())
+    /// Whether it is deduplicated, exactly or near, over the whole source (every shard) by
+    /// `dedup.<name>` ([`crate::dedup`]).
+    pub fn deduplicated(&self) -> bool {
+        self.exact_dedup() || self.near_dedup()
     }
 
     /// The stages holding its tokens, in shard order.
@@ -323,8 +323,9 @@ impl Source {
     }
 }
 
-/// `fetch.<name>`, then `ingest.<name>` and (with a tokenizer) `tokenize.<name>`, or for a
-/// Megatron source `tokenize.<name>` of kind `megatron`.
+/// `fetch.<name>`, then `ingest.<name>` (one per shard), `dedup.<name>` for a deduplicated one
+/// (or the `dedup` of every `cross_dedup` source) and (with a tokenizer) `tokenize.<name>` (one
+/// per shard), or for a Megatron source `tokenize.<name>` of kind `megatron`.
 pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
     let mut nodes = Vec::new();
     for source in &doc.sources {
@@ -366,29 +367,13 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
                 .chain(decontaminate.map(|_| names::CONTAMINATION.to_string()))
                 .collect()
         };
-        let Some(count) = source.shards else {
-            nodes.push(NodeSpec {
-                name: names::ingest(name),
-                kind: "ingest".into(),
-                config: Value::Object(settings),
-                needs: ingest_needs(&fetch_name),
-                resources: None,
-                path: path.clone(),
-            });
-            if doc.tokenizer.is_some() {
-                nodes.push(tokenize_node(
-                    source,
-                    names::tokenize(name),
-                    names::ingest(name),
-                    None,
-                ));
-            }
-            continue;
-        };
         let ingests = source.ingest_stages();
+        let count = ingests.len();
         for (index, ingest) in ingests.iter().enumerate() {
             let mut settings = settings.clone();
-            settings.insert("shard".into(), json!(Shard { index, count }));
+            if source.shards.is_some() {
+                settings.insert("shard".into(), json!(Shard { index, count }));
+            }
             nodes.push(NodeSpec {
                 name: ingest.clone(),
                 kind: "ingest".into(),
@@ -401,7 +386,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
         let dedup = if source.cross_dedup {
             Some(CROSS_DEDUP.to_string())
         } else {
-            source.dedup_across_shards().then(|| names::dedup(name))
+            source.deduplicated().then(|| names::dedup(name))
         };
         if let Some(dedup) = &dedup
             && !source.cross_dedup
@@ -437,7 +422,7 @@ fn dedup_node(name: &str, sources: &[&Source], path: String) -> NodeSpec {
     let first = sources[0];
     let list: Vec<Value> = sources
         .iter()
-        .map(|s| json!({"name": s.name, "shards": s.shards.unwrap_or(1)}))
+        .map(|s| json!({"name": s.name, "shards": s.shards}))
         .collect();
     NodeSpec {
         name: name.to_string(),
