@@ -254,6 +254,19 @@ fn zflow_report_scores_every_phase_next_to_the_baselines() {
         "{decontamination}"
     );
     assert!(md.contains("## Data") && md.contains("| prose |"), "{md}");
+    // Kept: what the source's dedup stage kept, after the ingest's rules.
+    let kept: u64 = json_file(&sb.output("dedup.prose").join("stats.json"))
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["rule"] == "kept")
+        .map(|r| r["documents"].as_u64().unwrap())
+        .sum();
+    let prose_row: Vec<String> = row_of(md, "| prose |")
+        .split('|')
+        .map(|c| c.trim().to_string())
+        .collect();
+    assert_eq!(prose_row[3], kept.to_string(), "{prose_row:?}");
     let prose = json_file(&sb.output("ingest.prose").join("stats.json"));
     assert_eq!(
         prose["contamination"][0][1].as_u64(),

@@ -18,9 +18,17 @@ pub fn tokenize(source: &str) -> String {
     format!("tokenize.{source}")
 }
 
-/// `dedup.<source>`: exact dedup across the shards of a sharded source.
+/// `dedup.<source>`: exact and near dedup over the whole of a deduplicated source.
 pub fn dedup(source: &str) -> String {
     format!("dedup.{source}")
+}
+
+/// The stage that deduplicates the `cross_dedup` sources against each other.
+pub const CROSS_DEDUP: &str = "dedup";
+
+/// Whether `stage` is a `dedup` stage: `dedup.<source>`, or [`CROSS_DEDUP`].
+pub fn is_dedup(stage: &str) -> bool {
+    stage == CROSS_DEDUP || stage.starts_with("dedup.")
 }
 
 /// Shard `index` of `count` of the stage named `stage`: `<stage>.s<label>` ([`Shard::label`]).

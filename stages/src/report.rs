@@ -55,7 +55,7 @@ pub struct ReportConfig {
     #[serde(default)]
     pub train: Vec<String>,
     /// `ingest` stages whose counts (documents dropped per rule, decontamination per task) the
-    /// report tabulates.
+    /// report tabulates, then the `dedup` stages whose drops come after theirs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data: Vec<String>,
     /// Published models (their `model:` names in `evals/baselines`) shown next to ours;
@@ -241,7 +241,8 @@ impl Stage for Report {
 
 /// The `## Data` section: per source, documents read, kept and dropped by each rule; and, with
 /// decontamination, per eval task the training documents that share an n-gram with its test
-/// documents and how many of them were removed. Sums over a sharded source's stages.
+/// documents and how many of them were removed. Sums over a sharded source's stages; a `dedup`
+/// stage's drops (`crate::dedup`'s stats rows) count under their rule and leave the kept.
 fn data_section(stages: &[String], ctx: &StageContext) -> Result<String> {
     use crate::ingest_stats::IngestStats;
     use std::collections::BTreeMap;
@@ -249,6 +250,10 @@ fn data_section(stages: &[String], ctx: &StageContext) -> Result<String> {
     let mut tasks: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for stage in stages {
         let path = ctx.input(stage)?.join("stats.json");
+        if crate::names::is_dedup(stage) {
+            add_dedup_drops(&path, &mut sources)?;
+            continue;
+        }
         let stats: IngestStats = serde_json::from_slice(
             &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
         )
@@ -305,6 +310,41 @@ fn data_section(stages: &[String], ctx: &StageContext) -> Result<String> {
         }
     }
     Ok(md)
+}
+
+/// Adds a `dedup` stage's drops (its `stats.json` rows `dropped:<rule>`) to the sources'
+/// tallies: counted under `<rule>`, taken off the kept documents.
+fn add_dedup_drops(
+    path: &Path,
+    sources: &mut [(String, crate::ingest_stats::IngestStats)],
+) -> Result<()> {
+    #[derive(serde::Deserialize)]
+    struct Row {
+        source: String,
+        rule: String,
+        documents: u64,
+        bytes: u64,
+    }
+    let rows: Vec<Row> = serde_json::from_slice(
+        &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("{}: not a dedup stage's stats", path.display()))?;
+    for row in rows {
+        let Some(rule) = row.rule.strip_prefix("dropped:") else {
+            continue;
+        };
+        let Some((_, sum)) = sources.iter_mut().find(|(s, _)| *s == row.source) else {
+            continue;
+        };
+        sum.docs_out = sum.docs_out.saturating_sub(row.documents);
+        match sum.dropped.iter_mut().find(|r| r.0 == rule) {
+            Some(r) => (r.1, r.2) = (r.1 + row.documents, r.2 + row.bytes),
+            None => sum
+                .dropped
+                .push((rule.to_string(), row.documents, row.bytes)),
+        }
+    }
+    Ok(())
 }
 
 /// One phase's per-step metrics.

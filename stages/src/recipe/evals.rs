@@ -203,14 +203,22 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
         "train".into(),
         json!(evals.iter().map(|(_, t)| t).collect::<Vec<_>>()),
     );
-    // With decontamination, the report tabulates what each source's ingest stages found.
+    // With decontamination, the report tabulates what each source's ingest stages found, and
+    // what its dedup stage dropped after them.
     let ingests: Vec<String> = match s.decontaminate {
-        Some(_) => doc
-            .sources
-            .iter()
-            .filter(|src| !src.megatron)
-            .flat_map(|src| src.ingest_stages())
-            .collect(),
+        Some(_) => {
+            let sources = doc.sources.iter().filter(|src| !src.megatron);
+            let mut stages: Vec<String> = sources
+                .clone()
+                .flat_map(|src| src.ingest_stages())
+                .collect();
+            for stage in sources.filter_map(|src| src.dedup_stage()) {
+                if !stages.contains(&stage) {
+                    stages.push(stage);
+                }
+            }
+            stages
+        }
         None => Vec::new(),
     };
     if !ingests.is_empty() {

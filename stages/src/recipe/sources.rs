@@ -55,8 +55,7 @@ pub struct Source {
     pub cross_dedup: bool,
 }
 
-/// The stage that deduplicates the `cross_dedup` sources against each other.
-pub const CROSS_DEDUP: &str = "dedup";
+pub use crate::names::CROSS_DEDUP;
 
 /// The most shards a source may have (a stage per shard and step, so bounded by what a plan
 /// can hold).
@@ -309,7 +308,17 @@ impl Source {
     /// Whether it is deduplicated, exactly or near, over the whole source (every shard) by
     /// `dedup.<name>` ([`crate::dedup`]).
     pub fn deduplicated(&self) -> bool {
-        self.exact_dedup() || self.near_dedup()
+        !self.megatron && (self.exact_dedup() || self.near_dedup())
+    }
+
+    /// The stage that deduplicates it: `dedup.<name>`, or with `cross_dedup` the one
+    /// [`CROSS_DEDUP`] stage of every such source.
+    pub fn dedup_stage(&self) -> Option<String> {
+        if self.cross_dedup {
+            Some(CROSS_DEDUP.to_string())
+        } else {
+            self.deduplicated().then(|| names::dedup(&self.name))
+        }
     }
 
     /// The stages holding its tokens, in shard order.
@@ -383,11 +392,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
                 path: path.clone(),
             });
         }
-        let dedup = if source.cross_dedup {
-            Some(CROSS_DEDUP.to_string())
-        } else {
-            source.deduplicated().then(|| names::dedup(name))
-        };
+        let dedup = source.dedup_stage();
         if let Some(dedup) = &dedup
             && !source.cross_dedup
         {
