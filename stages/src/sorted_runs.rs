@@ -110,16 +110,6 @@ impl RunWriter {
     }
 }
 
-/// Writes `records` to `dir` as one sorted run (tests, and stages whose records are few).
-pub fn write_run(dir: &Path, records: Vec<DocHash>) -> Result<()> {
-    let mut w = RunWriter::create(dir.to_path_buf(), records.len().max(1))?;
-    for r in records {
-        w.push(r)?;
-    }
-    w.finish()?;
-    Ok(())
-}
-
 /// One run's records, read one at a time, checked to be in order.
 pub struct Run {
     reader: BufReader<std::fs::File>,
@@ -234,7 +224,10 @@ mod tests {
         docs.sort();
         assert_eq!(docs, (0..7).collect::<Vec<u64>>());
         // A run that repeats a hash where none may is damage, named.
-        write_run(&dir.path().join("r"), vec![record("x", 0), record("x", 1)]).unwrap();
+        let mut w = RunWriter::create(dir.path().join("r"), 2).unwrap();
+        w.push(record("x", 0)).unwrap();
+        w.push(record("x", 1)).unwrap();
+        w.finish().unwrap();
         let mut runs = open_runs(&dir.path().join("r"), true).unwrap();
         runs[0].next_record().unwrap();
         let err = runs[0].next_record().unwrap_err().to_string();
