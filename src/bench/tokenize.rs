@@ -40,7 +40,7 @@ print(json.dumps({"seconds": best, "tokens": sum(len(e.ids) for e in enc), "vers
 const REPEAT: usize = 3;
 
 /// Pinned version of the Python package installed for the comparison when missing.
-const PY_TOKENIZERS: &str = "tokenizers==0.22.2";
+const PY_TOKENIZERS: &str = "tokenizers==0.23.2";
 
 pub fn run(args: &RecipeArgs, source: &str) -> Result<ExitCode> {
     let engine = crate::commands::open(args)?;
