@@ -9,26 +9,34 @@ cd "$(dirname "$0")/.."
 # A clean clone (CI) gains nothing from incremental compilation, and it costs build time.
 if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
 cargo fmt --all --check
+# Where the set-up puts what the tests use, set before the first build: the tests' build
+# scripts (build.rs, evals/build.rs) read these, and a value that changed would rebuild them.
+export SLURM_CONF="$PWD/target/slurm-local/slurm.conf"
+export ZFLOW_EVAL_DATA="$PWD/target/test-fixtures/data-root"
+# The torch engine's Python, which scripts/setup.sh installs (its tests run with it).
+export ZFLOW_TORCH_PYTHON="$PWD/target/torch-venv/bin/python"
 # The set-up waits on the network and the disk (the torch environment's ~3 GB of wheels,
-# Chromium, Slurm's packages: one after another, as apt allows one installer at a time); clippy
-# waits on the CPU. They run side by side.
+# Chromium, Slurm's packages: one after another, as apt allows one installer at a time); the
+# builds (clippy's, zflow's, the tests') wait on the CPU. They run side by side.
 mkdir -p target
-(scripts/setup.sh && scripts/browser.sh > target/browser.env && scripts/slurm-local.sh start) \
-  > target/test-setup.log 2>&1 &
+# The Python checks (scripts/python-check.sh) need the torch environment, and join the set-up.
+(scripts/setup.sh && scripts/browser.sh > target/browser.env && scripts/slurm-local.sh start &&
+  scripts/python-check.sh) > target/test-setup.log 2>&1 &
 setup=$!
 cargo clippy --workspace --all-targets -- -D warnings
+nextest=""
+if cargo nextest --version >/dev/null 2>&1; then nextest=1; fi
+if [ -n "$nextest" ]; then
+  cargo nextest run --workspace --no-run
+else
+  cargo test --workspace --no-run
+fi
 if ! wait "$setup"; then
   cat target/test-setup.log >&2
-  echo "test.sh: the set-up failed (log above)" >&2
+  echo "test.sh: the set-up or the Python checks failed (log above)" >&2
   exit 1
 fi
 cat target/test-setup.log
-scripts/python-check.sh
-export SLURM_CONF="$PWD/target/slurm-local/slurm.conf"
-# Set before the first build, so that the tests' build (whose build.rs reads it) is the same one.
-export ZFLOW_EVAL_DATA="$PWD/target/test-fixtures/data-root"
-# The torch engine's Python, which scripts/setup.sh installed (its tests run with it).
-export ZFLOW_TORCH_PYTHON="$PWD/target/torch-venv/bin/python"
 eval "$(scripts/fixtures.sh)"
 # nextest runs two tests at once on two cores, and many start PyTorch processes that use every
 # core. OpenMP threads that spin long while they wait (libgomp's default, 300,000 turns) then
@@ -43,7 +51,7 @@ eval "$(cat target/browser.env)"
 # one after another and a binary's last long test leaves a core idle; it also prints each
 # test's time. It runs no doctests, so those run apart, first (so that the closing lines are
 # nextest's summary of every test).
-if cargo nextest --version >/dev/null 2>&1; then
+if [ -n "$nextest" ]; then
   cargo test --workspace --doc
   cargo nextest run --workspace --no-fail-fast
 else
