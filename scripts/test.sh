@@ -19,9 +19,10 @@ export ZFLOW_TORCH_PYTHON="$PWD/target/torch-venv/bin/python"
 # Chromium, Slurm's packages: one after another, as apt allows one installer at a time); the
 # builds (clippy's, zflow's, the tests') wait on the CPU. They run side by side.
 mkdir -p target
-# The Python checks (scripts/python-check.sh) need the torch environment, and join the set-up.
+# The Python checks (scripts/python-check.sh) and lm-eval's environment (the agreement test's:
+# ~80 s of pip the test would otherwise spend) need the torch environment, and join the set-up.
 (scripts/setup.sh && scripts/browser.sh > target/browser.env && scripts/slurm-local.sh start &&
-  scripts/python-check.sh) > target/test-setup.log 2>&1 &
+  scripts/lm-eval/setup.sh && scripts/python-check.sh) > target/test-setup.log 2>&1 &
 setup=$!
 cargo clippy --workspace --all-targets -- -D warnings
 nextest=""
