@@ -117,12 +117,13 @@ fn steps_so_far(sb: &Sandbox) -> usize {
         .unwrap_or(0)
 }
 
-/// Starts `zflow run` of the 2 x 2 cluster recipe in `sb` and returns once the phase has
-/// reported step 10.
+/// Starts `zflow run` of the 2 x 2 cluster recipe in `sb`, its phase run again (`--force`;
+/// the data stages are those of the run before, in the same store), and returns once the
+/// phase has reported step 10.
 fn run_past_step_10(sb: &Sandbox, conf: &Path) -> std::process::Child {
     sb.write("r.yaml", &cluster_recipe(2, 2));
     let zflow = sb
-        .cmd(&["run", "r.yaml"])
+        .cmd(&["run", "r.yaml", "--force", "train.p1"])
         .env("SLURM_CONF", conf)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -193,8 +194,9 @@ fn two_nodes_train_as_one_node_survive_a_frozen_node_and_leave_nothing_behind() 
         "{log}"
     );
 
-    // c) The ranks of node 1 freeze mid-phase: found hung, relaunched, same weights.
-    let sb = Sandbox::new();
+    // c) The ranks of node 1 freeze mid-phase: found hung, relaunched, same weights. (This
+    // and b) run in a)'s store: its data stages, done once on the cluster, are not the
+    // subject.)
     let zflow = run_past_step_10(&sb, conf);
     let frozen = ranks_among(&node_pids(1));
     assert_eq!(frozen.len(), 2, "node 1 runs {frozen:?}");
@@ -239,7 +241,6 @@ fn two_nodes_train_as_one_node_survive_a_frozen_node_and_leave_nothing_behind() 
     // b) Node 1 dies whole mid-phase, its slurmd with its ranks. The supervisor waits (its
     // probe of node 1 fails) until Slurm marks the node down and requeues the job on the two
     // nodes that answer, n0 and n2, where the phase resumes from its newest checkpoint.
-    let sb = Sandbox::new();
     let zflow = run_past_step_10(&sb, conf);
     let killed = script().args(["kill-node", "1", "KILL"]).status().unwrap();
     assert!(killed.success());
