@@ -34,6 +34,10 @@ pub struct EvalArgs {
     /// Override every task's few-shot count.
     #[arg(long)]
     pub num_fewshot: Option<usize>,
+    /// Generate at most N tokens a request, in place of each generation task's own
+    /// `max_gen_toks` (lm-eval's `--gen_kwargs max_gen_toks=N`).
+    #[arg(long, value_name = "N")]
+    pub max_gen_toks: Option<usize>,
     /// tokenizer.json (required for a zflow checkpoint: its recipe's tokenizer).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -157,6 +161,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         limit: a.limit,
         generation_limit: None,
         num_fewshot: a.num_fewshot,
+        max_gen_toks: a.max_gen_toks,
         log_samples: a.log_samples,
         python: zflow_stages::eval::python_env(),
         engine: EngineOptions {

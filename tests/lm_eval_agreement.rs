@@ -3,7 +3,10 @@
 //! a tiny random ZAYA1 saved by transformers (`scripts/lm-eval/tiny_zaya.py`), scored by
 //! lm-eval's `hf` backend and by `zflow eval` (transformers through zflow's scorer), on the
 //! first 2 documents of gsm8k_cot, minerva_math_algebra, humaneval, mbpp (generation, answer
-//! extraction, code run in each one's sandbox) and arc_easy, boolq (log-likelihoods).
+//! extraction, code run in each one's sandbox) and arc_easy, boolq (log-likelihoods). Every
+//! generation is capped at 256 tokens on both sides (`--gen_kwargs max_gen_toks=256`,
+//! `--max-gen-toks 256`): the random model never says a stop sequence, and HumanEval's own
+//! 1,024 tokens a document took most of the test's time; the others' cap is 256 already.
 //! `scripts/lm-eval/compare.py` checks the prompts, log-likelihoods (1e-4 relative), generated
 //! texts, extracted answers and per-document metrics.
 
@@ -13,6 +16,8 @@ use std::path::Path;
 use std::process::Command;
 
 const TASKS: &str = "gsm8k_cot,minerva_math_algebra,humaneval,mbpp,arc_easy,boolq";
+/// Tokens per generation on both sides.
+const MAX_GEN_TOKS: usize = 256;
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
@@ -49,6 +54,7 @@ fn zflow_agrees_with_lm_eval_per_document() {
         .arg("2")
         .env("TASKS", lm_eval_tasks.join(" "))
         .env("TOGETHER", "1")
+        .env("GEN_KWARGS", format!("max_gen_toks={MAX_GEN_TOKS}"))
         .env("BATCH_SIZE", "8"));
 
     let tokenizer = model.join("tokenizer.json");
@@ -65,12 +71,20 @@ fn zflow_agrees_with_lm_eval_per_document() {
         TASKS,
         "--limit",
         "2",
+        "--max-gen-toks",
+        &MAX_GEN_TOKS.to_string(),
         "--data",
         data.to_str().unwrap(),
         "--log-samples",
         "--out",
         "zflow.json",
     ]);
+
+    let results: serde_json::Value = serde_json::from_str(&sb.read("zflow.json")).unwrap();
+    assert_eq!(
+        results["max_gen_toks"], MAX_GEN_TOKS,
+        "the results name the cap"
+    );
 
     let report = run(Command::new("python3")
         .arg(repo.join("scripts/lm-eval/compare.py"))

@@ -28,6 +28,9 @@ pub struct EvalOptions {
     pub generation_limit: Option<usize>,
     /// Override every task's number of few-shot examples.
     pub num_fewshot: Option<usize>,
+    /// Generate at most this many tokens a request, in place of each generation task's own
+    /// `max_gen_toks` (lm-eval's `--gen_kwargs max_gen_toks=N`).
+    pub max_gen_toks: Option<usize>,
     /// Put per-document scores into the results.
     pub log_samples: bool,
     /// The torch engine's Python: its base installation runs code tasks' programs in
@@ -223,7 +226,14 @@ pub fn evaluate(
             },
             _ => opts.limit,
         };
-        let instances = prepared.instances(limit)?;
+        let mut instances = prepared.instances(limit)?;
+        if let Some(n) = opts.max_gen_toks {
+            for r in instances.iter_mut().flat_map(|i| &mut i.requests) {
+                if let crate::request::Request::Generate { max_gen_toks, .. } = r {
+                    *max_gen_toks = n;
+                }
+            }
+        }
         let mut engine = Engine::new(model, &mut cache, opts.engine.clone());
         let results = engine.run(&instances, name)?;
         let stats = engine.stats.clone();
@@ -256,6 +266,7 @@ pub fn evaluate(
         results: EvalResults {
             model: ModelInfo { identity, hash },
             limit: opts.limit,
+            max_gen_toks: opts.max_gen_toks,
             tasks,
             groups,
         },

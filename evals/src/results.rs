@@ -63,6 +63,9 @@ pub struct EvalResults {
     pub model: ModelInfo,
     /// `--limit`, if any.
     pub limit: Option<usize>,
+    /// `--max-gen-toks`, if any: every generation's cap in place of its task's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_gen_toks: Option<usize>,
     /// Tasks, in the order they were asked for (groups expanded depth first).
     pub tasks: Vec<TaskResult>,
     /// Groups, innermost first.

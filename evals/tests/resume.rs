@@ -123,6 +123,7 @@ fn opts(dir: &Path, cache: &str) -> EvalOptions {
         cache_dir: dir.join(cache),
         limit: None,
         generation_limit: None,
+        max_gen_toks: None,
         num_fewshot: None,
         log_samples: true,
         python: None,

@@ -7,6 +7,8 @@
 #   TASKS="a b ..."  the tasks (default: all of tasks/, the names ending in _local);
 #   BATCH_SIZE (1), DEVICE (cpu), DTYPE (float32), MAX_LENGTH (2048: lm-eval's context window,
 #   else it takes the config's max_position_embeddings, 131072 for ZAYA1);
+#   GEN_KWARGS: lm_eval's --gen_kwargs for every generation task (e.g. max_gen_toks=256, as
+#   `zflow eval --max-gen-toks 256`);
 #   TOGETHER=1: all tasks in one lm_eval process (one start-up, ~13 s, instead of one per task;
 #   the timings then name the whole run).
 # Offline: HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1; HF_HOME is target/lm-eval-work/hf-home.
@@ -14,7 +16,7 @@
 # OUT_DIR/timings.tsv (task, seconds, exit status).
 set -euo pipefail
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then
-  sed -n '2,13p' "$0" >&2
+  sed -n '2,15p' "$0" >&2
   exit 2
 fi
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -23,6 +25,7 @@ model="$(cd "$1" && pwd)"
 mkdir -p "$2"
 out="$(cd "$2" && pwd)"
 limit=(); [ -n "${3:-}" ] && limit=(--limit "$3")
+gen_kwargs=(); [ -n "${GEN_KWARGS:-}" ] && gen_kwargs=(--gen_kwargs "$GEN_KWARGS")
 default_tasks="gsm8k_cot_local minerva_math_algebra_local minerva_math_counting_and_prob_local
 minerva_math_geometry_local minerva_math_intermediate_algebra_local minerva_math_num_theory_local
 minerva_math_prealgebra_local minerva_math_precalc_local minerva_math500_local humaneval_local
@@ -51,7 +54,7 @@ for task in $tasks; do
   "$venv/bin/lm_eval" run --model hf \
     --model_args "pretrained=$model,dtype=${DTYPE:-float32},max_length=${MAX_LENGTH:-2048}" \
     --device "${DEVICE:-cpu}" --batch_size "${BATCH_SIZE:-1}" \
-    --include_path "$here/tasks" --tasks "$task" "${limit[@]}" \
+    --include_path "$here/tasks" --tasks "$task" "${limit[@]}" "${gen_kwargs[@]}" \
     --confirm_run_unsafe_code --log_samples --output_path "$out" \
     > "$out/$task.log" 2>&1 || status=$?
   secs=$(echo "$(date +%s.%N) - $start" | bc)

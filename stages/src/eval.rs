@@ -112,6 +112,9 @@ pub struct EvalConfig {
     /// Override every task's number of few-shot examples.
     #[serde(default)]
     pub num_fewshot: Option<usize>,
+    /// Tokens per generation, overriding each generation task's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_gen_toks: Option<usize>,
     /// The longest model input (a zflow model's training context).
     #[serde(default = "default_max_length")]
     pub max_length: usize,
@@ -339,6 +342,7 @@ impl Stage for Eval {
             limit: c.limit,
             generation_limit: c.generation_limit,
             num_fewshot: c.num_fewshot,
+            max_gen_toks: c.max_gen_toks,
             log_samples: false,
             python: python_env(),
             engine: EngineOptions {

@@ -46,6 +46,9 @@ pub struct EvalsSpec {
     /// Few-shot examples, overriding each task's own.
     #[serde(default)]
     pub num_fewshot: Option<usize>,
+    /// Tokens per generation, overriding each generation task's own `max_gen_toks`.
+    #[serde(default)]
+    pub max_gen_toks: Option<usize>,
     /// Data prefixes the tasks read, each fetched by `eval_data.<prefix>`.
     #[serde(default)]
     pub data: BTreeMap<String, DataSource>,
@@ -171,6 +174,9 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
         }
         if let Some(n) = s.generation_limit {
             config["generation_limit"] = json!(n);
+        }
+        if let Some(n) = s.max_gen_toks {
+            config["max_gen_toks"] = json!(n);
         }
         // A batch holds at least one input of the phase's full context.
         config["max_batch_tokens"] = json!(
