@@ -16,7 +16,7 @@
 # OUT_DIR/timings.tsv (task, seconds, exit status).
 set -euo pipefail
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then
-  sed -n '2,15p' "$0" >&2
+  sed -n '2,16p' "$0" >&2
   exit 2
 fi
 here="$(cd "$(dirname "$0")" && pwd)"

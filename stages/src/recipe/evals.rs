@@ -169,14 +169,14 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
                 config[key] = json!(v);
             }
         }
-        if let Some(n) = s.devices {
-            config["devices"] = json!(n);
-        }
-        if let Some(n) = s.generation_limit {
-            config["generation_limit"] = json!(n);
-        }
-        if let Some(n) = s.max_gen_toks {
-            config["max_gen_toks"] = json!(n);
+        for (key, value) in [
+            ("devices", s.devices.map(|n| n as usize)),
+            ("generation_limit", s.generation_limit),
+            ("max_gen_toks", s.max_gen_toks),
+        ] {
+            if let Some(n) = value {
+                config[key] = json!(n);
+            }
         }
         // A batch holds at least one input of the phase's full context.
         config["max_batch_tokens"] = json!(
