@@ -60,6 +60,37 @@ fn run(sb: &Sandbox, conf: &Path) -> std::process::Output {
         .unwrap()
 }
 
+/// The lines of slurmctld's and slurmd's logs (as `conf` names them) that mention job `id`:
+/// why a job failed before its script ran is only there.
+fn daemon_lines_about(conf: &Path, id: &str) -> String {
+    let conf_text = std::fs::read_to_string(conf).unwrap_or_default();
+    // After the `[time]`: `JobId=29`, `job 29`, `[29.batch]`, `StepId=29.0`, the id as a whole
+    // number.
+    let mentions = |line: &str| {
+        let text = line.split_once("] ").map_or(line, |(_time, text)| text);
+        text.to_lowercase().contains("job")
+            && text
+                .split(|c: char| !c.is_ascii_digit() && c != '_')
+                .any(|word| word == id)
+    };
+    conf_text
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("SlurmctldLogFile=")
+                .or_else(|| l.strip_prefix("SlurmdLogFile="))
+        })
+        .flat_map(|log| {
+            std::fs::read_to_string(log.trim())
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| mentions(l))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Waits until the train stage's job has committed a checkpoint at `step` or later; returns
 /// the job id.
 fn job_past_checkpoint(sb: &Sandbox, step: u32) -> String {
@@ -215,7 +246,11 @@ fn a_job_requeued_mid_phase_resumes_within_the_same_run() {
     start_requeued_jobs_now(&conf, zflow.id());
     let out = zflow.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    assert!(
+        out.status.success(),
+        "{stderr}\nwhat the Slurm daemons logged about job {job}:\n{}",
+        daemon_lines_about(&conf, &job)
+    );
     assert!(
         stderr.contains(&format!("slurm requeued job {job}")),
         "{stderr}"
@@ -262,7 +297,9 @@ fn slurm_reuses_a_local_run_and_reports_failed_jobs() {
     assert!(
         stderr.contains("ended FAILED with exit code 1:0, stage exit status 1")
             && stderr.contains(".log.sbatch")
-            && stderr.contains("stage log:"),
+            && stderr.contains("stage log:")
+            && stderr.contains("the job output's last")
+            && stderr.contains("going down"),
         "{stderr}"
     );
     let out_file = stderr

@@ -252,6 +252,26 @@ exit $rc
     s
 }
 
+/// The last `n` lines of the job's output, indented under a heading, or nothing when it is
+/// empty or unreadable: what the batch script printed is usually why the job failed.
+fn last_lines(path: &Path, n: usize) -> String {
+    let Ok(bytes) = std::fs::read(path) else {
+        return String::new();
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail = &lines[lines.len().saturating_sub(n)..];
+    let mut out = format!("\n  the job output's last {} lines:", tail.len());
+    for line in tail {
+        out.push_str("\n    ");
+        out.push_str(line);
+    }
+    out
+}
+
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
@@ -376,10 +396,11 @@ pub fn run_stage(
     let _ = std::fs::write(&job_file, report.describe());
     let result = result.map_err(|e| {
         anyhow::anyhow!(
-            "{e:#}\n  sbatch script: {}\n  job output:    {}\n  stage log:     {}",
+            "{e:#}\n  sbatch script: {}\n  job output:    {}\n  stage log:     {}{}",
             script_path.display(),
             job_out.display(),
-            base.display()
+            base.display(),
+            last_lines(&job_out, 20)
         )
     });
     (Some(report), result)

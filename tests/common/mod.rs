@@ -249,26 +249,34 @@ pub fn reseal(ck: &Path, file: &str) {
 
 /// Slurm holds a requeued job for two minutes before it may start again (its `BeginTime`),
 /// which on a cluster is nothing beside a multi-week run and here would be most of the test:
-/// while the process `zflow` runs, each job held so is allowed to start at once (the test
-/// cluster's administrator may; a user would wait).
+/// while the process `zflow` runs, each job held so is allowed to start two seconds later (the
+/// test cluster's administrator may; a user would wait). Not at once: slurmd revokes a killed
+/// job's credential with one-second resolution, and refuses a relaunch within that second as
+/// already killed, which fails the job (exit code 1:0, the batch script never ran).
 pub fn start_requeued_jobs_now(conf: &Path, zflow: u32) {
     let conf = conf.to_path_buf();
     std::thread::spawn(move || {
+        // Jobs already given a start time; set again, `now+2` would move it on every poll.
+        let mut released = std::collections::HashSet::new();
         while Path::new(&format!("/proc/{zflow}")).exists() {
             let out = Command::new("squeue")
                 .args(["-h", "-t", "PD", "-o", "%i %r"])
                 .env("SLURM_CONF", &conf)
                 .output();
-            for line in out.iter().flat_map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .into_owned()
-                    .lines()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            }) {
-                if let Some((id, "BeginTime")) = line.split_once(' ') {
+            let held: Vec<String> = out
+                .iter()
+                .flat_map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .lines()
+                        .filter_map(|l| l.strip_suffix(" BeginTime").map(str::to_string))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            released.retain(|id| held.contains(id));
+            for id in held {
+                if released.insert(id.clone()) {
                     let _ = Command::new("scontrol")
-                        .args(["update", &format!("JobId={id}"), "StartTime=now"])
+                        .args(["update", &format!("JobId={id}"), "StartTime=now+2"])
                         .env("SLURM_CONF", &conf)
                         .status();
                 }
