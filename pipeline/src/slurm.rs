@@ -681,6 +681,13 @@ fn finished(report: &mut JobReport, exit_code: &str, exit_file: &Path) -> Result
     match (report.state.as_str(), script_rc.as_deref()) {
         ("COMPLETED", Some("0")) => Ok(()),
         ("COMPLETED", None) if exit_code == "0:0" => Ok(()),
+        // The script writes its exit file last: without one it never got there.
+        (state, None) => bail!(
+            "slurm job {} ended {state} with exit code {exit_code} before its script recorded \
+             an exit status: it was killed, or it never started (a failed launch; the slurmd \
+             log of its node says why)",
+            report.id
+        ),
         (state, rc) => {
             let rc = rc
                 .map(|r| format!(", stage exit status {r}"))

@@ -87,3 +87,35 @@ fn a_missing_slurm_is_named() {
         "{err}"
     );
 }
+
+#[test]
+fn a_job_that_ended_before_its_script_finished_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let exit_file = dir.path().join("exit-7");
+    let mut report = JobReport {
+        id: "7".into(),
+        state: "FAILED".into(),
+        restarts: 1,
+    };
+    let e = format!(
+        "{:#}",
+        finished(&mut report, "1:0", &exit_file).unwrap_err()
+    );
+    assert!(
+        e.contains("ended FAILED with exit code 1:0 before its script recorded an exit status")
+            && e.contains("slurmd log"),
+        "{e}"
+    );
+    std::fs::write(&exit_file, "3\n").unwrap();
+    let e = format!(
+        "{:#}",
+        finished(&mut report, "3:0", &exit_file).unwrap_err()
+    );
+    assert!(
+        e.ends_with("ended FAILED with exit code 3:0, stage exit status 3"),
+        "{e}"
+    );
+    std::fs::write(&exit_file, "0\n").unwrap();
+    report.state = "COMPLETED".into();
+    assert!(finished(&mut report, "0:0", &exit_file).is_ok());
+}
