@@ -1077,6 +1077,9 @@ fn sigkill_of_zflow_run_at_drawn_moments_ends_with_the_uninterrupted_outputs() {
     let mut dice = Dice(seed);
     let sb = Sandbox::new();
     sb.write("r.yaml", &recipe(2, 2));
+    // The torch fork server's socket folder goes here (`stages/src/forkserver.rs`).
+    let tmp = sb.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
     let mut moments = Vec::new();
     for _ in 0..6 {
         // Anywhere in a whole run's time: data stages, commits, training, checkpoint writes.
@@ -1084,6 +1087,7 @@ fn sigkill_of_zflow_run_at_drawn_moments_ends_with_the_uninterrupted_outputs() {
         moments.push(at);
         let mut child = sb
             .cmd(&["run", "r.yaml"])
+            .env("TMPDIR", &tmp)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -1094,6 +1098,25 @@ fn sigkill_of_zflow_run_at_drawn_moments_ends_with_the_uninterrupted_outputs() {
         child.wait().unwrap();
     }
     eprintln!("seed {seed} (ZFLOW_KILL_SEED): SIGKILLs at {moments:?} ms of a {full_ms} ms run");
+    // Each killed run's fork server saw its stdin close, killed the ranks it forked and removed
+    // its folder.
+    let servers = || -> Vec<_> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("zflow-fork-"))
+            .map(|e| e.path())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !servers().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "a fork server outlived its zflow: {:?}",
+            servers()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     sb.ok(&["run", "r.yaml"]);
     let got = store_outputs(&sb);
     assert_eq!(

@@ -232,12 +232,13 @@ fn two_phases(engine: &str) {
     .unwrap();
     assert!(state.get("rope_base").is_none(), "{state}");
 
-    // Same recipe and seed in a fresh store, with selective activation checkpointing and a
-    // worker that dies after step 7 (checkpoints at 5, 10, ...): the supervisor relaunches it
-    // from step 5, and both phases end bit-identical to the first, uninterrupted run, which
-    // kept every activation. (One run proves all three: the fresh store's determinism, that
-    // checkpointing activations changes nothing, and the exact resume; tests/faults.rs covers
-    // resume alone, fault by fault.)
+    // Same recipe and seed in a fresh store, with selective activation checkpointing, every
+    // torch process its own Python (the first run forked them from the fork server,
+    // `stages/src/forkserver.rs`) and a worker that dies after step 7 (checkpoints at 5, 10,
+    // ...): the supervisor relaunches it from step 5, and both phases end bit-identical to the
+    // first, uninterrupted run, which kept every activation. (One run proves all four: the
+    // fresh store's determinism, that neither checkpointing activations nor forking changes
+    // anything, and the exact resume; tests/faults.rs covers resume alone, fault by fault.)
     let c = Sandbox::new();
     c.write(
         "r.yaml",
@@ -249,6 +250,7 @@ fn two_phases(engine: &str) {
     let crashed = c
         .cmd(&["run", "r.yaml"])
         .env("ZFLOW_FAULTS", "crash@7")
+        .env(zflow_stages::forkserver::FORK, "0")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&crashed.stderr);

@@ -102,12 +102,17 @@ pub fn torch_python() -> Result<PathBuf> {
     )
 }
 
+/// The folder holding the `zflow_torch` package: [`TORCH_WORKER_DIR`], else `workers/torch`.
+pub fn torch_worker_dir() -> PathBuf {
+    std::env::var_os(TORCH_WORKER_DIR)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("workers/torch"))
+}
+
 /// `python -m <module> <args>` in the torch engine's Python, with the `zflow_torch` package
 /// on its path: the worker (`zflow_torch.worker`) and its benchmarks (`zflow_torch.bench`).
 pub fn torch_module(module: &str, args: Vec<OsString>) -> Result<EngineCommand> {
-    let dir = std::env::var_os(TORCH_WORKER_DIR)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("workers/torch"));
+    let dir = torch_worker_dir();
     let mut all: Vec<OsString> = vec!["-m".into(), module.into()];
     all.extend(args);
     Ok(EngineCommand {

@@ -401,7 +401,10 @@ pub fn open_transformers(
     backend: &str,
     devices: &[usize],
 ) -> Result<zflow_evals::transformers::TransformersModel> {
-    let e = crate::engine::torch_module("zflow_torch.score", Vec::new())?;
+    let mut e = crate::engine::torch_module("zflow_torch.score", Vec::new())?;
+    if backend == "cpu" {
+        e = crate::forkserver::wrap(e);
+    }
     let mut scorer = std::process::Command::new(&e.program);
     scorer.args(&e.args).envs(e.env.iter().map(|(k, v)| (k, v)));
     let device = match backend {

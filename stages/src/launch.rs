@@ -253,6 +253,12 @@ impl LaunchSpec<'_> {
         }
     }
 
+    /// Whether the ranks run on this machine's CPU (where the torch fork server may start
+    /// them: `crate::forkserver`).
+    pub fn local_cpu(&self) -> bool {
+        matches!(self.target, Target::Local) && !self.gpus()
+    }
+
     /// Whether each rank binds its own device.
     fn gpus(&self) -> bool {
         self.backend != "cpu"

@@ -15,6 +15,7 @@ pub mod eval;
 pub mod export;
 pub mod fetch;
 pub mod filters;
+pub mod forkserver;
 pub mod ingest;
 pub mod ingest_stats;
 mod jsonl;

@@ -84,7 +84,11 @@ impl Train {
     ) -> Result<Outcome> {
         let spec = super::launch_spec(c, ctx.name(), ctx.threads(), slurm, world, attempt);
         let placements = spec.placements()?;
-        let engine = crate::engine::worker_command(&c.train.engine, job_path, &c.train.backend)?;
+        let mut engine =
+            crate::engine::worker_command(&c.train.engine, job_path, &c.train.backend)?;
+        if spec.local_cpu() {
+            engine = crate::forkserver::wrap(engine);
+        }
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
         let mut ranks = Vec::new();
         for launch in spec.ranks(&engine, &placements) {

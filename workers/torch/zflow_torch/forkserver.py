@@ -1,0 +1,271 @@
+"""A fork server: torch and transformers imported once, each process forked from it.
+
+Importing this package's trainer costs 5-6 s of CPU per process (torch, and transformers,
+which imports torch's compiler and distributed tensors), far more than a CPU rank of a small
+model spends training. On one machine on the CPU, zflow (``stages/src/forkserver.rs``) starts
+one server per ``zflow`` process and runs each rank or scorer as a client of it:
+
+- ``python -m zflow_torch.forkserver serve SOCKET``: imports :data:`PRELOAD` and runs no torch
+  operation (so no OpenMP thread exists to be lost across a fork; numpy's OpenBLAS thread
+  stops before each fork and starts again in the child by its own ``pthread_atfork``
+  handlers), listens on the Unix socket ``SOCKET`` (its folder is zflow's, mode 0700; a peer of
+  another user is refused), and prints ``ready``. It ends, killing what it forked, when its
+  stdin closes: when zflow ends, however it ends.
+- ``python -E -S forkserver.py run SOCKET -- -m MODULE ARGS...``: what zflow starts in place of
+  ``python -m MODULE ARGS...``. It sends the server its arguments, environment, working
+  directory and process group, and its stdin, stdout and stderr (``SCM_RIGHTS``). The server
+  forks a child that takes all of them, joins the client's process group (so zflow's group
+  signals reach it), and runs ``MODULE`` as ``__main__``. The client waits for the child's
+  end and ends the same way: the same exit status, or the same signal.
+
+If the client is killed, the server kills its child; if the server dies, its children die
+(``PR_SET_PDEATHSIG``). The messages, client to server: a 4-byte big-endian length and a JSON
+object ``{"argv", "env", "cwd", "pgid"}`` carrying three file descriptors. Server to client,
+one line each: ``pid N``, then ``exit STATUS`` (the raw ``waitpid`` status), or ``error TEXT``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import traceback
+from typing import Any
+
+#: What the server imports before it forks: what the worker and the scorer import, but not
+#: those modules themselves (each runs as ``__main__``, and a copy already imported under its
+#: own name would make two of every class in it).
+PRELOAD = (
+    "zflow_torch.trainer",
+    "zflow_torch.contract",
+    "zflow_torch.faults",
+    "transformers.models.zaya.modeling_zaya",
+    "tokenizers",
+)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One request: its JSON object and the three descriptors sent with its first bytes."""
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    if len(data) < 4:
+        raise ValueError("short request")
+    (length,) = struct.unpack(">I", data[:4])
+    body = data[4:]
+    while len(body) < length:
+        more = conn.recv(length - len(body))
+        if not more:
+            raise ValueError("request cut short")
+        body += more
+    if len(fds) != 3:
+        raise ValueError(f"expected 3 file descriptors, got {len(fds)}")
+    return json.loads(body), fds
+
+
+def _child(request: dict[str, Any], fds: list[int], parent: int, keep_closed: list[int]) -> None:
+    """In the forked child: become the client's process and run its module. Never returns."""
+    code = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+        for fd in keep_closed:
+            os.close(fd)
+        os.setpgid(0, request["pgid"])
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        argv = request["argv"]
+        if len(argv) < 2 or argv[0] != "-m":
+            raise ValueError(f"the fork server runs `-m MODULE ARGS...`, not {argv!r}")
+        import runpy
+
+        # As `python -m`: the working directory first on the path, the module's file as argv[0].
+        sys.path[0] = os.getcwd()
+        sys.argv = [argv[1], *argv[2:]]
+        try:
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            if e.code is None:
+                code = 0
+            elif isinstance(e.code, int):
+                code = e.code
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> None:
+    """Imports ``preload``, then forks a child per request until stdin closes."""
+    import importlib
+
+    for module in preload:
+        importlib.import_module(module)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    try:
+        _serve(listener)
+    finally:
+        # The socket's folder is this server's alone (zflow made it for it).
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
+
+
+def _serve(listener: socket.socket) -> None:
+    """Accepts requests on ``listener`` and forks for each until stdin closes."""
+    listener.listen(64)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(sys.stdin, selectors.EVENT_READ, "stdin")
+    # Client connection -> (child pid, its pidfd); pidfd -> connection.
+    children: dict[socket.socket, tuple[int, int]] = {}
+    by_pidfd: dict[int, socket.socket] = {}
+    print("ready", flush=True)
+
+    def end(conn: socket.socket, status: int | None) -> None:
+        pid, pidfd = children.pop(conn)
+        by_pidfd.pop(pidfd)
+        selector.unregister(conn)
+        selector.unregister(pidfd)
+        if status is None:  # the client is gone: so goes its child
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        else:
+            try:
+                conn.sendall(f"exit {status}\n".encode())
+            except OSError:
+                pass
+        os.close(pidfd)
+        conn.close()
+
+    while True:
+        for key, _ in selector.select():
+            what = key.data
+            if what == "stdin":
+                if not os.read(sys.stdin.fileno(), 4096):
+                    for conn in list(children):
+                        end(conn, None)
+                    return
+            elif what == "accept":
+                conn, _ = listener.accept()
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                _pid, uid, _gid = struct.unpack("3i", creds)
+                if uid != os.getuid():
+                    conn.close()
+                    continue
+                try:
+                    request, fds = _recv_request(conn)
+                except (ValueError, OSError, json.JSONDecodeError) as e:
+                    try:
+                        conn.sendall(f"error {e}\n".encode())
+                    except OSError:
+                        pass
+                    conn.close()
+                    continue
+                open_fds = [
+                    listener.fileno(),
+                    selector.fileno(),
+                    conn.fileno(),
+                    *(c.fileno() for c in children),
+                    *by_pidfd,
+                ]
+                server = os.getpid()
+                pid = os.fork()
+                if pid == 0:
+                    _child(request, fds, server, open_fds)
+                for fd in fds:
+                    os.close(fd)
+                pidfd = os.pidfd_open(pid)
+                children[conn] = (pid, pidfd)
+                by_pidfd[pidfd] = conn
+                selector.register(conn, selectors.EVENT_READ, "client")
+                selector.register(pidfd, selectors.EVENT_READ, "child")
+                try:
+                    conn.sendall(f"pid {pid}\n".encode())
+                except OSError:
+                    end(conn, None)
+            elif what == "client":
+                # A client only ever speaks first; anything readable now is its end. (Its
+                # child may have ended in the same batch of events, and been handled.)
+                client = key.fileobj
+                if isinstance(client, socket.socket) and client in children:
+                    end(client, None)
+            elif key.fd in by_pidfd:
+                conn = by_pidfd[key.fd]
+                pid, _ = children[conn]
+                # Not blocking: a stale event's descriptor number may be a new child's now.
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    end(conn, status)
+
+
+def run(path: str, argv: list[str]) -> None:
+    """The client: has the server at ``path`` run ``argv`` as this process; ends as it ends."""
+    # zflow signals the whole process group, which the child joins: the child takes SIGTERM
+    # (or not) itself, and this process waits for what it does. SIGKILL still ends this
+    # process, and the server then kills the child.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError as e:
+        # No server (it ended, or zflow's check raced its end): be the process itself.
+        print(f"zflow fork server: {e}; starting plainly", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.execv(sys.executable, [sys.executable, *argv])
+    request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "pgid": os.getpgrp()}
+    body = json.dumps(request).encode()
+    message = struct.pack(">I", len(body)) + body
+    sent = socket.send_fds(conn, [message], [0, 1, 2])
+    if sent < len(message):
+        conn.sendall(message[sent:])
+    for line in conn.makefile("r"):
+        word, _, rest = line.strip().partition(" ")
+        if word == "exit":
+            status = int(rest)
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+                if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                    signal.signal(sig, signal.SIG_DFL)
+                os.kill(os.getpid(), sig)
+            os._exit(os.waitstatus_to_exitcode(status))
+        if word == "error":
+            sys.exit(f"zflow fork server: {rest}")
+    sys.exit("zflow fork server: it ended before its child did")
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "serve":
+        serve(args[1])
+    elif len(args) >= 3 and args[0] == "run" and args[2] == "--":
+        run(args[1], args[3:])
+    else:
+        sys.exit("usage: forkserver.py serve SOCKET | run SOCKET -- -m MODULE ARGS...")
+
+
+if __name__ == "__main__":
+    main()
