@@ -111,6 +111,8 @@ fn start() -> Result<Server> {
         // Through this process, not inherited: the server may outlive zflow by a moment, and
         // must not hold a pipe zflow's own caller waits on.
         .stderr(Stdio::piped());
+    // Not `spawn_supervised`: its PR_SET_PDEATHSIG fires when the spawning thread exits, and
+    // the server outlives the stage thread that first needs it. Its stdin ties it to zflow.
     {
         use std::os::unix::process::CommandExt;
         // SAFETY: setpgid is async-signal-safe.

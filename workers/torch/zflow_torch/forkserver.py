@@ -54,29 +54,36 @@ _PR_SET_PDEATHSIG = 1
 def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One request: its JSON object and the three descriptors sent with its first bytes."""
     data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
-    if len(data) < 4:
-        raise ValueError("short request")
-    (length,) = struct.unpack(">I", data[:4])
-    body = data[4:]
-    while len(body) < length:
-        more = conn.recv(length - len(body))
-        if not more:
-            raise ValueError("request cut short")
-        body += more
-    if len(fds) != 3:
-        raise ValueError(f"expected 3 file descriptors, got {len(fds)}")
-    return json.loads(body), fds
+    try:
+        if len(data) < 4:
+            raise ValueError("short request")
+        (length,) = struct.unpack(">I", data[:4])
+        body = data[4:]
+        while len(body) < length:
+            more = conn.recv(length - len(body))
+            if not more:
+                raise ValueError("request cut short")
+            body += more
+        if len(fds) != 3:
+            raise ValueError(f"expected 3 file descriptors, got {len(fds)}")
+        return json.loads(body), fds
+    except BaseException:
+        # A refused request's descriptors are not kept.
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
-def _child(request: dict[str, Any], fds: list[int], parent: int, keep_closed: list[int]) -> None:
-    """In the forked child: become the client's process and run its module. Never returns."""
+def _child(request: dict[str, Any], fds: list[int], parent: int, server_fds: list[int]) -> None:
+    """In the forked child: become the client's process (its descriptors ``fds`` as stdio, the
+    server's own ``server_fds`` closed) and run its module. Never returns."""
     code = 1
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:
             os._exit(1)
-        for fd in keep_closed:
+        for fd in server_fds:
             os.close(fd)
         os.setpgid(0, request["pgid"])
         for target, fd in enumerate(fds):
@@ -183,7 +190,7 @@ def _serve(listener: socket.socket) -> None:
                         pass
                     conn.close()
                     continue
-                open_fds = [
+                server_fds = [
                     listener.fileno(),
                     selector.fileno(),
                     conn.fileno(),
@@ -193,7 +200,7 @@ def _serve(listener: socket.socket) -> None:
                 server = os.getpid()
                 pid = os.fork()
                 if pid == 0:
-                    _child(request, fds, server, open_fds)
+                    _child(request, fds, server, server_fds)
                 for fd in fds:
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
