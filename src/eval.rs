@@ -99,13 +99,13 @@ pub fn open_model(
     }
     if engine.is_some() {
         anyhow::bail!(
-            "{}: GGUF files are scored by candle; --engine torch applies to zflow and Hugging Face ZAYA1 folders",
+            "{}: GGUF files are scored by candle; --engine torch applies to zflow and Hugging Face folders",
             path.display()
         );
     }
     if backend != "cpu" {
         anyhow::bail!(
-            "{}: GGUF files are scored on the CPU (candle); --backend applies to zflow and Hugging Face ZAYA1 folders",
+            "{}: GGUF files are scored on the CPU (candle); --backend applies to zflow and Hugging Face folders",
             path.display()
         );
     }
@@ -113,7 +113,7 @@ pub fn open_model(
         Ok(m) => Ok(Box::new(m)),
         // A SentencePiece vocabulary needs the Hugging Face tokenizer.json.
         Err(e) if tokenizer.is_some() && format!("{e:#}").contains("SentencePiece") => Ok(Box::new(GgufModel::load(path, tokenizer, Some(max_length))?)),
-        Err(e) => Err(e.context(format!("{}: not a model zflow can open (a .gguf file, a zflow checkpoint folder or a Hugging Face ZAYA1 folder)", path.display()))),
+        Err(e) => Err(e.context(format!("{}: not a model zflow can open (a .gguf file, a zflow checkpoint folder or a Hugging Face folder)", path.display()))),
     }
 }
 

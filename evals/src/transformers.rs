@@ -1,7 +1,8 @@
-//! The transformers adapter: a ZAYA1 scored by the transformers release (5.23, the torch
+//! The transformers adapter: a model scored by the transformers release (5.23, the torch
 //! engine's environment) in a child process, `python -m zflow_torch.score FOLDER DEVICE`
 //! (`workers/torch/zflow_torch/score.py` documents its JSON-lines protocol): how zflow scores a
-//! zflow checkpoint or a Hugging Face ZAYA1 folder, on the CPU or on GPUs (CUDA, or ROCm through
+//! zflow checkpoint or a Hugging Face folder (a ZAYA1, or another causal LM in transformers'
+//! layout, such as Gemma 3), on the CPU or on GPUs (CUDA, or ROCm through
 //! PyTorch's ROCm build).
 //!
 //! The model may be a zflow checkpoint (exported first, into a temporary folder, in
@@ -54,7 +55,7 @@ impl Drop for Scorer {
     }
 }
 
-/// A ZAYA1 scored through transformers, as a [`LanguageModel`]: one scorer process per device,
+/// A model scored through transformers, as a [`LanguageModel`]: one scorer process per device,
 /// each call's work split between them in contiguous parts.
 pub struct TransformersModel {
     scorers: Vec<Scorer>,
@@ -73,7 +74,9 @@ fn transformers_folder(dir: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>
     if !dir.join("trainer.json").exists() && config.exists() {
         let v: Value = serde_json::from_slice(&std::fs::read(&config)?)
             .with_context(|| format!("{}: not JSON", config.display()))?;
-        if Layout::of_config(&v) == Layout::Transformers {
+        // Only a ZAYA1 has a legacy layout to convert; transformers loads any other model as is.
+        let other_model = v["model_type"].as_str().is_some_and(|t| t != "zaya");
+        if other_model || Layout::of_config(&v) == Layout::Transformers {
             return Ok((dir.to_path_buf(), None));
         }
     }
@@ -96,7 +99,7 @@ fn transformers_folder(dir: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>
 impl TransformersModel {
     /// Starts `scorer` (the torch engine's Python running `-m zflow_torch.score`, with its
     /// environment: `zflow_stages::engine::torch_module`; the folder, the device and the
-    /// tokenizer are appended) on `dir` (a zflow checkpoint or a Hugging Face ZAYA1 folder),
+    /// tokenizer are appended) on `dir` (a zflow checkpoint or a Hugging Face folder),
     /// once per device of `devices` (`cpu`, or `cuda:N` ones, comma-separated), with the zflow
     /// tokenizer at `tokenizer` whose `eos` token doubles as the prefix of empty contexts.
     /// `max_length` is the context the model was trained at.
@@ -327,21 +330,92 @@ impl LanguageModel for TransformersModel {
     }
 }
 
-/// A zflow model's tokenizer (a `tokenizer.json` whose `eos` token doubles as the prefix of
-/// empty contexts) and the short hash of its file, for model identities.
+/// A model's tokenizer (a `tokenizer.json` whose `eos` token doubles as the prefix of empty
+/// contexts) and the short hash of its file, for model identities. Contexts start with the token
+/// that the file's post-processor puts before a text (Gemma's `<bos>`), if it puts one: that is
+/// what transformers' tokenizer, and so lm-eval's hf backend, feed the model. zflow's own
+/// tokenizers have no post-processor.
 fn zflow_tokenizer(tokenizer: &Path, eos: &str) -> Result<(Tokenizer, String)> {
     let inner = tokenizers::Tokenizer::from_file(tokenizer)
         .map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
     let eos_id = inner
         .token_to_id(eos)
         .with_context(|| format!("{}: no token `{eos}`", tokenizer.display()))?;
+    let bos = leading_special_token(&inner)
+        .with_context(|| format!("{}: its post-processor", tokenizer.display()))?;
     let tok_hash = blake3::hash(&std::fs::read(tokenizer)?).to_hex()[..16].to_string();
-    let tokenizer = Tokenizer::new(
-        inner,
-        None,
-        vec![eos_id],
-        false,
-        format!("zflow tokenizer {tok_hash}"),
-    );
+    // Unchanged for tokenizers without a BOS, so their cached scores stay valid.
+    let identity = match bos {
+        None => format!("zflow tokenizer {tok_hash}"),
+        Some(b) => format!("zflow tokenizer {tok_hash} bos {b}"),
+    };
+    let tokenizer = Tokenizer::new(inner, bos, vec![eos_id], bos.is_some(), identity);
     Ok((tokenizer, tok_hash))
+}
+
+/// The token a tokenizer's post-processor puts before every text, if any: the difference
+/// between a text encoded with special tokens and without. Any other addition (a token after
+/// the text, or several before it) is refused: the harness scores causal models, whose
+/// contexts can take one leading token.
+fn leading_special_token(inner: &tokenizers::Tokenizer) -> Result<Option<u32>> {
+    let encode = |special: bool| -> Result<Vec<u32>> {
+        Ok(inner
+            .encode_fast("a", special)
+            .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?
+            .get_ids()
+            .to_vec())
+    };
+    let (plain, with_special) = (encode(false)?, encode(true)?);
+    match with_special.strip_suffix(plain.as_slice()) {
+        Some([]) => Ok(None),
+        Some([bos]) => Ok(Some(*bos)),
+        _ => bail!(
+            "it turns {plain:?} into {with_special:?}; zflow scores models whose tokenizer adds \
+             at most one token, before the text"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A word-level toy vocabulary with the given post-processor (JSON).
+    fn toy(post_processor: &str) -> tokenizers::Tokenizer {
+        let json = format!(
+            r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[
+            {{"id":0,"content":"<bos>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}},
+            {{"id":1,"content":"<eos>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}}],
+            "normalizer":null,"pre_tokenizer":{{"type":"Whitespace"}},"post_processor":{post_processor},"decoder":null,
+            "model":{{"type":"WordLevel","vocab":{{"<bos>":0,"<eos>":1,"a":2,"[UNK]":3}},"unk_token":"[UNK]"}}}}"#
+        );
+        tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap()
+    }
+
+    fn template(single: &str) -> String {
+        format!(
+            r#"{{"type":"TemplateProcessing","single":{single},"pair":{single},
+            "special_tokens":{{"<bos>":{{"id":"<bos>","ids":[0],"tokens":["<bos>"]}},
+            "<eos>":{{"id":"<eos>","ids":[1],"tokens":["<eos>"]}}}}}}"#
+        )
+    }
+
+    #[test]
+    fn the_post_processors_leading_token_is_the_bos() {
+        assert_eq!(leading_special_token(&toy("null")).unwrap(), None);
+        // Gemma's tokenizer.json: <bos> before the text.
+        let gemma = template(
+            r#"[{"SpecialToken":{"id":"<bos>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}]"#,
+        );
+        assert_eq!(leading_special_token(&toy(&gemma)).unwrap(), Some(0));
+        // A token after the text would be fed to the model too: refused, not dropped.
+        let trailing = template(
+            r#"[{"Sequence":{"id":"A","type_id":0}},{"SpecialToken":{"id":"<eos>","type_id":0}}]"#,
+        );
+        let err = leading_special_token(&toy(&trailing)).unwrap_err();
+        assert!(
+            format!("{err}").contains("at most one token, before the text"),
+            "{err}"
+        );
+    }
 }

@@ -127,9 +127,13 @@ def boolq(rows: Iterable[Doc]) -> list[Doc]:
 
 
 def write(out: Path, name: str, docs: list[Doc]) -> None:
-    with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
+    # Written aside and renamed: the two agreement tests run this at the same time, and one
+    # may read a file while the other writes it.
+    part = out / f"{name}.jsonl.{os.getpid()}.partial"
+    with open(part, "w", encoding="utf-8") as f:
         for d in docs:
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    os.replace(part, out / f"{name}.jsonl")
     print(f"{out / name}.jsonl: {len(docs)} docs")
 
 

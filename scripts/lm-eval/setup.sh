@@ -23,6 +23,7 @@ check() {
 import importlib.metadata as m, sys
 import torch, transformers, lm_eval, lm_eval.models.huggingface, evaluate, datasets
 import antlr4, sympy, math_verify  # minerva_math's utils.py
+import gguf  # transformers' GGUF loader (gemma_hf.py)
 # The layering: torch and transformers come from the torch engine's venv, not this one.
 for mod in (torch, transformers):
     assert mod.__file__.startswith(sys.argv[1] + "/"), (mod.__name__, mod.__file__)

@@ -1,6 +1,7 @@
 """Scoring through transformers for zflow's evaluation harness (``evals/src/transformers.rs``):
-``python -m zflow_torch.score FOLDER DEVICE [TOKENIZER_JSON]`` loads a ZAYA1 Hugging Face folder
-in transformers 5.23's layout with ``AutoModelForCausalLM.from_pretrained`` (float32) on
+``python -m zflow_torch.score FOLDER DEVICE [TOKENIZER_JSON]`` loads a Hugging Face folder in
+transformers 5.23's layout (a ZAYA1, or another causal LM transformers knows: the lm-eval
+agreement test scores Gemma 3) with ``AutoModelForCausalLM.from_pretrained`` (float32) on
 ``DEVICE`` (``cpu``, ``cuda:N``; a ROCm build of PyTorch names its GPUs ``cuda`` too), and the
 model's ``tokenizer.json`` (a ``tokenizers`` file, used only to check stop strings), then
 answers one JSON line on stdout per JSON line on stdin:
@@ -33,7 +34,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer
 from torch import nn
-from transformers import AutoModelForCausalLM, DynamicCache, ZayaForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from transformers.models.zaya import modeling_zaya
 
 _ORIGINAL_FORWARD = modeling_zaya.ZayaSparseMoeBlock.forward
@@ -59,9 +60,9 @@ def skip_input_forward(
     return out + extra, state
 
 
-def load(folder: Path, device: str) -> ZayaForCausalLM:
+def load(folder: Path, device: str) -> PreTrainedModel:
     """The folder's model, float32, in eval mode, with the skip semantics its config states."""
-    net: ZayaForCausalLM = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    net: PreTrainedModel = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     net = net.to(device)
     net.eval()
     if getattr(net.config, "zflow_skip_output", "zero") == "input":
@@ -80,7 +81,7 @@ def shared_prefix(rows: list[list[int]]) -> int:
 
 
 def hidden_states(
-    net: ZayaForCausalLM, rows: list[list[int]], share_prefix: bool
+    net: PreTrainedModel, rows: list[list[int]], share_prefix: bool
 ) -> list[torch.Tensor]:
     """The last hidden state at every position of every row, ``[len(row), hidden]`` each, in
     one right-padded batch: padding after a row's tokens changes none of its positions (the
@@ -95,7 +96,7 @@ def hidden_states(
     prefix = None
     if p > 0:
         cache = DynamicCache(config=net.config)
-        out = net.model(
+        out = net.base_model(
             input_ids=torch.tensor([rows[0][:p]], device=device),
             past_key_values=cache,
             use_cache=True,
@@ -108,7 +109,7 @@ def hidden_states(
     for i, row in enumerate(rows):
         ids[i, : len(row) - p] = torch.tensor(row[p:])
     positions = torch.arange(p, p + width, device=device)[None].expand(len(rows), -1)
-    rest = net.model(
+    rest = net.base_model(
         input_ids=ids.to(device),
         past_key_values=cache,
         use_cache=cache is not None,
@@ -120,8 +121,18 @@ def hidden_states(
     ]
 
 
+def output_logits(net: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """The logits of last hidden states, as the model's own forward makes them: its output
+    layer, then the soft cap of models that have one (Gemma 2's ``final_logit_softcapping``)."""
+    logits: torch.Tensor = net.get_output_embeddings()(hidden)
+    cap = getattr(net.config, "final_logit_softcapping", None)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
 def score(
-    net: ZayaForCausalLM, requests: list[dict[str, list[int]]], share_prefix: bool
+    net: PreTrainedModel, requests: list[dict[str, list[int]]], share_prefix: bool
 ) -> list[list[Any]]:
     """``[logprob, is_greedy]`` for each request, in one batch (``hidden_states``).
 
@@ -137,7 +148,7 @@ def score(
             for h, r in zip(states, requests, strict=True)
         ]
     )
-    logp = torch.log_softmax(net.lm_head(picked).float(), dim=-1)
+    logp = torch.log_softmax(output_logits(net, picked).float(), dim=-1)
     targets = torch.tensor([t for r in requests for t in r["continuation"]], device=logp.device)
     # Picked and judged where they were computed: only a log-probability and a verdict per
     # token cross to the host, never the [tokens, vocabulary] log-probabilities.
@@ -160,7 +171,7 @@ SHARE_PREFIX_MIN_HIDDEN = 1024
 
 
 def loglikelihood(
-    net: ZayaForCausalLM, groups: list[list[dict[str, list[int]]]]
+    net: PreTrainedModel, groups: list[list[dict[str, list[int]]]]
 ) -> list[list[list[Any]]]:
     """Scores of ``groups`` (one document's requests each), group by group."""
     with torch.inference_mode():
@@ -195,7 +206,7 @@ def stop_window(until: list[str]) -> int:
 
 
 def generate(
-    net: ZayaForCausalLM,
+    net: PreTrainedModel,
     tokenizer: Tokenizer | None,
     contexts: list[list[int]],
     max_new_tokens: int,
@@ -267,7 +278,7 @@ def generate(
 
 
 def answer(
-    net: ZayaForCausalLM, tokenizer: Tokenizer | None, msg: dict[str, Any]
+    net: PreTrainedModel, tokenizer: Tokenizer | None, msg: dict[str, Any]
 ) -> dict[str, Any]:
     """The reply to one request line (the module docstring's protocol)."""
     if msg["op"] == "loglikelihood":
