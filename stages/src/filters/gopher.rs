@@ -6,7 +6,9 @@
 //! tokenizer (punctuation marks are words of their own, as in spaCy and NLTK); see
 //! `filters/mod.rs` for the differences.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
+
+use foldhash::{HashMap, HashSet as FastHashSet};
 
 use serde::{Deserialize, Serialize};
 use zflow_pipeline::ConfigError;
@@ -353,7 +355,8 @@ impl<'a> Grams<'a> {
     /// times its count; ties go to the n-gram seen first, as with Python's `Counter`.
     fn top_duplicate(&self, n: usize) -> Option<usize> {
         let count = (self.words.len() + 1).checked_sub(n).filter(|&c| c > 0)?;
-        let mut counts: HashMap<&str, (usize, usize)> = HashMap::with_capacity(count);
+        let mut counts: HashMap<&str, (usize, usize)> =
+            HashMap::with_capacity_and_hasher(count, Default::default());
         for i in 0..count {
             counts.entry(self.spaced(i, n)).or_insert((0, i)).0 += 1;
         }
@@ -366,7 +369,7 @@ impl<'a> Grams<'a> {
     /// datatrove's `find_all_duplicate`: chars of the n-grams (no spaces) that repeat an earlier
     /// one, skipping past each repeat.
     fn all_duplicates(&self, n: usize) -> usize {
-        let mut seen = HashSet::new();
+        let mut seen = FastHashSet::default();
         let (mut repeated, mut i) = (0, 0);
         while i + n <= self.words.len() {
             if seen.insert(self.joined(i, n)) {

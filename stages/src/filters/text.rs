@@ -6,8 +6,6 @@
 //! Everything here borrows from the text (words, lines and sentences are `&str` slices of it),
 //! so a document costs no allocation per word.
 
-use std::collections::HashSet;
-
 /// Python's `str.isspace()`: Unicode `White_Space` plus the information separators
 /// U+001C..U+001F, which Python's `str.split()` and `str.strip()` also treat as whitespace.
 pub(crate) fn is_py_space(c: char) -> bool {
@@ -132,7 +130,7 @@ pub(crate) fn is_punctuation(c: char) -> bool {
 /// `(number of duplicates, their total length in chars)` of `items`, as datatrove's
 /// `find_duplicates`: every occurrence after the first of an item is a duplicate.
 pub(crate) fn find_duplicates<'a>(items: impl IntoIterator<Item = &'a str>) -> (usize, usize) {
-    let mut seen = HashSet::new();
+    let mut seen = foldhash::HashSet::default();
     let (mut count, mut chars) = (0, 0);
     for item in items {
         if !seen.insert(item) {
