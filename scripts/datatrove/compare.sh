@@ -6,7 +6,9 @@
 # MB/s, output tokens/s, peak RSS, documents kept and tokens.
 #
 # Usage: scripts/datatrove/compare.sh CORPUS_DIR TOKENIZER_JSON WORK_DIR [ZFLOW_BINARY]
-#   CORPUS_DIR: scripts/scale/make_corpus.py's output (or some of its files)
+#   CORPUS_DIR: scripts/scale/make_corpus.py's output (or some of its files), through
+#     without_long_runs.py (datatrove's spaCy takes time quadratic in a run of non-space
+#     characters: a minified script of 800,000 characters holds it for minutes)
 #   ZFLOW_BINARY: default target/release/zflow (build it with `cargo build --release`)
 # Needs scripts/datatrove/setup.sh's venv (target/datatrove-venv).
 set -euo pipefail
