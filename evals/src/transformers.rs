@@ -100,7 +100,7 @@ impl TransformersModel {
     /// Starts `scorer` (the torch engine's Python running `-m zflow_torch.score`, with its
     /// environment: `zflow_stages::engine::torch_module`; the folder, the device and the
     /// tokenizer are appended) on `dir` (a zflow checkpoint or a Hugging Face folder),
-    /// once per device of `devices` (`cpu`, or `cuda:N` ones, comma-separated), with the zflow
+    /// once per device of `devices` (`cpu`, or `cuda:N` ones, comma-separated), with the
     /// tokenizer at `tokenizer` whose `eos` token doubles as the prefix of empty contexts.
     /// `max_length` is the context the model was trained at.
     pub fn open(
@@ -112,7 +112,7 @@ impl TransformersModel {
         devices: &str,
     ) -> Result<TransformersModel> {
         let (folder, converted) = transformers_folder(dir)?;
-        let (tokenizer_model, tok_hash) = zflow_tokenizer(tokenizer, eos)?;
+        let (tokenizer_model, tok_hash) = scoring_tokenizer(tokenizer, eos)?;
         let hash = |name: &str| -> Result<String> {
             let path = folder.join(name);
             let bytes =
@@ -335,7 +335,7 @@ impl LanguageModel for TransformersModel {
 /// that the file's post-processor puts before a text (Gemma's `<bos>`), if it puts one: that is
 /// what transformers' tokenizer, and so lm-eval's hf backend, feed the model. zflow's own
 /// tokenizers have no post-processor.
-fn zflow_tokenizer(tokenizer: &Path, eos: &str) -> Result<(Tokenizer, String)> {
+fn scoring_tokenizer(tokenizer: &Path, eos: &str) -> Result<(Tokenizer, String)> {
     let inner = tokenizers::Tokenizer::from_file(tokenizer)
         .map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
     let eos_id = inner
