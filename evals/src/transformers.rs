@@ -336,14 +336,17 @@ impl LanguageModel for TransformersModel {
 /// what transformers' tokenizer, and so lm-eval's hf backend, feed the model. zflow's own
 /// tokenizers have no post-processor.
 fn scoring_tokenizer(tokenizer: &Path, eos: &str) -> Result<(Tokenizer, String)> {
-    let inner = tokenizers::Tokenizer::from_file(tokenizer)
+    // Read once, for both the tokenizer and its hash (Gemma's is 33 MB).
+    let bytes =
+        std::fs::read(tokenizer).with_context(|| format!("reading {}", tokenizer.display()))?;
+    let inner = tokenizers::Tokenizer::from_bytes(&bytes)
         .map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
     let eos_id = inner
         .token_to_id(eos)
         .with_context(|| format!("{}: no token `{eos}`", tokenizer.display()))?;
     let bos = leading_special_token(&inner)
         .with_context(|| format!("{}: its post-processor", tokenizer.display()))?;
-    let tok_hash = blake3::hash(&std::fs::read(tokenizer)?).to_hex()[..16].to_string();
+    let tok_hash = blake3::hash(&bytes).to_hex()[..16].to_string();
     // Unchanged for tokenizers without a BOS, so their cached scores stay valid.
     let identity = match bos {
         None => format!("zflow tokenizer {tok_hash}"),

