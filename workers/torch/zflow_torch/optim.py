@@ -6,6 +6,9 @@ matrix products become one batched product: ``BatchedMuon`` is torch's Muon (its
 settings, parameter groups and ``momentum_buffer`` state, so its checkpoints are torch Muon's)
 with a ``step`` that runs the same update, grouped. Batched, the iteration ran 10-25% faster
 than one matrix at a time on 2 CPU cores too (the nano model's 256 x 256 and 512 x 256 groups).
+A tall matrix's iteration is written transposed rather than run on a transposed view, and the
+momentum and the update are one foreach call per group: the nano model's Muon step went from
+100.6 to 95.4 ms with them (median of 30 alternating steps).
 
 The iteration runs in ``ns_dtype`` (``train.muon.ns_dtype``): bf16 as torch's does, 2.3x faster
 than f32 on a CPU with bf16 instructions; or f32, because bf16 rounds away a gradient's last
@@ -31,16 +34,16 @@ def newton_schulz(
     same-shaped matrices at once (in ``grads``' dtype, which the caller chooses), each scaled
     to unit Frobenius norm first."""
     a, b, c = ns_coefficients
-    x = grads
+    x: torch.Tensor = grads / grads.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    # The Gram matrix on the shorter side, as torch's iteration takes. torch transposes a tall
+    # matrix, iterates and transposes back; here a tall matrix's iteration is written
+    # transposed instead, because on a transposed view each step's update copied it.
     tall = x.size(-2) > x.size(-1)
-    if tall:
-        x = x.mT
-    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for _ in range(ns_steps):
-        gram = x @ x.mT
+        gram = x.mT @ x if tall else x @ x.mT
         update = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.baddbmm(x, update, x, beta=a)
-    return x.mT if tall else x
+        x = torch.baddbmm(x, x, update, beta=a) if tall else torch.baddbmm(x, update, x, beta=a)
+    return x
 
 
 def adjusted_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
@@ -73,6 +76,14 @@ class BatchedMuon(torch.optim.Muon):
         # Not a parameter group's setting: the state dict stays torch Muon's.
         self.ns_dtype = DTYPES[ns_dtype]
 
+    def _momentum_buffer(self, p: torch.nn.Parameter, grad: torch.Tensor) -> torch.Tensor:
+        """``p``'s momentum buffer, made at zero on its first step (torch's Muon's state)."""
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(grad)
+        buf: torch.Tensor = state["momentum_buffer"]
+        return buf
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         loss = None
@@ -88,22 +99,23 @@ class BatchedMuon(torch.optim.Muon):
             for p in group["params"]:
                 if p.grad is not None:
                     same_shaped[(tuple(p.shape), p.device, p.dtype)].append((p, p.grad))
-            # One group at a time, so that only one group's updates exist at once.
-            for members in same_shaped.values():
-                updates = []
-                # Momentum, matrix by matrix, as torch's Muon does.
-                for p, grad in members:
-                    state = self.state[p]
-                    if "momentum_buffer" not in state:
-                        state["momentum_buffer"] = torch.zeros_like(grad)
-                    buf = state["momentum_buffer"]
-                    buf.lerp_(grad, 1 - momentum)
-                    updates.append(grad.lerp(buf, momentum) if group["nesterov"] else buf)
-                batch = torch.stack(updates).to(self.ns_dtype)
+            # One group at a time, so that only one group's updates exist at once. The
+            # element-wise work runs as torch's foreach ops: one call per group, not per
+            # matrix, with each matrix's arithmetic unchanged.
+            for (shape, device, _), members in same_shaped.items():
+                params: list[torch.Tensor] = [p for p, _ in members]
+                grads = [grad for _, grad in members]
+                bufs = [self._momentum_buffer(p, grad) for p, grad in members]
+                # Momentum, as torch's Muon does.
+                torch._foreach_lerp_(bufs, grads, 1 - momentum)
+                updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
+                batch = torch.empty((len(members), *shape), dtype=self.ns_dtype, device=device)
+                torch._foreach_copy_(list(batch.unbind(0)), updates)
                 del updates
-                ortho = newton_schulz(batch, coefficients, steps, eps)
+                # Back to the weights' dtype in one pass (exact: bf16 widens to f32 exactly).
+                ortho = newton_schulz(batch, coefficients, steps, eps).to(params[0].dtype)
                 del batch
-                for (p, _), o in zip(members, ortho, strict=True):
-                    p.mul_(1 - lr * wd)
-                    p.add_(o, alpha=-adjusted_lr(lr, group["adjust_lr_fn"], p.shape))
+                torch._foreach_mul_(params, 1 - lr * wd)
+                alpha = -adjusted_lr(lr, group["adjust_lr_fn"], params[0].shape)
+                torch._foreach_add_(params, list(ortho.unbind(0)), alpha=alpha)
         return loss
