@@ -21,7 +21,8 @@ pub fn run(
     out: Option<&std::path::Path>,
 ) -> Result<ExitCode> {
     let workload = format!("{tokens} tokens through one MoE layer on {device}");
-    let (model, threads) = super::train::recipe_model(args, &workload, rounds)?;
+    let (model, threads) =
+        super::train::recipe_model(args, &format!("{workload}, {rounds} rounds"))?;
     let config = serde_json::json!({
         "hidden": model.hidden_size, "expert_ffn": model.expert_ffn,
         "num_experts": model.num_experts, "router_dim": model.router_dim,

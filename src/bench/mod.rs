@@ -143,7 +143,8 @@ pub enum Bench {
     },
     /// The torch engine's training step under each of its memory and optimizer settings
     /// (activation checkpointing, the loss in chunks or from the full logits, batched Muon,
-    /// torch's own Muon, AdamW alone): time and peak memory, alternating, in one run.
+    /// torch's own Muon, AdamW alone): time, stepping every variant in turn in one process, and
+    /// each one's peak memory.
     Step {
         #[command(flatten)]
         recipe: RecipeArgs,
@@ -153,12 +154,10 @@ pub enum Bench {
         /// Tokens per sequence.
         #[arg(long, default_value_t = 1024)]
         seq_len: usize,
-        /// Timed steps per run (the best one is reported).
-        #[arg(long, default_value_t = 2)]
+        /// Timed steps of each variant, taken in turn with the other variants' (the median and
+        /// the fastest are reported).
+        #[arg(long, default_value_t = 10)]
         steps: usize,
-        /// Rounds, each running every variant once.
-        #[arg(long, default_value_t = 2)]
-        rounds: usize,
         /// Positions per chunk of the engine's loss (default: `train.loss_chunk_tokens`'s).
         #[arg(long)]
         loss_chunk_tokens: Option<usize>,
@@ -193,9 +192,8 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
             batch,
             seq_len,
             steps,
-            rounds,
             loss_chunk_tokens,
-        } => step::run(&recipe, batch, seq_len, steps, rounds, loss_chunk_tokens),
+        } => step::run(&recipe, batch, seq_len, steps, loss_chunk_tokens),
         Bench::Gemm {
             recipe,
             tokens,

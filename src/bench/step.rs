@@ -1,24 +1,26 @@
 //! `zflow bench step`: what the torch engine's memory and optimizer settings cost and save on
-//! the recipe's model. Each variant is the worker's own training step (`python -m
-//! zflow_torch.bench train`) in a process of its own, so that each peak is its own:
+//! the recipe's model, each variant being the worker's own training step (`python -m
+//! zflow_torch.bench`):
 //! - activation checkpointing `none`, `full` and `selective`, with the engine's chunked loss;
 //! - the loss made from the full logits (plain transformers' way);
 //! - the matrices' optimizer: the engine's batched Muon (Newton-Schulz in bf16, the default
 //!   `train.muon.ns_dtype`, and in f32), torch.optim.Muon as shipped (one matrix at a time,
 //!   bf16 Newton-Schulz), and AdamW (Muon's cost is the gap to it).
 //!
-//! The variants alternate within each round, so a change in the machine's load shows as a
-//! spread between rounds, not as a difference between them.
+//! Times come from one process that holds every variant and steps them in turn (`bench
+//! interleaved`): a shared machine's speed drifts by 10-25% within minutes, which separate runs
+//! would read as differences between variants. Each peak comes from a process of its own
+//! (`bench train`), so that it is that variant's alone.
 
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::RecipeArgs;
 
 /// One variant: its label, activation checkpointing, loss and the matrices' optimizer.
 const VARIANTS: [(&str, &str, &str, &str); 7] = [
-    ("engine (checkpointing none)", "none", "chunked", "muon"),
+    (ENGINE, "none", "chunked", "muon"),
     ("checkpointing full", "full", "chunked", "muon"),
     ("checkpointing selective", "selective", "chunked", "muon"),
     ("loss from the full logits", "none", "full", "muon"),
@@ -29,16 +31,21 @@ const VARIANTS: [(&str, &str, &str, &str); 7] = [
         "chunked",
         "torch-muon",
     ),
-    ("AdamW for the matrices too", "none", "chunked", "adamw"),
+    (ADAMW, "none", "chunked", "adamw"),
 ];
 
-/// Runs every variant `rounds` times; prints a row per variant and round.
+/// The engine as configured by default, and the same with AdamW for the matrices: Muon's
+/// cost is the gap between the two.
+const ENGINE: &str = "engine (checkpointing none)";
+const ADAMW: &str = "AdamW for the matrices too";
+
+/// Times every variant `steps` times in turn, then measures each one's peak; prints a row per
+/// variant and Muon's cost over AdamW.
 pub fn run(
     args: &RecipeArgs,
     batch: usize,
     seq_len: usize,
     steps: usize,
-    rounds: usize,
     loss_chunk_tokens: Option<usize>,
 ) -> Result<ExitCode> {
     let mut train = zflow_runtime::contract::settings::TrainSettings::default();
@@ -46,33 +53,76 @@ pub fn run(
         train.loss_chunk_tokens = chunk;
     }
     let chunk = train.loss_chunk_tokens;
-    let workload = format!("batch {batch} x {seq_len} tokens, loss chunks of {chunk} positions");
-    let (model, threads) = super::train::recipe_model(args, &workload, rounds)?;
+    let workload = format!(
+        "batch {batch} x {seq_len} tokens, loss chunks of {chunk} positions, {steps} steps of each variant in turn"
+    );
+    let (model, threads) = super::train::recipe_model(args, &workload)?;
+    let config = |variant: serde_json::Value, steps: usize| {
+        let mut config = serde_json::json!({
+            "model": model, "batch": batch, "seq_len": seq_len, "steps": steps,
+            "threads": threads, "train": train,
+        });
+        config.as_object_mut().unwrap().extend(
+            variant
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        config
+    };
+    let variant = |(label, checkpointing, loss, optimizer): (&str, &str, &str, &str)| {
+        serde_json::json!({
+            "label": label, "activation_checkpointing": checkpointing, "loss": loss,
+            "optimizer": optimizer,
+        })
+    };
+    let timed = super::train::torch_engine_bench(
+        "interleaved",
+        config(
+            serde_json::json!({"variants": VARIANTS.map(variant)}),
+            steps,
+        ),
+    )?;
+    let timed = timed["variants"]
+        .as_array()
+        .context("`bench interleaved` gave no variants")?;
+    let median = |label: &str| {
+        timed
+            .iter()
+            .find(|t| t["label"] == label)
+            .and_then(|t| t["step_s"].as_f64())
+    };
     println!();
     println!(
-        "{:<48} {:>10} {:>10} {:>16}",
-        "", "step (s)", "tokens/s", "peak (MiB)"
+        "{:<32} {:>16} {:>12} {:>10} {:>12}",
+        "", "median step (s)", "fastest (s)", "tokens/s", "peak (MiB)"
     );
-    for round in 1..=rounds {
-        for (label, checkpointing, loss, optimizer) in VARIANTS {
-            let config = serde_json::json!({
-                "model": model, "batch": batch, "seq_len": seq_len, "steps": steps,
-                "threads": threads, "activation_checkpointing": checkpointing, "loss": loss,
-                "optimizer": optimizer, "train": train,
-            });
-            match super::train::torch_engine_bench("train", config) {
-                Ok(t) => println!(
-                    "{:<48} {:>10.3} {:>10.0} {:>16.0}",
-                    format!("{label}, round {round}"),
-                    t["step_s"].as_f64().unwrap_or(0.0),
-                    t["tokens_per_s"].as_f64().unwrap_or(0.0),
-                    t["peak_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64
-                ),
-                Err(e) => println!("{label}: not run ({e:#})"),
-            }
-        }
+    for (v, t) in VARIANTS.iter().zip(timed) {
+        let peak = super::train::torch_engine_bench("train", config(variant(*v), 1))
+            .map(|p| {
+                format!(
+                    "{:.0}",
+                    p["peak_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64
+                )
+            })
+            .unwrap_or_else(|e| format!("not measured ({e:#})"));
+        println!(
+            "{:<32} {:>16.3} {:>12.3} {:>10.0} {:>12}",
+            v.0,
+            t["step_s"].as_f64().unwrap_or(0.0),
+            t["fastest_s"].as_f64().unwrap_or(0.0),
+            t["tokens_per_s"].as_f64().unwrap_or(0.0),
+            peak
+        );
     }
     println!();
+    if let (Some(engine), Some(adamw)) = (median(ENGINE), median(ADAMW)) {
+        println!(
+            "Muon's cost: the engine's median step against the same step with AdamW for the matrices: {:+.1}%",
+            (engine / adamw - 1.0) * 100.0
+        );
+    }
     println!(
         "peak: the step's peak resident memory above the process's size after a warm-up step (the model and the optimizer's state): the gradients, activations, logits and the loss"
     );

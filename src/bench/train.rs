@@ -20,8 +20,10 @@ pub fn run(
     steps: usize,
     rounds: usize,
 ) -> Result<ExitCode> {
-    let (model, threads) =
-        recipe_model(args, &format!("batch {batch} x {seq_len} tokens"), rounds)?;
+    let (model, threads) = recipe_model(
+        args,
+        &format!("batch {batch} x {seq_len} tokens, {rounds} rounds"),
+    )?;
 
     let peak = zflow_runtime::bench::matmul_gflops(1024, 5);
     println!();
@@ -105,7 +107,6 @@ pub fn run(
 pub(crate) fn recipe_model(
     args: &RecipeArgs,
     workload: &str,
-    rounds: usize,
 ) -> Result<(zflow_runtime::model::config::ModelConfig, usize)> {
     let engine = crate::commands::open(args)?;
     let model = crate::commands::recipe_doc(&engine)?.model_or_default();
@@ -113,7 +114,7 @@ pub(crate) fn recipe_model(
         .map(|n| n.get())
         .unwrap_or(1);
     println!(
-        "model: {} (hidden {}, {} blocks, {} experts, vocab {}), {workload}, {threads} threads, {rounds} rounds",
+        "model: {} (hidden {}, {} blocks, {} experts, vocab {}), {workload}, {threads} threads",
         engine.recipe.name,
         model.hidden_size,
         model.num_blocks,

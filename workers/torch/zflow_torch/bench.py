@@ -11,6 +11,9 @@
   ``peak_bytes``, the process's peak resident set during the timed steps above
   ``baseline_bytes``, its size after the warm-up step (the model and the optimizer's state
   resident; the gradients are freed between steps).
+- ``python -m zflow_torch.bench interleaved CONFIG_JSON`` (``zflow bench step``'s times): the
+  step of several variants of ``train``'s settings, built side by side in one process and
+  stepped in turn, ``steps`` times each; prints each variant's median and fastest step.
 - ``python -m zflow_torch.bench memory CONFIG_JSON`` (``zflow bench memory``): the peak memory
   of the worker's training, set-up included, against what ``zflow size`` predicts: the
   process's peak resident set from the model's first allocation to the end of ``steps`` steps
@@ -166,6 +169,42 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
         "torch": torch.__version__,
         "peak_bytes": _status_bytes("VmHWM") - baseline,
         "baseline_bytes": baseline,
+    }
+
+
+def interleaved(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The step time of every variant in ``cfg["variants"]`` (each a label and the
+    ``activation_checkpointing``, ``loss`` and ``optimizer`` that ``train`` takes), measured in
+    one process in turn: after a warm-up step each, ``steps`` rounds of one step of every variant.
+    So a change in the machine's speed, which on a shared machine moves a step by 10-25% from
+    one minute to the next, reaches every variant alike. Per variant: the median and the fastest
+    step, and tokens per second at the median."""
+    with tempfile.TemporaryDirectory() as d:
+        runs = []
+        for variant in cfg["variants"]:
+            vcfg = {**cfg, **variant}
+            t = _trainer(vcfg, d)
+            runs.append((variant["label"], _stepper(t, vcfg)))
+        for _, step in runs:
+            step()  # warm-up: allocation, first-call costs, the optimizer's state
+        times: dict[str, list[float]] = {label: [] for label, _ in runs}
+        for _ in range(cfg["steps"]):
+            for label, step in runs:
+                started = time.perf_counter()
+                step()
+                times[label].append(time.perf_counter() - started)
+    tokens = cfg["batch"] * cfg["seq_len"]
+    return {
+        "torch": torch.__version__,
+        "variants": [
+            {
+                "label": label,
+                "step_s": statistics.median(ts),
+                "fastest_s": min(ts),
+                "tokens_per_s": tokens / statistics.median(ts),
+            }
+            for label, ts in times.items()
+        ],
     }
 
 
@@ -341,6 +380,7 @@ def main(argv: list[str]) -> None:
     else:
         result = {
             "train": train,
+            "interleaved": interleaved,
             "checkpoint": checkpoints,
             "gpu": gpu,
             "memory-rank": memory_rank,
