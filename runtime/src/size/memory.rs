@@ -18,8 +18,8 @@
 //!   [`crate::checkpoint::layout::Layout`] over all ranks): one f32 Muon momentum per matrix
 //!   element, two f32 AdamW moments per other element; the figures are the most loaded rank's;
 //! - **optimizer step**: the step's temporaries: Muon's, for one same-shaped group at a time
-//!   (the largest), its Nesterov updates, their stack, its `ns_dtype` copy and Newton-Schulz's
-//!   products and iterates; AdamW's denominators (one tensor at a time on a CPU, every owned
+//!   (the largest), its Nesterov updates, their `ns_dtype` stack, Newton-Schulz's products and
+//!   iterates and the result's f32 copy; AdamW's denominators (one tensor at a time on a CPU, every owned
 //!   tensor at once with the foreach kernels of a GPU);
 //! - **activations**: what autograd keeps for one micro-batch of `micro_batch x seq_len /
 //!   context_parallel` tokens, per block and per checkpointing mode ([`block_elements`]);
@@ -250,23 +250,24 @@ impl ModelConfig {
                     adamw_largest = adamw_largest.max(n);
                 }
             }
-            // Muon runs one same-shaped group at a time (`optim.py`). The larger of two moments
-            // of the largest group: its Nesterov updates, their f32 stack and the stack's
-            // `ns_dtype` copy (none in f32); then that copy and Newton-Schulz's normalised
-            // input, Gram matrix, polynomial of it and next iterate, in `ns_dtype`.
+            // Muon runs one same-shaped group at a time (`optim.py`). The largest of three
+            // moments of the largest group: its f32 Nesterov updates and their `ns_dtype`
+            // stack; then that stack and Newton-Schulz's normalised input, Gram matrix,
+            // polynomial of it and next iterate, in `ns_dtype`; then the stack, the last
+            // iterate and its f32 copy (none in f32, where the iterate is already f32).
             let ns = setup.ns_dtype.bytes();
             let muon = groups
                 .iter()
                 .map(|(shape, &n)| {
                     let (a, b) = (shape[0] as u64, shape[1] as u64);
                     let square = n / (a * b) * a.min(b) * a.min(b);
-                    let copy = match setup.ns_dtype {
-                        Dtype::F32 => 0,
-                        Dtype::Bf16 => ns * n,
-                    };
-                    let stacking = 2 * F32 * n + copy;
+                    let stacking = F32 * n + ns * n;
                     let iterating = ns * (3 * n + 2 * square);
-                    stacking.max(iterating)
+                    let widening = match setup.ns_dtype {
+                        Dtype::F32 => 0,
+                        Dtype::Bf16 => 2 * ns * n + F32 * n,
+                    };
+                    stacking.max(iterating).max(widening)
                 })
                 .max()
                 .unwrap_or(0);
