@@ -13,7 +13,8 @@
   resident; the gradients are freed between steps).
 - ``python -m zflow_torch.bench interleaved CONFIG_JSON`` (``zflow bench step``'s times): the
   step of several variants of ``train``'s settings, built side by side in one process and
-  stepped in turn, ``steps`` times each; prints each variant's median and fastest step.
+  stepped in turn, ``steps`` times each (so it holds every variant's model at once: 2.5 GB
+  for the nano model at 16 x 256 tokens); prints each variant's median and fastest step.
 - ``python -m zflow_torch.bench memory CONFIG_JSON`` (``zflow bench memory``): the peak memory
   of the worker's training, set-up included, against what ``zflow size`` predicts: the
   process's peak resident set from the model's first allocation to the end of ``steps`` steps
