@@ -57,18 +57,15 @@ pub fn run(
         "batch {batch} x {seq_len} tokens, loss chunks of {chunk} positions, {steps} steps of each variant in turn"
     );
     let (model, threads) = super::train::recipe_model(args, &workload)?;
-    let config = |variant: serde_json::Value, steps: usize| {
+    // The settings every run shares, plus `fields`.
+    let config = |fields: serde_json::Value| {
         let mut config = serde_json::json!({
-            "model": model, "batch": batch, "seq_len": seq_len, "steps": steps,
-            "threads": threads, "train": train,
+            "model": model, "batch": batch, "seq_len": seq_len, "threads": threads, "train": train,
         });
-        config.as_object_mut().unwrap().extend(
-            variant
-                .as_object()
-                .into_iter()
-                .flatten()
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
+        if let (Some(config), serde_json::Value::Object(fields)) = (config.as_object_mut(), fields)
+        {
+            config.extend(fields);
+        }
         config
     };
     let variant = |(label, checkpointing, loss, optimizer): (&str, &str, &str, &str)| {
@@ -79,10 +76,7 @@ pub fn run(
     };
     let timed = super::train::torch_engine_bench(
         "interleaved",
-        config(
-            serde_json::json!({"variants": VARIANTS.map(variant)}),
-            steps,
-        ),
+        config(serde_json::json!({"variants": VARIANTS.map(variant), "steps": steps})),
     )?;
     let timed = timed["variants"]
         .as_array()
@@ -99,7 +93,9 @@ pub fn run(
         "", "median step (s)", "fastest (s)", "tokens/s", "peak (MiB)"
     );
     for (v, t) in VARIANTS.iter().zip(timed) {
-        let peak = super::train::torch_engine_bench("train", config(variant(*v), 1))
+        let mut one_step = variant(*v);
+        one_step["steps"] = 1.into();
+        let peak = super::train::torch_engine_bench("train", config(one_step))
             .map(|p| {
                 format!(
                     "{:.0}",

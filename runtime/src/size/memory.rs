@@ -19,8 +19,8 @@
 //!   element, two f32 AdamW moments per other element; the figures are the most loaded rank's;
 //! - **optimizer step**: the step's temporaries: Muon's, for one same-shaped group at a time
 //!   (the largest), its Nesterov updates, their `ns_dtype` stack, Newton-Schulz's products and
-//!   iterates and the result's f32 copy; AdamW's denominators (one tensor at a time on a CPU, every owned
-//!   tensor at once with the foreach kernels of a GPU);
+//!   iterates and the result's f32 copy; AdamW's denominators (one tensor at a time on a CPU,
+//!   every owned tensor at once with the foreach kernels of a GPU);
 //! - **activations**: what autograd keeps for one micro-batch of `micro_batch x seq_len /
 //!   context_parallel` tokens, per block and per checkpointing mode ([`block_elements`]);
 //! - **recomputed block**: under checkpointing, the one block the backward pass runs again

@@ -102,7 +102,7 @@ class BatchedMuon(torch.optim.Muon):
             # One group at a time, so that only one group's updates exist at once. The
             # element-wise work runs as torch's foreach ops: one call per group, not per
             # matrix, with each matrix's arithmetic unchanged.
-            for (shape, device, _), members in same_shaped.items():
+            for (shape, device, dtype), members in same_shaped.items():
                 params: list[torch.Tensor] = [p for p, _ in members]
                 grads = [grad for _, grad in members]
                 bufs = [self._momentum_buffer(p, grad) for p, grad in members]
@@ -113,9 +113,9 @@ class BatchedMuon(torch.optim.Muon):
                 torch._foreach_copy_(list(batch.unbind(0)), updates)
                 del updates
                 # Back to the weights' dtype in one pass (exact: bf16 widens to f32 exactly).
-                ortho = newton_schulz(batch, coefficients, steps, eps).to(params[0].dtype)
+                ortho = newton_schulz(batch, coefficients, steps, eps).to(dtype)
                 del batch
                 torch._foreach_mul_(params, 1 - lr * wd)
-                alpha = -adjusted_lr(lr, group["adjust_lr_fn"], params[0].shape)
+                alpha = -adjusted_lr(lr, group["adjust_lr_fn"], shape)
                 torch._foreach_add_(params, list(ortho.unbind(0)), alpha=alpha)
         return loss
