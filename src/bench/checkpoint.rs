@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 
+use super::median;
 use crate::RecipeArgs;
 
 /// What the step-time part of the benchmark runs.
@@ -121,17 +122,6 @@ fn print_modes(prefix: &str, rounds: &[Vec<f64>; 3], labels: &[&str; 3]) {
             format!("{prefix}{label}"),
             medians[i]
         );
-    }
-}
-
-/// The median of `values` (NaN when there are none).
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 

@@ -327,3 +327,14 @@ fn tempdir() -> Result<PathBuf> {
     std::fs::create_dir_all(&d)?;
     Ok(d)
 }
+
+/// The median of `values` (NaN when there are none).
+pub(crate) fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}

@@ -13,8 +13,9 @@
   resident; the gradients are freed between steps).
 - ``python -m zflow_torch.bench interleaved CONFIG_JSON`` (``zflow bench step``'s times): the
   step of several variants of ``train``'s settings, built side by side in one process and
-  stepped in turn, ``steps`` times each (so it holds every variant's model at once: 2.5 GB
-  for the nano model at 16 x 256 tokens); prints each variant's median and fastest step.
+  stepped in turn, ``steps`` times each, every other round in reverse order (so it holds every
+  variant's model at once: 2.5 GB for the nano model at 16 x 256 tokens); prints each
+  variant's steps, their median and the fastest.
 - ``python -m zflow_torch.bench memory CONFIG_JSON`` (``zflow bench memory``): the peak memory
   of the worker's training, set-up included, against what ``zflow size`` predicts: the
   process's peak resident set from the model's first allocation to the end of ``steps`` steps
@@ -176,10 +177,12 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
 def interleaved(cfg: dict[str, Any]) -> dict[str, Any]:
     """The step time of every variant in ``cfg["variants"]`` (each a label and the
     ``activation_checkpointing``, ``loss`` and ``optimizer`` that ``train`` takes), measured in
-    one process in turn: after a warm-up step each, ``steps`` rounds of one step of every variant.
-    So a change in the machine's speed, which on a shared machine moves a step by 10-25% from
-    one minute to the next, reaches every variant alike. Per variant: the median and the fastest
-    step, and tokens per second at the median."""
+    one process in turn: after a warm-up step each, ``steps`` rounds of one step of every variant,
+    every other round in reverse order (so that neighbours in the list step next to each other,
+    each first as often as the other). So a change in the machine's speed, which on a shared
+    machine moves a step by 10-25% from one minute to the next, reaches every variant alike. Per
+    variant: each round's step (``rounds_s``), the median and the fastest, and tokens per second
+    at the median."""
     with tempfile.TemporaryDirectory() as d:
         runs = []
         for variant in cfg["variants"]:
@@ -189,8 +192,8 @@ def interleaved(cfg: dict[str, Any]) -> dict[str, Any]:
         for _, step in runs:
             step()  # warm-up: allocation, first-call costs, the optimizer's state
         times: dict[str, list[float]] = {label: [] for label, _ in runs}
-        for _ in range(cfg["steps"]):
-            for label, step in runs:
+        for turn in range(cfg["steps"]):
+            for label, step in runs if turn % 2 == 0 else runs[::-1]:
                 started = time.perf_counter()
                 step()
                 times[label].append(time.perf_counter() - started)
@@ -200,6 +203,7 @@ def interleaved(cfg: dict[str, Any]) -> dict[str, Any]:
         "variants": [
             {
                 "label": label,
+                "rounds_s": ts,
                 "step_s": statistics.median(ts),
                 "fastest_s": min(ts),
                 "tokens_per_s": tokens / statistics.median(ts),
