@@ -7,7 +7,7 @@ settings, parameter groups and ``momentum_buffer`` state, so its checkpoints are
 with a ``step`` that runs the same update, grouped. Batched, the iteration ran 10-25% faster
 than one matrix at a time on 2 CPU cores too (the nano model's 256 x 256 and 512 x 256 groups).
 A tall matrix's iteration is written transposed rather than run on a transposed view, and the
-momentum and the update are one foreach call per group: the nano model's Muon step went from
+momentum and the update are foreach calls, one per group: the nano model's Muon step went from
 100.6 to 95.4 ms with them (median of 30 alternating steps). The Nesterov mix is written
 straight into the ``ns_dtype`` batch, and the result added to the weights from it, where a
 separate f32 list and an f32 copy of the result cost two more passes over the matrices: 61.4
