@@ -82,23 +82,30 @@ pub fn run(
         "interleaved",
         config(serde_json::json!({"variants": VARIANTS.map(variant), "steps": steps})),
     )?;
-    let timed = timed["variants"]
-        .as_array()
-        .context("`bench interleaved` gave no variants")?;
-    let rounds = |label: &str| -> Option<Vec<f64>> {
-        let t = timed.iter().find(|t| t["label"] == label)?;
-        t["rounds_s"]
-            .as_array()?
-            .iter()
-            .map(|s| s.as_f64())
-            .collect()
-    };
+    // Each variant's step times, one per round, in `VARIANTS`' order.
+    let rounds = VARIANTS
+        .iter()
+        .map(|(label, ..)| {
+            timed["variants"]
+                .as_array()
+                .and_then(|all| all.iter().find(|t| t["label"] == *label))
+                .and_then(|t| {
+                    t["rounds_s"]
+                        .as_array()?
+                        .iter()
+                        .map(|s| s.as_f64())
+                        .collect()
+                })
+                .with_context(|| format!("`bench interleaved` gave no step times for {label}"))
+        })
+        .collect::<Result<Vec<Vec<f64>>>>()?;
+    let tokens = (batch * seq_len) as f64;
     println!();
     println!(
         "{:<32} {:>16} {:>12} {:>10} {:>12}",
         "", "median step (s)", "fastest (s)", "tokens/s", "peak (MiB)"
     );
-    for (v, t) in VARIANTS.iter().zip(timed) {
+    for (v, steps) in VARIANTS.iter().zip(&rounds) {
         let mut one_step = variant(*v);
         one_step["steps"] = 1.into();
         let peak = super::train::torch_engine_bench("train", config(one_step))
@@ -112,22 +119,28 @@ pub fn run(
         println!(
             "{:<32} {:>16.3} {:>12.3} {:>10.0} {:>12}",
             v.0,
-            t["step_s"].as_f64().unwrap_or(0.0),
-            t["fastest_s"].as_f64().unwrap_or(0.0),
-            t["tokens_per_s"].as_f64().unwrap_or(0.0),
+            median(steps),
+            steps.iter().copied().fold(f64::INFINITY, f64::min),
+            tokens / median(steps),
             peak
         );
     }
     println!();
-    if let (Some(engine), Some(adamw)) = (rounds(ENGINE), rounds(ADAMW)) {
+    let of = |label: &str| {
+        VARIANTS
+            .iter()
+            .position(|v| v.0 == label)
+            .map(|i| &rounds[i])
+    };
+    if let (Some(engine), Some(adamw)) = (of(ENGINE), of(ADAMW)) {
         // Each round's pair of steps ran within seconds of each other: their ratio is free of
         // the drift that moves a whole round.
-        let ratios: Vec<f64> = engine.iter().zip(&adamw).map(|(e, a)| e / a).collect();
+        let ratios: Vec<f64> = engine.iter().zip(adamw).map(|(e, a)| e / a).collect();
         println!(
             "Muon's cost: the engine's step against the same step with AdamW for the matrices, the median of {} rounds' pairs: {:+.1}% (the medians' ratio: {:+.1}%)",
             ratios.len(),
             (median(&ratios) - 1.0) * 100.0,
-            (median(&engine) / median(&adamw) - 1.0) * 100.0
+            (median(engine) / median(adamw) - 1.0) * 100.0
         );
     }
     println!(

@@ -15,7 +15,7 @@
   step of several variants of ``train``'s settings, built side by side in one process and
   stepped in turn, ``steps`` times each, every other round in reverse order (so it holds every
   variant's model at once: 2.5 GB for the nano model at 16 x 256 tokens); prints each
-  variant's steps, their median and the fastest.
+  variant's step times.
 - ``python -m zflow_torch.bench memory CONFIG_JSON`` (``zflow bench memory``): the peak memory
   of the worker's training, set-up included, against what ``zflow size`` predicts: the
   process's peak resident set from the model's first allocation to the end of ``steps`` steps
@@ -181,8 +181,7 @@ def interleaved(cfg: dict[str, Any]) -> dict[str, Any]:
     every other round in reverse order (so that neighbours in the list step next to each other,
     each first as often as the other). So a change in the machine's speed, which on a shared
     machine moves a step by 10-25% from one minute to the next, reaches every variant alike. Per
-    variant: each round's step (``rounds_s``), the median and the fastest, and tokens per second
-    at the median."""
+    variant: each round's step (``rounds_s``), of which ``zflow bench step`` makes its figures."""
     with tempfile.TemporaryDirectory() as d:
         runs = []
         for variant in cfg["variants"]:
@@ -197,19 +196,9 @@ def interleaved(cfg: dict[str, Any]) -> dict[str, Any]:
                 started = time.perf_counter()
                 step()
                 times[label].append(time.perf_counter() - started)
-    tokens = cfg["batch"] * cfg["seq_len"]
     return {
         "torch": torch.__version__,
-        "variants": [
-            {
-                "label": label,
-                "rounds_s": ts,
-                "step_s": statistics.median(ts),
-                "fastest_s": min(ts),
-                "tokens_per_s": tokens / statistics.median(ts),
-            }
-            for label, ts in times.items()
-        ],
+        "variants": [{"label": label, "rounds_s": ts} for label, ts in times.items()],
     }
 
 
