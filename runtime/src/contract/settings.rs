@@ -22,10 +22,12 @@ pub struct MuonSettings {
     pub weight_decay: f64,
     /// The number format of the Newton-Schulz iterations
     /// (`workers/torch/zflow_torch/optim.py`). bf16, as torch.optim.Muon runs them, is 2-3x
-    /// faster than f32 on GPUs and on CPUs with bf16 matrix instructions; but gradient sums
-    /// that round differently (one rank against two) then give updates that part after a few
-    /// steps. In f32 the same run on one rank or on several agrees to float rounding, step
-    /// after step (what tests of reshaping and context parallelism compare).
+    /// faster than f32 on GPUs and on CPUs with bf16 matrix instructions, and ~50x slower on
+    /// CPUs without them; gradient sums that round differently (one rank against two) then
+    /// give updates that part after a few steps. In f32 the same run on one rank or on several
+    /// agrees to float rounding, step after step (what tests of reshaping and context
+    /// parallelism compare). A recipe that does not write it gets its backend's
+    /// ([`default_ns_dtype`]).
     pub ns_dtype: Dtype,
 }
 
@@ -36,17 +38,32 @@ impl Default for MuonSettings {
             nesterov: true,
             ns_steps: 5,
             weight_decay: 0.1,
-            ns_dtype: Dtype::Bf16,
+            ns_dtype: default_ns_dtype(DEFAULT_BACKEND),
         }
     }
 }
 
+/// The number format Muon's Newton-Schulz runs in on `backend` when the recipe does not say
+/// (`muon.ns_dtype`): bf16 on GPUs, whose matrix units all run it faster than f32; f32 on the
+/// CPU. Only CPUs with AMX or AVX512-BF16 multiply bf16 natively (2.3x f32's speed on one
+/// such); the rest (AMD before Zen 4, Intel before Sapphire Rapids, most laptops) fall back to
+/// a path ~50x slower than f32, which made a whole training step 11x slower. The choice
+/// depends on the recipe alone, never on the machine that plans it, so a recipe has one
+/// identity, and gives the same bytes, on every machine of its backend; the preflight
+/// (`runtime/src/dist/preflight.rs`) warns where a recipe's own bf16 is slow.
+pub fn default_ns_dtype(backend: &str) -> Dtype {
+    if backend == "cpu" {
+        Dtype::F32
+    } else {
+        Dtype::Bf16
+    }
+}
+
 /// A floating-point number format a setting chooses: `bf16` or `f32`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     /// bfloat16: 8 exponent bits, 8 significant bits.
-    #[default]
     Bf16,
     /// IEEE single precision.
     F32,
@@ -90,6 +107,10 @@ impl Default for AdamWSettings {
 /// The training engine a phase runs when its recipe names none: PyTorch workers
 /// (`stages/src/engine.rs` lists the engines).
 pub const DEFAULT_ENGINE: &str = "torch";
+
+/// Where a phase's workers run when its recipe names no `backend` (`contract/backend.rs`
+/// lists them).
+pub const DEFAULT_BACKEND: &str = "cpu";
 
 /// A phase's training settings (the `train:` part of a `phases:` entry).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -185,7 +206,7 @@ impl Default for TrainSettings {
             eval_tokens: 16384,
             seed: 0,
             engine: DEFAULT_ENGINE.into(),
-            backend: "cpu".into(),
+            backend: DEFAULT_BACKEND.into(),
             async_checkpoints: true,
             spike: SpikeGuard::default(),
             loss_chunk_tokens: 4096,
@@ -194,6 +215,27 @@ impl Default for TrainSettings {
 }
 
 impl TrainSettings {
+    /// Writes into `written`, a phase's settings as a recipe writes them (before they are
+    /// parsed), the defaults that follow another setting: `muon.ns_dtype`, when absent, is
+    /// `backend`'s ([`default_ns_dtype`]). What is not a mapping is left for the parser to
+    /// name.
+    pub fn fill_backend_defaults(written: &mut serde_json::Value) {
+        let Some(settings) = written.as_object_mut() else {
+            return;
+        };
+        let backend = settings
+            .get("backend")
+            .and_then(|b| b.as_str())
+            .unwrap_or(DEFAULT_BACKEND);
+        let dtype = serde_json::to_value(default_ns_dtype(backend)).expect("a unit variant");
+        let muon = settings
+            .entry("muon")
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        if let Some(muon) = muon.as_object_mut() {
+            muon.entry("ns_dtype").or_insert(dtype);
+        }
+    }
+
     /// Checks the settings, naming the bad field.
     pub fn validate(&self) -> Result<(), String> {
         if self.global_batch == 0 || self.micro_batch == 0 {

@@ -86,6 +86,7 @@ fn split(mut value: Value, path: &str) -> Result<PhaseTrain, ConfigError> {
         Some(v) => parse_config(v, &format!("{path}.activation_checkpointing"))?,
         None => ActivationCheckpointing::None,
     };
+    TrainSettings::fill_backend_defaults(&mut value);
     let settings: TrainSettings = parse_config(value, path)?;
     if settings.checkpoint_every == 0 {
         return Err(ConfigError::new(
@@ -135,6 +136,35 @@ mod tests {
             "{}: {}",
             err.path,
             err.message
+        );
+    }
+
+    #[test]
+    fn newton_schulz_runs_in_f32_on_the_cpu_and_bf16_on_gpus_unless_written() {
+        use zflow_runtime::contract::settings::Dtype;
+        let dtype = |shared: Value, own: Option<Value>| {
+            parse(Some(&shared))
+                .unwrap()
+                .resolve("p", own.as_ref())
+                .unwrap()
+                .settings
+                .muon
+                .ns_dtype
+        };
+        assert_eq!(dtype(json!({}), None), Dtype::F32);
+        assert_eq!(dtype(json!({"backend": "cuda"}), None), Dtype::Bf16);
+        // A phase's own backend decides, and a written dtype stays.
+        assert_eq!(
+            dtype(json!({"backend": "rocm"}), Some(json!({"backend": "cpu"}))),
+            Dtype::F32
+        );
+        assert_eq!(
+            dtype(json!({"muon": {"ns_dtype": "bf16", "momentum": 0.9}}), None),
+            Dtype::Bf16
+        );
+        assert_eq!(
+            dtype(json!({"backend": "cuda", "muon": {"momentum": 0.9}}), None),
+            Dtype::Bf16
         );
     }
 }
