@@ -63,8 +63,9 @@ import json, os, secrets, socket, subprocess, sys
 from zflow_torch.distributed import describe, device_for, probe
 backend = sys.argv[1]
 device = device_for(backend, 0)
-gemm, hbm = probe(device, 0)
-print(json.dumps({"device": describe(device), "probe_gemm_gflops": round(gemm), "probe_hbm_gbps": round(hbm)}))
+p = probe(device, 0)
+print(json.dumps({"device": describe(device), "probe_gemm_gflops": round(p.gemm_gflops), "probe_hbm_gbps": round(p.membw_gbps),
+                  "probe_f32_gflops": round(p.f32_gflops), "probe_bf16_gflops": round(p.bf16_gflops)}))
 rank_code = """
 import os, torch
 from zflow_torch.contract import Fatal

@@ -711,6 +711,56 @@ fn preflight_leaves_out_a_slow_rank() {
         status.contains("preflight (attempt 1): rank 1: GEMM"),
         "{status}"
     );
+    // On the CPU the phase runs in f32 throughout (`train.muon.ns_dtype` follows the backend),
+    // so however slow this machine's bf16 is, nothing warns of it.
+    assert!(
+        log.contains("matmul f32") && !log.contains("bf16 matmuls run"),
+        "{log}"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn preflight_warns_of_bf16_work_where_bf16_is_slow() {
+    // oneDNN held to AVX2 multiplies bf16 as a CPU without AMX or AVX512-BF16 units does, at
+    // ~1/50 of f32's speed. A phase that asks for bf16 Newton-Schulz there is warned before its
+    // first step, with both figures and the setting to change: in the log, in `zflow status`
+    // and in the run record that the page shows.
+    let recipe = with_train_setting(
+        &recipe(1, 0).replace("tokens: 30000", "tokens: 1024"),
+        "muon: {ns_dtype: bf16}",
+    );
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &recipe);
+    let out = sb
+        .cmd(&["run", "r.yaml"])
+        .env("ONEDNN_MAX_CPU_ISA", "AVX2")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warning = "bf16 matmuls run at under 50% of f32's on 1 of 1 rank(s) (rank 0 on ";
+    let log = log(&sb);
+    let warned = log.find(warning).expect(&log);
+    let first_step = log.find("step 1 loss").expect(&log);
+    assert!(warned < first_step, "{log}");
+    let line = log[warned..].lines().next().unwrap();
+    assert!(
+        line.contains(": bf16 ")
+            && line.contains("GFLOP/s, f32 ")
+            && line.contains("train.muon.ns_dtype is bf16: set train.muon.ns_dtype: f32"),
+        "{line}"
+    );
+    let status = sb.ok(&["status", "r.yaml"]).stdout;
+    assert!(
+        status.contains(&format!("preflight (attempt 1): {warning}")),
+        "{status}"
+    );
+    let events = std::fs::read_to_string(sb.output("train.p1").join("events.jsonl")).unwrap();
+    assert!(events.contains(warning), "{events}");
 }
 
 #[test]

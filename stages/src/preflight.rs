@@ -13,7 +13,8 @@
 //! under Slurm) running the same GEMM and memory-bandwidth probe, and the same
 //! median test, as the train stage's own health check at every launch
 //! (`train.launch.preflight`, `zflow_runtime::dist::preflight`). The output holds `preflight.parquet`
-//! (rank, host, device, GFLOP/s, GB/s, outlier) and `preflight.json` (the verdict and the
+//! (rank, host, device, GFLOP/s, GB/s, one matmul's f32 and bf16 GFLOP/s, outlier) and
+//! `preflight.json` (the verdict and the
 //! hosts to leave out), for `zflow query` and for a scheduler's exclude list.
 //!
 //! The stage is cached like any other, keyed on its config and on the machine it measured
@@ -252,10 +253,12 @@ impl Stage for Preflight {
         let slow = outliers(&probes, c.min_ratio);
         for (rank, r) in ranks.iter().enumerate() {
             tracing::info!(
-                "rank {rank} on {}: GEMM {:.1} GFLOP/s, memory {:.1} GB/s ({})",
+                "rank {rank} on {}: GEMM {:.1} GFLOP/s, memory {:.1} GB/s, matmul f32 {:.1} / bf16 {:.1} GFLOP/s ({})",
                 r.host,
                 r.probe.gemm_gflops,
                 r.probe.membw_gbps,
+                r.probe.f32_gflops,
+                r.probe.bf16_gflops,
                 r.device
             );
         }
@@ -274,6 +277,8 @@ impl Stage for Preflight {
                 Field::new("device", DataType::Utf8, false),
                 Field::new("gemm_gflops", DataType::Float64, false),
                 Field::new("membw_gbps", DataType::Float64, false),
+                Field::new("f32_gflops", DataType::Float64, false),
+                Field::new("bf16_gflops", DataType::Float64, false),
                 Field::new("outlier", DataType::Boolean, false),
             ],
             vec![
@@ -289,6 +294,12 @@ impl Stage for Preflight {
                 )),
                 Arc::new(Float64Array::from_iter_values(
                     probes.iter().map(|p| p.membw_gbps),
+                )),
+                Arc::new(Float64Array::from_iter_values(
+                    probes.iter().map(|p| p.f32_gflops),
+                )),
+                Arc::new(Float64Array::from_iter_values(
+                    probes.iter().map(|p| p.bf16_gflops),
                 )),
                 Arc::new(BooleanArray::from_iter(
                     (0..ranks.len()).map(|i| Some(slow.iter().any(|(r, _)| *r == i))),

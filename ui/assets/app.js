@@ -324,12 +324,13 @@ function onStatus(s) {
     pre.append(html('h3', `${stage}: ${v.outliers.length ? v.outliers.length + ' outlier(s)' : 'every rank within bounds'}`));
     const table = html('table');
     const head = html('tr');
-    for (const c of ['rank', 'host', 'device', 'GEMM GFLOP/s', 'memory GB/s']) head.append(html('th', c));
+    for (const c of ['rank', 'host', 'device', 'GEMM GFLOP/s', 'memory GB/s', 'f32 GFLOP/s', 'bf16 GFLOP/s']) head.append(html('th', c));
     table.append(head);
     v.ranks.forEach((r, i) => {
       const tr = html('tr');
       tr.append(html('td', String(i)), html('td', r.host), html('td', r.device),
-        html('td', r.probe.gemm_gflops.toFixed(1)), html('td', r.probe.membw_gbps.toFixed(1)));
+        html('td', r.probe.gemm_gflops.toFixed(1)), html('td', r.probe.membw_gbps.toFixed(1)),
+        html('td', r.probe.f32_gflops.toFixed(1)), html('td', r.probe.bf16_gflops.toFixed(1)));
       table.append(tr);
     });
     pre.append(table);

@@ -12,6 +12,7 @@ use zflow_pipeline::StageContext;
 use zflow_pipeline::supervise::{spawn_supervised, terminate_group};
 use zflow_runtime::contract::exit::Failure;
 use zflow_runtime::contract::protocol::WorkerMessage;
+use zflow_runtime::contract::settings::Dtype;
 
 use super::record::{Event, Events, Metrics, Record, now_ms};
 use super::{Train, TrainConfig};
@@ -150,10 +151,30 @@ impl Train {
                 let probes: Vec<_> = ranks.iter().map(|r| r.probe.expect("all probed")).collect();
                 for (rank, p) in probes.iter().enumerate() {
                     tracing::info!(
-                        "preflight rank {rank}: GEMM {:.1} GFLOP/s, memory {:.1} GB/s",
+                        "preflight rank {rank}: GEMM {:.1} GFLOP/s, memory {:.1} GB/s, matmul f32 {:.1} / bf16 {:.1} GFLOP/s",
                         p.gemm_gflops,
-                        p.membw_gbps
+                        p.membw_gbps,
+                        p.f32_gflops,
+                        p.bf16_gflops
                     );
+                }
+                // The phase's own bf16 work where bf16 is slow: the one setting that asks for
+                // bf16 products on the CPU (GPUs multiply in bf16 under autocast, and all of
+                // them fast).
+                if c.train.muon.ns_dtype == Dtype::Bf16 {
+                    let places: Vec<String> =
+                        ranks.iter().map(|r| place_of(r).to_string()).collect();
+                    if let Some(why) = zflow_runtime::dist::preflight::slow_bf16_warning(
+                        &probes,
+                        &places,
+                        "train.muon.ns_dtype",
+                    ) {
+                        tracing::warn!("preflight: {why}");
+                        events.push(Event {
+                            kind: "preflight".into(),
+                            ..Event::failure(attempt, &why, 0, now_ms(), None)
+                        })?;
+                    }
                 }
                 let slow =
                     zflow_runtime::dist::preflight::outliers(&probes, c.launch.preflight.min_ratio);

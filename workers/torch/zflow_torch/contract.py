@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from zflow_torch.job import DecodeError, TrainJob, decode
@@ -57,6 +58,21 @@ EXIT_CODES = {
 
 # The train job version this worker reads (runtime/src/contract/job.rs).
 JOB_VERSION = 5
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One device's preflight figures (``runtime/src/dist/preflight.rs``' ``Probe``)."""
+
+    gemm_gflops: float
+    """Matmul GFLOP/s in the number format training multiplies in (bf16 on GPUs, f32 on the
+    CPU): what the ranks are compared on."""
+    membw_gbps: float
+    """Memory bandwidth, GB/s."""
+    f32_gflops: float
+    """One matmul's GFLOP/s in f32."""
+    bf16_gflops: float
+    """The same matmul's in bf16: under half of f32's, a phase that asks for bf16 work warns."""
 
 
 class JobError(ValueError):
@@ -129,10 +145,11 @@ class Emitter:
             links=links or [],
         )
 
-    def preflight(self, rank: int, gemm_gflops: float, membw_gbps: float, device: str) -> None:
+    def preflight(self, rank: int, probe: Probe, device: str) -> None:
         """The device probe, when asked for (``ZFLOW_PREFLIGHT``) or with ``--probe``."""
-        probe = {"gemm_gflops": gemm_gflops, "membw_gbps": membw_gbps}
-        self._emit("preflight", rank=rank, probe=probe, host=socket.gethostname(), device=device)
+        self._emit(
+            "preflight", rank=rank, probe=asdict(probe), host=socket.gethostname(), device=device
+        )
 
     def heartbeat(self, step: int) -> None:
         """Liveness while a step takes long."""
@@ -202,7 +219,7 @@ def _dump() -> None:
     print(json.dumps({"env": ENV, "exit": EXIT_CODES, "job_version": JOB_VERSION}))
     e = Emitter()
     e.hello(0, 2, "cpu", 0, 10, 1234)
-    e.preflight(1, 12.5, 3.25, "cpu")
+    e.preflight(1, Probe(12.5, 3.25, 12.0, 0.5), "cpu")
     e.heartbeat(3)
     e.step(3, 2.5, 1e-3, 0.75, 1000.0, 4096, [3, 1, 0, 4], 0.125)
     e.eval(3, [("bible", 2.25)])

@@ -18,7 +18,7 @@ import blake3
 import torch
 import torch.distributed as dist
 
-from zflow_torch.contract import DEVICE, LOCAL_WORLD, RENDEZVOUS, SECRET, Fatal
+from zflow_torch.contract import DEVICE, LOCAL_WORLD, RENDEZVOUS, SECRET, Fatal, Probe
 
 
 def device_for(backend: str, index: int) -> torch.device:
@@ -167,14 +167,21 @@ def join_group(rank: int, world: int, device: torch.device) -> None:
 ZAYA1_GEMM = (4096, 2048, 4096)
 
 
+# The matmul the CPU probe times in f32 and in bf16 (m, k, n): the nano recipe's square
+# matrices, whose Newton-Schulz iterations are the CPU's bf16 work. Small enough that a CPU
+# without bf16 units (~1.6 GFLOP/s there) spends ~80 ms on it.
+CPU_DTYPE_GEMM = (256, 256, 256)
+
+
 def probe(
     device: torch.device, slow_ms: int, gemm_shape: tuple[int, int, int] = ZAYA1_GEMM
-) -> tuple[float, float]:
-    """GEMM GFLOP/s and memory bandwidth GB/s (``runtime/src/dist/preflight.rs``), best of 3.
-    On a GPU: a bf16 GEMM of ``gemm_shape`` (m, k, n: the model's own tokens per micro-batch,
-    hidden size and expert width) and a copy of 1 GiB of device memory. On the CPU, where
-    only an outlier matters: a 512^2 f32 matmul and an add of 4M floats (read two, write
-    one)."""
+) -> Probe:
+    """The device's figures (``runtime/src/dist/preflight.rs``), each the best of 3.
+    On a GPU: a GEMM of ``gemm_shape`` (m, k, n: the model's own tokens per micro-batch,
+    hidden size and expert width) in bf16 (the figure ranks are compared on) and in f32, and a
+    copy of 1 GiB of device memory. On the CPU, where only an outlier matters: a 512^2 f32
+    matmul, an add of 4M floats (read two, write one), and ``CPU_DTYPE_GEMM`` in f32 and in
+    bf16 on one thread (bf16 is fast only with AMX or AVX512-BF16 units)."""
 
     def best_of(f: Callable[[], object]) -> float:
         f()
@@ -188,21 +195,34 @@ def probe(
             best = min(best, time.perf_counter() - t)
         return best
 
+    def gemm_gflops(shape: tuple[int, int, int], dtype: torch.dtype) -> float:
+        m, k, n = shape
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        return 2.0 * m * k * n / best_of(lambda: (a @ b)[:1, :1].sum().item()) / 1e9
+
     if device.type == "cuda":
-        m, k, n = gemm_shape
-        a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-        b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+        bf16 = gemm_gflops(gemm_shape, torch.bfloat16)
+        f32 = gemm_gflops(gemm_shape, torch.float32)
         length = 1 << 28
         x, y = torch.empty(length, device=device), torch.empty(length, device=device)
-        gemm = best_of(lambda: a @ b)
         copy = best_of(lambda: y.copy_(x))
-        return 2.0 * m * k * n / gemm / 1e9, 2.0 * 4.0 * length / copy / 1e9
-    n, length = 512, 1 << 22
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+        return Probe(bf16, 2.0 * 4.0 * length / copy / 1e9, f32, bf16)
+    gemm = gemm_gflops((512, 512, 512), torch.float32)
+    length = 1 << 22
     x, y = torch.rand(length, device=device), torch.rand(length, device=device)
-    gemm = best_of(lambda: (a @ b).sum().item())
     add = best_of(lambda: (x + y)[:1].item())
-    return 2.0 * n**3 / gemm / 1e9, 3.0 * 4.0 * length / add / 1e9
+    # On one thread: the two formats' ratio is the core's, and a matmul this small on several
+    # threads times their waits for each other on a busy machine (f32 came out at 2 GFLOP/s
+    # beside a build, below a slow bf16).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        f32 = gemm_gflops(CPU_DTYPE_GEMM, torch.float32)
+        bf16 = gemm_gflops(CPU_DTYPE_GEMM, torch.bfloat16)
+    finally:
+        torch.set_num_threads(threads)
+    return Probe(gemm, 3.0 * 4.0 * length / add / 1e9, f32, bf16)
 
 
 def collective_seconds(device: torch.device, run: Callable[[], object]) -> float:

@@ -535,8 +535,9 @@ class Trainer:
         if preflight:
             m = self.model_config
             shape = (min(t.micro_batch * self.seq_len, 16384), m.hidden_size, 2 * m.expert_ffn)
-            gemm, bw = probe(self.device, self.faults.delay_ms(0), shape)
-            self.emit.preflight(self.rank, gemm, bw, describe(self.device))
+            self.emit.preflight(
+                self.rank, probe(self.device, self.faults.delay_ms(0), shape), describe(self.device)
+            )
         allreduce, links = None, []
         if self.world > 1:
             join_group(self.rank, self.world, self.device)
@@ -690,8 +691,7 @@ def probe_only(backend: str, index: int | None, emit: Emitter) -> None:
     own device when None)."""
     rank = int(os.environ.get(RANK, "0"))
     device = device_for(backend, device_index() if index is None else index)
-    gemm, bw = probe(device, faults.Faults.from_env(rank).delay_ms(0))
-    emit.preflight(rank, gemm, bw, describe(device))
+    emit.preflight(rank, probe(device, faults.Faults.from_env(rank).delay_ms(0)), describe(device))
 
 
 def train(job_path: str, backend: str, emit: Emitter) -> None:
