@@ -499,3 +499,32 @@ fn plan_launch_shows_the_cluster_submission_of_zaya1_rank_by_rank() {
         o.stdout
     );
 }
+
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn the_nano_recipe_steps_with_the_settings_a_fresh_machine_resolves() {
+    // The README's first command trains recipes/zaya1-nano.yaml as shipped: its phase 1 step,
+    // timed with the settings this machine resolves (`zflow bench train`), next to plain
+    // transformers + PyTorch. CI prints the figures (.config/nextest.toml shows this test's
+    // output), so that a default slow on one kind of CPU shows as a number; none is asserted.
+    let sb = Sandbox::new();
+    let recipe = concat!(env!("CARGO_MANIFEST_DIR"), "/recipes/zaya1-nano.yaml");
+    let out = sb
+        .ok(&["bench", "train", recipe, "--steps", "2", "--rounds", "1"])
+        .stdout;
+    println!("{out}");
+    assert!(
+        out.contains(
+            "phase1 settings: backend cpu, muon.ns_dtype f32, grad_reduce_dtype f32, loss_chunk_tokens 4096, activation_checkpointing none"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("batch 8 x 256 tokens"), "{out}");
+    assert!(
+        out.contains("zflow torch engine (worker step), round 1"),
+        "{out}"
+    );
+}

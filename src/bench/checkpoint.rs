@@ -20,14 +20,20 @@ pub struct Shape {
     pub rounds: usize,
     /// A checkpoint every this many steps.
     pub every: u64,
-    /// Sequences per step.
-    pub batch: usize,
-    /// Tokens per sequence.
-    pub seq_len: usize,
+    /// Sequences per step (default: the phase's micro-batch).
+    pub batch: Option<usize>,
+    /// Tokens per sequence (default: the phase's).
+    pub seq_len: Option<usize>,
 }
 
-/// Runs the benchmark in `dir` (default: a temp folder next to the store); prints a table.
-pub fn run(args: &RecipeArgs, dir: Option<&Path>, shape: Shape) -> Result<ExitCode> {
+/// Runs the benchmark in `dir` (default: a temp folder next to the store) with `phase`'s
+/// training settings (default: the recipe's first phase's); prints a table.
+pub fn run(
+    args: &RecipeArgs,
+    dir: Option<&Path>,
+    phase: Option<&str>,
+    shape: Shape,
+) -> Result<ExitCode> {
     let Shape {
         steps,
         rounds,
@@ -36,24 +42,22 @@ pub fn run(args: &RecipeArgs, dir: Option<&Path>, shape: Shape) -> Result<ExitCo
         seq_len,
     } = shape;
     let engine = crate::commands::open(args)?;
-    let model = crate::commands::recipe_doc(&engine)?.model_or_default();
+    let target = crate::bench::train::recipe_phase(args, phase)?;
+    let (batch, seq_len) = target.shape(batch, seq_len);
     let parent = dir
         .map(Path::to_path_buf)
         .unwrap_or_else(|| engine.store.root().to_path_buf());
     std::fs::create_dir_all(&parent)?;
     let tmp = tempfile::tempdir_in(&parent)
         .with_context(|| format!("a scratch folder in {}", parent.display()))?;
-    println!(
-        "model: {} ({} parameters), scratch folder {}",
-        engine.recipe.name,
-        model.params().total,
+    target.print(&format!(
+        "{} parameters, batch {batch} x {seq_len} tokens, scratch folder {}",
+        target.model.params().total,
         tmp.path().display()
-    );
-
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    ));
     let t = crate::bench::train::torch_engine_bench(
         "checkpoint",
-        serde_json::json!({"model": model, "batch": batch, "seq_len": seq_len, "steps": steps, "rounds": rounds, "every": every, "threads": threads, "dir": tmp.path().join("torch")}),
+        target.config(serde_json::json!({"batch": batch, "seq_len": seq_len, "steps": steps, "rounds": rounds, "every": every, "dir": tmp.path().join("torch")})),
     )?;
     let f = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
     let (mb, write_s) = (f("bytes") / 1e6, f("write_s"));

@@ -85,24 +85,31 @@ pub enum Bench {
         /// A checkpoint every this many steps.
         #[arg(long, default_value_t = 5)]
         every: u64,
-        /// Sequences per step.
-        #[arg(long, default_value_t = 16)]
-        batch: usize,
-        /// Tokens per sequence.
-        #[arg(long, default_value_t = 256)]
-        seq_len: usize,
+        /// The phase whose training settings are timed (default: the recipe's first).
+        #[arg(long)]
+        phase: Option<String>,
+        /// Sequences per step (default: the phase's micro-batch).
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Tokens per sequence (default: the phase's).
+        #[arg(long)]
+        seq_len: Option<usize>,
     },
-    /// The training step of the recipe's model: tokens/s and model FLOP/s against this
-    /// machine's matmul peak and against PyTorch on the same model, in one run.
+    /// The training step of the recipe's model with one phase's resolved settings: tokens/s
+    /// and model FLOP/s against this machine's matmul peak and against PyTorch on the same
+    /// model, in one run.
     Train {
         #[command(flatten)]
         recipe: RecipeArgs,
-        /// Sequences per step.
-        #[arg(long, default_value_t = 16)]
-        batch: usize,
-        /// Tokens per sequence.
-        #[arg(long, default_value_t = 256)]
-        seq_len: usize,
+        /// The phase whose training settings are timed (default: the recipe's first).
+        #[arg(long)]
+        phase: Option<String>,
+        /// Sequences per step (default: the phase's micro-batch).
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Tokens per sequence (default: the phase's).
+        #[arg(long)]
+        seq_len: Option<usize>,
         /// Timed steps (the best one is reported).
         #[arg(long, default_value_t = 3)]
         steps: usize,
@@ -148,12 +155,15 @@ pub enum Bench {
     Step {
         #[command(flatten)]
         recipe: RecipeArgs,
-        /// Sequences per step.
-        #[arg(long, default_value_t = 2)]
-        batch: usize,
-        /// Tokens per sequence.
-        #[arg(long, default_value_t = 1024)]
-        seq_len: usize,
+        /// The phase whose training settings are the engine's (default: the recipe's first).
+        #[arg(long)]
+        phase: Option<String>,
+        /// Sequences per step (default: the phase's micro-batch).
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Tokens per sequence (default: the phase's).
+        #[arg(long)]
+        seq_len: Option<usize>,
         /// Timed steps of each variant, taken in turn with the other variants' (the median and
         /// the fastest are reported).
         #[arg(long, default_value_t = 10)]
@@ -170,11 +180,12 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
         Bench::Tokenize { recipe, source } => tokenize::run(&recipe, &source),
         Bench::Train {
             recipe,
+            phase,
             batch,
             seq_len,
             steps,
             rounds,
-        } => train::run(&recipe, batch, seq_len, steps, rounds),
+        } => train::run(&recipe, phase.as_deref(), batch, seq_len, steps, rounds),
         Bench::Experts {
             recipe,
             tokens,
@@ -189,11 +200,18 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
         } => memory::run(&recipe, steps, json),
         Bench::Step {
             recipe,
+            phase,
             batch,
             seq_len,
             steps,
             loss_chunk_tokens,
-        } => step::run(&recipe, batch, seq_len, steps, loss_chunk_tokens),
+        } => step::run(
+            &recipe,
+            phase.as_deref(),
+            (batch, seq_len),
+            steps,
+            loss_chunk_tokens,
+        ),
         Bench::Gemm {
             recipe,
             tokens,
@@ -206,11 +224,13 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
             steps,
             rounds,
             every,
+            phase,
             batch,
             seq_len,
         } => checkpoint::run(
             &recipe,
             dir.as_deref(),
+            phase.as_deref(),
             checkpoint::Shape {
                 steps,
                 rounds,

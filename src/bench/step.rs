@@ -3,10 +3,12 @@
 //! zflow_torch.bench`):
 //! - activation checkpointing `none`, `full` and `selective`, with the engine's chunked loss;
 //! - the loss made from the full logits (plain transformers' way);
-//! - the matrices' optimizer: the engine's batched Muon (Newton-Schulz in bf16, the default
-//!   `train.muon.ns_dtype`, and in f32), torch.optim.Muon as shipped (one matrix at a time,
-//!   bf16 Newton-Schulz), and AdamW (Muon's cost is the gap to it, measured in pairs of steps
-//!   taken one after the other).
+//! - the matrices' optimizer: the engine's batched Muon (Newton-Schulz in the phase's
+//!   `train.muon.ns_dtype`, and in the other format), torch.optim.Muon as shipped (one matrix
+//!   at a time, bf16 Newton-Schulz), and AdamW (Muon's cost is the gap to it, measured in pairs
+//!   of steps taken one after the other).
+//!
+//! The engine is the recipe's phase as `zflow run` resolves it (`--set` included).
 //!
 //! Times come from one process that holds every variant and steps them in turn (`bench
 //! interleaved`): a shared machine's speed drifts by 10-25% within minutes, which separate runs
@@ -17,62 +19,82 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
+use zflow_runtime::contract::settings::Dtype;
+
 use super::median;
 use crate::RecipeArgs;
 
 /// One variant: its label, activation checkpointing, loss and the matrices' optimizer.
-/// The engine and AdamW come first, side by side: `bench interleaved` steps neighbours one
-/// after the other, each first in every other round, so Muon's cost is measured in pairs.
-const VARIANTS: [(&str, &str, &str, &str); 7] = [
-    (ENGINE, "none", "chunked", "muon"),
-    (ADAMW, "none", "chunked", "adamw"),
-    ("checkpointing full", "full", "chunked", "muon"),
-    ("checkpointing selective", "selective", "chunked", "muon"),
-    ("loss from the full logits", "none", "full", "muon"),
-    ("Muon's Newton-Schulz in f32", "none", "chunked", "muon-f32"),
-    (
-        "torch.optim.Muon as shipped",
-        "none",
-        "chunked",
-        "torch-muon",
-    ),
-];
+type Variant = (String, &'static str, &'static str, &'static str);
 
-/// The engine as configured by default, and the same with AdamW for the matrices: Muon's
+/// The engine as the phase configures it, and the same with AdamW for the matrices: Muon's
 /// cost is the gap between the two.
 const ENGINE: &str = "engine (checkpointing none)";
 const ADAMW: &str = "AdamW for the matrices too";
 
+/// The variants for a phase whose Newton-Schulz runs in `ns_dtype`. The engine and AdamW come
+/// first, side by side: `bench interleaved` steps neighbours one after the other, each first in
+/// every other round, so Muon's cost is measured in pairs.
+fn variants(ns_dtype: Dtype) -> Vec<Variant> {
+    let (other, optimizer) = match ns_dtype {
+        Dtype::Bf16 => ("f32", "muon-f32"),
+        Dtype::F32 => ("bf16", "muon-bf16"),
+    };
+    vec![
+        (ENGINE.into(), "none", "chunked", "muon"),
+        (ADAMW.into(), "none", "chunked", "adamw"),
+        ("checkpointing full".into(), "full", "chunked", "muon"),
+        (
+            "checkpointing selective".into(),
+            "selective",
+            "chunked",
+            "muon",
+        ),
+        ("loss from the full logits".into(), "none", "full", "muon"),
+        (
+            format!("Muon's Newton-Schulz in {other}"),
+            "none",
+            "chunked",
+            optimizer,
+        ),
+        (
+            "torch.optim.Muon as shipped".into(),
+            "none",
+            "chunked",
+            "torch-muon",
+        ),
+    ]
+}
+
 /// Times every variant `steps` times in turn, then measures each one's peak; prints a row per
-/// variant and Muon's cost over AdamW.
+/// variant and Muon's cost over AdamW. `shape` is (sequences per step, tokens per sequence),
+/// each the phase's unless given.
 pub fn run(
     args: &RecipeArgs,
-    batch: usize,
-    seq_len: usize,
+    phase: Option<&str>,
+    shape: (Option<usize>, Option<usize>),
     steps: usize,
     loss_chunk_tokens: Option<usize>,
 ) -> Result<ExitCode> {
-    let mut train = zflow_runtime::contract::settings::TrainSettings::default();
+    let mut target = super::train::recipe_phase(args, phase)?;
     if let Some(chunk) = loss_chunk_tokens {
-        train.loss_chunk_tokens = chunk;
+        target.train.settings.loss_chunk_tokens = chunk;
     }
-    let chunk = train.loss_chunk_tokens;
-    let workload = format!(
-        "batch {batch} x {seq_len} tokens, loss chunks of {chunk} positions, {steps} steps of each variant in turn"
-    );
-    let (model, threads) = super::train::recipe_model(args, &workload)?;
+    let (batch, seq_len) = target.shape(shape.0, shape.1);
+    target.print(&format!(
+        "batch {batch} x {seq_len} tokens, {steps} steps of each variant in turn"
+    ));
+    let variants = variants(target.train.settings.muon.ns_dtype);
     // The settings every run shares, plus `fields`.
     let config = |fields: serde_json::Value| {
-        let mut config = serde_json::json!({
-            "model": model, "batch": batch, "seq_len": seq_len, "threads": threads, "train": train,
-        });
+        let mut config = target.config(serde_json::json!({"batch": batch, "seq_len": seq_len}));
         if let (Some(config), serde_json::Value::Object(fields)) = (config.as_object_mut(), fields)
         {
             config.extend(fields);
         }
         config
     };
-    let variant = |(label, checkpointing, loss, optimizer): (&str, &str, &str, &str)| {
+    let variant = |(label, checkpointing, loss, optimizer): &Variant| {
         serde_json::json!({
             "label": label, "activation_checkpointing": checkpointing, "loss": loss,
             "optimizer": optimizer,
@@ -80,10 +102,12 @@ pub fn run(
     };
     let timed = super::train::torch_engine_bench(
         "interleaved",
-        config(serde_json::json!({"variants": VARIANTS.map(variant), "steps": steps})),
+        config(
+            serde_json::json!({"variants": variants.iter().map(variant).collect::<Vec<_>>(), "steps": steps}),
+        ),
     )?;
-    // Each variant's step times, one per round, in `VARIANTS`' order.
-    let rounds = VARIANTS
+    // Each variant's step times, one per round, in `variants`' order.
+    let rounds = variants
         .iter()
         .map(|(label, ..)| {
             timed["variants"]
@@ -105,8 +129,8 @@ pub fn run(
         "{:<32} {:>16} {:>12} {:>10} {:>12}",
         "", "median step (s)", "fastest (s)", "tokens/s", "peak (MiB)"
     );
-    for (v, steps) in VARIANTS.iter().zip(&rounds) {
-        let mut one_step = variant(*v);
+    for (v, steps) in variants.iter().zip(&rounds) {
+        let mut one_step = variant(v);
         one_step["steps"] = 1.into();
         let peak = super::train::torch_engine_bench("train", config(one_step))
             .map(|p| {
@@ -127,7 +151,7 @@ pub fn run(
     }
     println!();
     let of = |label: &str| {
-        VARIANTS
+        variants
             .iter()
             .position(|v| v.0 == label)
             .map(|i| &rounds[i])

@@ -12,18 +12,22 @@ use anyhow::{Context, Result};
 
 use crate::RecipeArgs;
 
-/// Runs the benchmark; prints a table with a row per side and round, and each round's ratio.
+/// Runs the benchmark on `phase` (default: the recipe's first) with its resolved settings;
+/// `batch` and `seq_len` default to the phase's micro-batch and sequence length.
 pub fn run(
     args: &RecipeArgs,
-    batch: usize,
-    seq_len: usize,
+    phase: Option<&str>,
+    batch: Option<usize>,
+    seq_len: Option<usize>,
     steps: usize,
     rounds: usize,
 ) -> Result<ExitCode> {
-    let (model, threads) = recipe_model(
-        args,
-        &format!("batch {batch} x {seq_len} tokens, {rounds} rounds"),
-    )?;
+    let target = recipe_phase(args, phase)?;
+    let (batch, seq_len) = target.shape(batch, seq_len);
+    target.print(&format!(
+        "batch {batch} x {seq_len} tokens, {rounds} rounds"
+    ));
+    let (model, threads) = (&target.model, target.threads);
 
     let peak = zflow_runtime::bench::matmul_gflops(1024, 5);
     println!();
@@ -45,7 +49,7 @@ pub fn run(
     let mut ratios = vec![Vec::new(); STOCK_OPTIMIZERS.len()];
     let flops_per_token = model.flops(seq_len).total;
     for round in 1..=rounds {
-        let engine_tps = match torch_engine_step(&model, batch, seq_len, steps, threads) {
+        let engine_tps = match torch_engine_step(&target, batch, seq_len, steps) {
             Ok(t) => {
                 let tps = t["tokens_per_s"].as_f64().unwrap_or(0.0);
                 row(
@@ -62,7 +66,7 @@ pub fn run(
             }
         };
         for (i, optimizer) in STOCK_OPTIMIZERS.iter().enumerate() {
-            match torch_step(&model, batch, seq_len, steps, threads, optimizer) {
+            match torch_step(model, batch, seq_len, steps, threads, optimizer) {
                 Ok(t) => {
                     let tps = t["tokens_per_s"].as_f64().unwrap_or(0.0);
                     let label = format!(
@@ -103,50 +107,178 @@ pub fn run(
 }
 
 /// The recipe's model and this machine's cores, once printed with what the benchmark runs
-/// (`workload`) and its `rounds`.
+/// (`workload`, with its rounds): for benchmarks of the model alone.
 pub(crate) fn recipe_model(
     args: &RecipeArgs,
     workload: &str,
 ) -> Result<(zflow_runtime::model::config::ModelConfig, usize)> {
     let engine = crate::commands::open(args)?;
     let model = crate::commands::recipe_doc(&engine)?.model_or_default();
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let threads = threads();
     println!(
-        "model: {} (hidden {}, {} blocks, {} experts, vocab {}), {workload}, {threads} threads",
-        engine.recipe.name,
-        model.hidden_size,
-        model.num_blocks,
-        model.num_experts,
-        model.vocab_size
+        "model: {}, {workload}, {threads} threads",
+        describe_model(&engine.recipe.name, &model)
     );
     Ok((model, threads))
 }
 
+fn threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+fn describe_model(recipe: &str, model: &zflow_runtime::model::config::ModelConfig) -> String {
+    format!(
+        "{recipe} (hidden {}, {} blocks, {} experts, vocab {})",
+        model.hidden_size, model.num_blocks, model.num_experts, model.vocab_size
+    )
+}
+
+/// What a benchmark of the training step runs: the recipe's model and one phase's training
+/// settings as `zflow run` resolves them (`--set` included, and the defaults that follow the
+/// backend), so that a bench times what the recipe trains with.
+pub(crate) struct PhaseBench {
+    /// The recipe's name.
+    pub recipe: String,
+    /// Its model.
+    pub model: zflow_runtime::model::config::ModelConfig,
+    /// The phase (`train` for a recipe without phases: its `train:` section alone).
+    pub phase: String,
+    /// The phase's resolved settings.
+    pub train: zflow_stages::recipe::train::PhaseTrain,
+    /// The phase's sequence length (none without phases).
+    pub seq_len: Option<usize>,
+    /// This machine's cores.
+    pub threads: usize,
+}
+
+/// The recipe's phase `phase` (default: the first) for a benchmark.
+pub(crate) fn recipe_phase(args: &RecipeArgs, phase: Option<&str>) -> Result<PhaseBench> {
+    let engine = crate::commands::open(args)?;
+    let doc = crate::commands::recipe_doc(&engine)?;
+    let model = doc.model_or_default();
+    let (phase, train, seq_len) = match phase {
+        Some(name) => {
+            let Some(entry) = doc.phases.iter().find(|p| p.name == name) else {
+                let names: Vec<&str> = doc.phases.iter().map(|p| p.name.as_str()).collect();
+                anyhow::bail!(
+                    "{} has no phase `{name}` (its phases: {})",
+                    args.recipe.display(),
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                );
+            };
+            (
+                name.to_string(),
+                entry.train.clone(),
+                Some(entry.phase.seq_len),
+            )
+        }
+        None => match doc.phases.first() {
+            Some(entry) => (
+                entry.name.clone(),
+                entry.train.clone(),
+                Some(entry.phase.seq_len),
+            ),
+            None => {
+                let shared =
+                    zflow_stages::recipe::train::parse(engine.recipe.document.get("train"))
+                        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+                let train = shared
+                    .resolve("train", None)
+                    .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+                ("train".to_string(), train, None)
+            }
+        },
+    };
+    Ok(PhaseBench {
+        recipe: engine.recipe.name.clone(),
+        model,
+        phase,
+        train,
+        seq_len,
+        threads: threads(),
+    })
+}
+
+impl PhaseBench {
+    /// Sequences per step and tokens per sequence: as given, else the phase's micro-batch and
+    /// sequence length.
+    pub fn shape(&self, batch: Option<usize>, seq_len: Option<usize>) -> (usize, usize) {
+        (
+            batch.unwrap_or(self.train.settings.micro_batch),
+            seq_len.or(self.seq_len).unwrap_or(256),
+        )
+    }
+
+    /// Prints the model, the settings that decide the step's speed, and `workload`.
+    pub fn print(&self, workload: &str) {
+        let s = &self.train.settings;
+        println!(
+            "model: {}, {workload}, {} threads",
+            describe_model(&self.recipe, &self.model),
+            self.threads
+        );
+        println!(
+            "{} settings: backend {}, muon.ns_dtype {}, grad_reduce_dtype {}, loss_chunk_tokens {}, activation_checkpointing {}",
+            self.phase,
+            s.backend,
+            dtype_name(s.muon.ns_dtype),
+            dtype_name(s.grad_reduce_dtype),
+            s.loss_chunk_tokens,
+            format!("{:?}", self.train.activation_checkpointing).to_lowercase()
+        );
+    }
+
+    /// The config of `python -m zflow_torch.bench` for this phase: the model, its settings,
+    /// its activation checkpointing and the machine's threads, plus `fields`.
+    pub fn config(&self, fields: serde_json::Value) -> serde_json::Value {
+        let mut config = serde_json::json!({
+            "model": self.model, "train": self.train.settings, "threads": self.threads,
+            "activation_checkpointing": self.train.activation_checkpointing,
+        });
+        if let (Some(config), serde_json::Value::Object(fields)) = (config.as_object_mut(), fields)
+        {
+            config.extend(fields);
+        }
+        config
+    }
+}
+
+/// `bf16` or `f32`, as recipes write it.
+pub(crate) fn dtype_name(d: zflow_runtime::contract::settings::Dtype) -> String {
+    serde_json::to_value(d)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
 /// The torch engine's own step (`python -m zflow_torch.bench`), in the engine's Python.
 fn torch_engine_step(
-    model: &zflow_runtime::model::config::ModelConfig,
+    target: &PhaseBench,
     batch: usize,
     seq_len: usize,
     steps: usize,
-    threads: usize,
 ) -> Result<serde_json::Value> {
-    let config = serde_json::json!({"model": model, "batch": batch, "seq_len": seq_len, "steps": steps, "threads": threads});
+    let config =
+        target.config(serde_json::json!({"batch": batch, "seq_len": seq_len, "steps": steps}));
     torch_engine_bench("train", config)
 }
 
 /// Runs `python -m zflow_torch.bench WHAT CONFIG` (the torch engine's own code, in its
-/// Python) with `config`, plus the default training settings where it has none; returns its
-/// JSON line.
+/// Python) with `config`, which names the training settings (`train`) it times.
 pub(crate) fn torch_engine_bench(
     what: &str,
-    mut config: serde_json::Value,
+    config: serde_json::Value,
 ) -> Result<serde_json::Value> {
-    if config.get("train").is_none() {
-        config["train"] =
-            serde_json::to_value(zflow_runtime::contract::settings::TrainSettings::default())?;
-    }
+    anyhow::ensure!(
+        config.get("train").is_some(),
+        "a torch engine bench needs the recipe's training settings"
+    );
     torch_module_json("zflow_torch.bench", Some(what), &config)
 }
 

@@ -5,8 +5,9 @@
   Muon + AdamW), on random tokens: the real worker's step, without the data plane and
   checkpoints. The config may set ``activation_checkpointing``, ``loss: full`` (the plain
   ``cross_entropy`` of the whole micro-batch's logits instead of the engine's chunks) and
-  ``optimizer`` for the matrices (``muon``, the engine's; ``muon-f32``, the engine's with
-  Newton-Schulz in f32; ``torch-muon``, torch.optim.Muon as shipped; ``adamw``). Prints
+  ``optimizer`` for the matrices (``muon``, the engine's as the settings say; ``muon-f32`` and
+  ``muon-bf16``, the engine's with Newton-Schulz in that format; ``torch-muon``,
+  torch.optim.Muon as shipped; ``adamw``). Prints
   ``step_s`` (the best of the timed steps), ``tokens_per_s``, ``torch``, and the step's memory:
   ``peak_bytes``, the process's peak resident set during the timed steps above
   ``baseline_bytes``, its size after the warm-up step (the model and the optimizer's state
@@ -99,6 +100,8 @@ def _trainer(cfg: dict[str, Any], checkpoints: str, backend: str = "cpu") -> tra
         t.muon = torch.optim.Muon(matrices, **t.muon_settings())
     elif cfg.get("optimizer") == "muon-f32":
         t.muon = BatchedMuon(matrices, "f32", **t.muon_settings())
+    elif cfg.get("optimizer") == "muon-bf16":
+        t.muon = BatchedMuon(matrices, "bf16", **t.muon_settings())
     elif cfg.get("optimizer") == "adamw":
         aw = job.train.adamw
         t.muon = torch.optim.AdamW(
