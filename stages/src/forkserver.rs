@@ -21,6 +21,7 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -95,11 +96,7 @@ pub fn wrap(engine: EngineCommand) -> EngineCommand {
 fn start() -> Result<Server> {
     let python = torch_module("zflow_torch.forkserver", Vec::new())?;
     // The server removes the folder when it ends.
-    let dir = tempfile::Builder::new()
-        .prefix("zflow-fork-")
-        .tempdir()
-        .context("creating the fork server's folder")?
-        .keep();
+    let dir = private_folder()?;
     let socket = dir.join("socket");
     let mut cmd = Command::new(&python.program);
     cmd.args(&python.args)
@@ -155,9 +152,40 @@ fn start() -> Result<Server> {
     })
 }
 
+/// A new folder for the server's socket, mode 0700 whatever the umask: mkdir's mode can only
+/// lose bits to the umask (so no one else ever may enter it), and the chmod after it is not
+/// masked. The server checks mode and owner before it binds, and each client before it
+/// connects (`workers/torch/zflow_torch/forkserver.py`).
+fn private_folder() -> Result<PathBuf> {
+    let owner_only = || std::fs::Permissions::from_mode(0o700);
+    let dir = tempfile::Builder::new()
+        .prefix("zflow-fork-")
+        .permissions(owner_only())
+        .tempdir()
+        .context("creating the fork server's folder")?
+        .keep();
+    std::fs::set_permissions(&dir, owner_only())
+        .with_context(|| format!("making {} its owner's alone", dir.display()))?;
+    Ok(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_socket_folder_is_the_owners_alone_under_any_umask() {
+        for umask in [0o000, 0o002, 0o077, 0o700] {
+            // SAFETY: umask only sets this process's file-creation mask.
+            let before = unsafe { libc::umask(umask) };
+            let dir = private_folder();
+            unsafe { libc::umask(before) };
+            let dir = dir.unwrap();
+            let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+            std::fs::remove_dir(&dir).unwrap();
+            assert_eq!(mode, 0o700, "umask {umask:03o}");
+        }
+    }
 
     #[test]
     fn only_python_module_commands_are_wrapped() {

@@ -30,19 +30,22 @@ if what == "wait":
 """
 
 
+# A server that preloads nothing, serving at ``sys.argv[1]``, in its environment.
+SERVE = "import sys; from zflow_torch import forkserver; forkserver.serve(sys.argv[1], ())"
+SERVE_ENV = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent), "PYTHONUNBUFFERED": "1"}
+
+
 class ForkServer(unittest.TestCase):
     def setUp(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="zflow-fork-test-"))
         (self.dir / "child_mod.py").write_text(CHILD)
         self.socket = self.dir / "server" / "socket"
         self.socket.parent.mkdir(mode=0o700)
-        code = "import sys; from zflow_torch import forkserver; forkserver.serve(sys.argv[1], ())"
-        env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent), "PYTHONUNBUFFERED": "1"}
         self.server = subprocess.Popen(
-            [sys.executable, "-c", code, str(self.socket)],
+            [sys.executable, "-c", SERVE, str(self.socket)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=env,
+            env=SERVE_ENV,
         )
         assert self.server.stdout is not None
         self.assertEqual(self.server.stdout.readline().strip(), b"ready")
@@ -112,6 +115,31 @@ class ForkServer(unittest.TestCase):
         c = self.client("exit")
         c.communicate(timeout=30)
         self.assertEqual(c.returncode, 3)
+
+    def test_a_folder_others_may_enter_is_refused_by_clients_and_servers(self) -> None:
+        # Another user who may write the folder could replace the socket and be sent each
+        # rank's arguments, environment (its launch secret) and stdio.
+        os.chmod(self.socket.parent, 0o777)
+        c = self.client("exit")
+        out, _ = c.communicate(timeout=30)
+        self.assertEqual(c.returncode, 3)
+        # Started plainly (exec'd in place), not forked by the server.
+        self.assertEqual(json.loads(out.splitlines()[0])[-1], c.pid)
+        open_folder = self.dir / "open"
+        open_folder.mkdir()
+        os.chmod(open_folder, 0o777)
+        server = subprocess.run(
+            [sys.executable, "-c", SERVE, str(open_folder / "socket")],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=SERVE_ENV,
+            timeout=60,
+        )
+        self.assertNotEqual(server.returncode, 0)
+        self.assertIn("with mode 0777", server.stderr)
+        self.assertEqual(server.stdout, "")
+        self.assertFalse((open_folder / "socket").exists())
 
 
 if __name__ == "__main__":

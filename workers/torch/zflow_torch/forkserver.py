@@ -8,9 +8,10 @@ one server per ``zflow`` process and runs each rank or scorer as a client of it:
 - ``python -m zflow_torch.forkserver serve SOCKET``: imports :data:`PRELOAD` and runs no torch
   operation (so no OpenMP thread exists to be lost across a fork; numpy's OpenBLAS thread
   stops before each fork and starts again in the child by its own ``pthread_atfork``
-  handlers), listens on the Unix socket ``SOCKET`` (its folder is zflow's, mode 0700; a peer of
-  another user is refused), and prints ``ready``. It ends, killing what it forked, when its
-  stdin closes: when zflow ends, however it ends.
+  handlers), listens on the Unix socket ``SOCKET`` (its folder is zflow's, mode 0700 and this
+  user's, which the server checks before it binds and each client before it connects:
+  :func:`check_private`; a peer of another user is refused), and prints ``ready``. It ends,
+  killing what it forked, when its stdin closes: when zflow ends, however it ends.
 - ``python -E -S forkserver.py run SOCKET -- -m MODULE ARGS...``: what zflow starts in place of
   ``python -m MODULE ARGS...``. It sends the server its arguments, environment, working
   directory and process group, and its stdin, stdout and stderr (``SCM_RIGHTS``). The server
@@ -32,6 +33,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import struct
 import sys
 import traceback
@@ -123,10 +125,26 @@ def _child(request: dict[str, Any], fds: list[int], parent: int, server_fds: lis
         os._exit(code)
 
 
+def check_private(path: str) -> None:
+    """Raises ``PermissionError`` unless the folder of socket ``path`` is a folder (not a
+    link) of this user's that no one else may enter or write: another user who could would
+    replace the socket, and receive the arguments, environment (the launch secret among them)
+    and stdio of every rank that connects."""
+    folder = os.path.dirname(path)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(
+            f"the fork server's folder {folder} must be a folder of uid {os.getuid()} with mode "
+            f"0700; it is {'a folder' if stat.S_ISDIR(st.st_mode) else 'not a folder'} of uid "
+            f"{st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}"
+        )
+
+
 def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> None:
     """Imports ``preload``, then forks a child per request until stdin closes."""
     import importlib
 
+    check_private(path)
     for module in preload:
         importlib.import_module(module)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -236,6 +254,7 @@ def run(path: str, argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        check_private(path)
         conn.connect(path)
     except OSError as e:
         # No server (it ended, or zflow's check raced its end): be the process itself.
