@@ -17,6 +17,10 @@ use zflow_pipeline::stage::THREADS;
 use zflow_runtime::contract::env;
 use zflow_runtime::dist::placement::{Placement, free_port};
 
+/// Python's module search path, which a recipe's `train.launch.env` extends rather than
+/// replaces.
+const PYTHONPATH: &str = "PYTHONPATH";
+
 /// The job this stage runs in, when it runs under the Slurm executor.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SlurmJob {
@@ -299,7 +303,17 @@ impl LaunchSpec<'_> {
                     env.push((env::DEVICE.into(), device.to_string()));
                 }
                 env.push((THREADS.into(), self.threads.to_string()));
-                env.extend(self.env.iter().cloned());
+                for (key, value) in &self.env {
+                    // A recipe's PYTHONPATH adds to the engine's: the worker's own package
+                    // must stay importable (without the fork server, which has it, a
+                    // replaced one ended every rank with "No module named 'zflow_torch'").
+                    let ours = engine.env.iter().find(|(k, _)| k == PYTHONPATH && key == k);
+                    let value = match ours {
+                        Some((_, ours)) => format!("{}:{value}", ours.to_string_lossy()),
+                        None => value.clone(),
+                    };
+                    env.push((key.clone(), value));
+                }
                 let (program, args) = match self.target {
                     Target::Local => (engine.program.clone().into_os_string(), engine.args.clone()),
                     Target::Slurm(_) => {
@@ -410,7 +424,10 @@ mod tests {
             world: nodes * per_node,
             backend,
             threads: 2,
-            env: vec![("NCCL_DEBUG".into(), "WARN".into())],
+            env: vec![
+                ("NCCL_DEBUG".into(), "WARN".into()),
+                (PYTHONPATH.into(), "/recipe/lib".into()),
+            ],
             stage: "train.p1",
         };
         let placements = Placement::local(spec.world).unwrap();
@@ -418,6 +435,8 @@ mod tests {
             .iter()
             .map(|r| {
                 assert_eq!(var(r, "NCCL_DEBUG"), Some("WARN"));
+                // The recipe's path after the engine's: the worker stays importable.
+                assert_eq!(var(r, PYTHONPATH), Some("/w:/recipe/lib"));
                 assert_eq!(var(r, THREADS), Some("2"));
                 assert_eq!(
                     var(r, env::LOCAL_WORLD),
