@@ -65,6 +65,20 @@ fn a_bad_shard_count_is_named() {
 }
 
 #[test]
+fn a_slurm_value_that_would_add_a_line_to_the_batch_script_is_refused() {
+    check(
+        "executor:\n  kind: slurm\n  partition: \"gpu\\nrm -rf ~\"\n",
+        "r.yaml:3:14",
+        "`partition` must be one line without control characters (each executor value becomes a line of the batch script), got \"gpu\\nrm -rf ~\"",
+    );
+    check(
+        "executor:\n  kind: slurm\n  sbatch_args: [\"--exclusive\", \"--x\\n\"]\n",
+        "r.yaml:3",
+        "`sbatch_args[1]` must be one line",
+    );
+}
+
+#[test]
 fn unknown_kind_lists_the_kinds() {
     check(
         "stages:\n  - name: a\n    kind: shel\n    run: x\n",

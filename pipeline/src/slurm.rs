@@ -68,6 +68,40 @@ pub struct SlurmConfig {
     pub array_window_s: f64,
 }
 
+impl SlurmConfig {
+    /// Checks that every value stays on its own line of the batch script, as (recipe path,
+    /// what is wrong): each becomes an `#SBATCH` line, and a line break in one would start a
+    /// line of its own there, run as a command on the node.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let named = [
+            ("partition", &self.partition),
+            ("account", &self.account),
+            ("qos", &self.qos),
+            ("time", &self.time),
+        ];
+        let values = named
+            .into_iter()
+            .filter_map(|(name, v)| Some((name.to_string(), v.as_ref()?)))
+            .chain(
+                self.sbatch_args
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| (format!("sbatch_args[{i}]"), a)),
+            );
+        for (name, value) in values {
+            if value.chars().any(char::is_control) {
+                return Err((
+                    format!("executor.{name}"),
+                    format!(
+                        "`{name}` must be one line without control characters (each executor value becomes a line of the batch script), got {value:?}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for SlurmConfig {
     fn default() -> Self {
         SlurmConfig {

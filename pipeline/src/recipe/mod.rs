@@ -186,6 +186,11 @@ pub fn load(path: &Path, opts: &LoadOptions, registry: &Registry) -> Result<Reci
         None => ExecutorConfig::default(),
         Some(v) => typed::<ExecutorConfig>(v, "executor", &locs, &root.loc)?,
     };
+    if let ExecutorConfig::Slurm(slurm) = &executor {
+        slurm.check().map_err(|(path, message)| {
+            RecipeError::at(locate_error(&locs, &path, &message, &root.loc), message)
+        })?;
+    }
 
     // Sections first, then explicit stages.
     let mut specs: Vec<NodeSpec> = Vec::new();

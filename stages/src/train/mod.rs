@@ -392,7 +392,9 @@ fn describe_launch(c: &TrainConfig, world: usize) -> String {
             .launch
             .env
             .iter()
-            .map(|(k, v)| format!("{k}={v}"))
+            // Escaped: the text is one line of the run record and of `zflow plan --launch`'s
+            // script comment, which a line break in a value would end.
+            .map(|(k, v)| format!("{k}={}", v.to_string().escape_debug()))
             .collect();
         text.push_str(&format!("; env {}", vars.join(" ")));
     }
