@@ -46,9 +46,9 @@ pub struct UiArgs {
     /// The port (0: any free one).
     #[arg(long = "ui-port", default_value_t = 8265)]
     pub port: u16,
-    /// A file holding the page's access token (default: `ZFLOW_UI_TOKEN` when set, else a
-    /// fresh random one). Never a flag with the token itself: `ps` shows every process's
-    /// arguments to every user of the machine.
+    /// A file holding the page's access token, readable by its owner alone (default:
+    /// `ZFLOW_UI_TOKEN` when set, else a fresh random one). Never a flag with the token itself:
+    /// `ps` shows every process's arguments to every user of the machine.
     #[arg(long = "ui-token-file", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 }
@@ -59,11 +59,10 @@ const UI_TOKEN_ENV: &str = "ZFLOW_UI_TOKEN";
 impl UiArgs {
     fn options(&self) -> anyhow::Result<zflow_ui::Options> {
         let token = match &self.token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| anyhow::anyhow!("--ui-token-file {}: {e}", path.display()))?;
-                Some(text.trim().to_string())
-            }
+            Some(path) => Some(
+                read_token_file(path)
+                    .map_err(|e| anyhow::anyhow!("--ui-token-file {}: {e}", path.display()))?,
+            ),
             None => std::env::var(UI_TOKEN_ENV).ok(),
         };
         Ok(zflow_ui::Options {
@@ -73,6 +72,34 @@ impl UiArgs {
             ..Default::default()
         })
     }
+}
+
+/// The longest token file read (a token is one short line).
+const TOKEN_FILE_BYTES: u64 = 4096;
+
+/// The token in `path`: a regular file that only its owner may read (a token others can read
+/// guards nothing), of at most [`TOKEN_FILE_BYTES`], read no further.
+fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        anyhow::bail!("not a regular file");
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        anyhow::bail!(
+            "mode {mode:04o} lets other users read it, so the token guards nothing: `chmod 600 {}`",
+            path.display()
+        );
+    }
+    let mut text = String::new();
+    file.take(TOKEN_FILE_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > TOKEN_FILE_BYTES {
+        anyhow::bail!("longer than {TOKEN_FILE_BYTES} bytes: a token is one short line");
+    }
+    Ok(text.trim().to_string())
 }
 
 #[derive(Subcommand)]

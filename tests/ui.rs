@@ -458,6 +458,22 @@ fn the_page_serves_only_committed_bytes_streamed_and_its_token_never_on_a_comman
         "{bad_err}"
     );
     let token_file = sb.write("token", &format!("{TOKEN}\n"));
+    // A token file other users may read guards nothing, and one that never ends is not read
+    // to its end: both refused.
+    let mode = |m| -> std::fs::Permissions { std::os::unix::fs::PermissionsExt::from_mode(m) };
+    std::fs::set_permissions(&token_file, mode(0o644)).unwrap();
+    for (file, why) in [
+        (token_file.to_str().unwrap(), "lets other users read it"),
+        ("/dev/zero", "not a regular file"),
+    ] {
+        let refused = sb.zflow(&["ui", "r.yaml", "--ui-port", "0", "--ui-token-file", file]);
+        assert!(
+            refused.code != 0 && refused.stderr.contains(why),
+            "{file}: {}",
+            refused.stderr
+        );
+    }
+    std::fs::set_permissions(&token_file, mode(0o600)).unwrap();
     let port = free_port();
     let ui = sb
         .cmd(&[
