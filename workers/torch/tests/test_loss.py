@@ -39,13 +39,14 @@ class ChunkedLoss(unittest.TestCase):
         loss, grads = loss_and_grads(net, rows, 120)
         self.assertTrue(torch.equal(loss, want))
         self.assertTrue(all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True)))
-        # Several, uneven ones included: within 1e-6 relative.
+        # Several, uneven ones included: within 1e-5 relative, a few f32 roundings of sums in
+        # another order (with oneDNN held to AVX2, a gradient was 1.24e-6 off).
         for chunk in (7, 32, 64):
             loss, grads = loss_and_grads(net, rows, chunk)
-            self.assertLessEqual(abs(float(loss - want)) / abs(float(want)), 1e-6, chunk)
+            self.assertLessEqual(abs(float(loss - want)) / abs(float(want)), 1e-5, chunk)
             for a, b in zip(grads, want_grads, strict=True):
                 scale = float(b.abs().max())
-                self.assertLessEqual(float((a - b).abs().max()), 1e-6 * scale + 1e-12, chunk)
+                self.assertLessEqual(float((a - b).abs().max()), 1e-5 * scale + 1e-12, chunk)
 
 
 if __name__ == "__main__":
