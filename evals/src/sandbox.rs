@@ -4,20 +4,51 @@
 //! The isolation is [hakoniwa]'s (Linux namespaces and rlimits), not ours:
 //! - its own user, mount, PID and network namespaces: the network namespace has only a loopback
 //!   that is down, and the PID namespace dies with its first process, children included;
+//! - inside, the program is `nobody` (uid and gid [`INSIDE_ID`]), not root: it holds no
+//!   capability after its exec, so it can neither remount the read-only binds writable nor
+//!   mount anything (in a user namespace of its own, the copied mounts are locked read-only);
+//! - on the host, it is the user who runs zflow, or [`ROOT_RUN_ID`] (`nobody`) when that user
+//!   is root: a child process that gave up root starts it ([`become_unprivileged`]), so host
+//!   root's files (`/etc/shadow`) and root-only kernel settings stay closed to it, and its
+//!   process limit binds (the kernel exempts root from it);
 //! - a root file system of read-only binds of the system folders (`/usr`, `/bin`, `/lib*`,
-//!   `/etc`, `/sbin`), the Python installation's own folder, a fresh `/tmp` and `/dev`, and a
-//!   scratch folder (`/sandbox`, the working directory) removed afterwards; nothing else of the
-//!   host is mounted;
-//! - rlimits on CPU time, address space, file size and processes, and a wall-clock timeout.
+//!   `/etc`, `/sbin`) and of the Python installation's own folder, a read-only `/proc` of its own
+//!   PID namespace, a minimal `/dev`, and two memory folders of [`Limits::folder_bytes`] each:
+//!   `/sandbox` (the working directory, holding `program.py`) and `/tmp`; nothing else of the
+//!   host is mounted, and nothing of the host is written;
+//! - rlimits on CPU time, address space, file size and processes, and a wall-clock timeout;
+//! - stdout discarded and stderr's last [`STDERR_TAIL_BYTES`] kept, read as it comes: a program
+//!   that writes without end costs zflow no memory.
+//!
+//! The rlimits are per process, except the process count: the kernel counts processes per user
+//! namespace, so [`Limits::processes`] bounds the whole sandbox, and its memory is at most
+//! `processes` x [`Limits::memory_bytes`] plus its two folders. (A memory cgroup would bound the
+//! sum exactly; it needs a cgroup delegated to zflow, which ordinary users and most containers
+//! do not have, so it is not used.)
 //!
 //! A program passes when it exits with status 0 within its limits; anything else (an exception,
 //! a signal, a limit, the timeout) is a failure, as in lm-eval's `code_eval`.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use hakoniwa::{Container, Namespace, Rlimit};
+use hakoniwa::{Container, MountOptions, Namespace, Rlimit, Stdio};
+
+/// The uid and gid of a program inside its sandbox: `nobody`'s, not root's.
+pub const INSIDE_ID: u32 = 65534;
+
+/// The host uid and gid a sandbox runs as when zflow runs as root: `nobody`'s. It owns nothing
+/// the sandbox can reach (every host folder is bound read-only, and nothing is written), and
+/// the sandbox's PID namespace hides the host's other `nobody` processes.
+pub const ROOT_RUN_ID: u32 = 65534;
+
+/// How much of a program's stderr a [`Run`] keeps: its end, where a traceback ends.
+pub const STDERR_TAIL_BYTES: usize = 2048;
+
+/// The program's file inside the sandbox.
+const PROGRAM: &str = "/sandbox/program.py";
 
 /// What a sandboxed program may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,23 +57,28 @@ pub struct Limits {
     pub wall_secs: u64,
     /// CPU seconds (`RLIMIT_CPU`).
     pub cpu_secs: u64,
-    /// Address space in bytes (`RLIMIT_AS`).
+    /// Address space in bytes (`RLIMIT_AS`), per process.
     pub memory_bytes: u64,
     /// The largest file it may write, in bytes (`RLIMIT_FSIZE`).
     pub file_bytes: u64,
-    /// Processes it may have at once, itself included (`RLIMIT_NPROC`).
+    /// Processes the sandbox may hold at once, the program included (`RLIMIT_NPROC`, which
+    /// the kernel counts in the sandbox's own user namespace).
     pub processes: u64,
+    /// Bytes each of its memory folders (`/sandbox`, `/tmp`) may hold.
+    pub folder_bytes: u64,
 }
 
 impl Default for Limits {
-    /// lm-eval's `code_eval` timeout (3 s), 1 GiB, 16 MiB files, 16 processes.
+    /// lm-eval's `code_eval` timeout (3 s), 1 GiB a process, 16 MiB files, 8 processes, 32 MiB
+    /// folders.
     fn default() -> Self {
         Limits {
             wall_secs: 3,
             cpu_secs: 3,
             memory_bytes: 1 << 30,
             file_bytes: 16 << 20,
-            processes: 16,
+            processes: 8,
+            folder_bytes: 32 << 20,
         }
     }
 }
@@ -82,7 +118,8 @@ impl Outcome {
 pub struct Run {
     /// How it ended.
     pub outcome: Outcome,
-    /// The last 2 KB of what it wrote to stderr (a traceback, usually), for samples.
+    /// The last [`STDERR_TAIL_BYTES`] of what it wrote to stderr (a traceback, usually), for
+    /// samples.
     pub stderr: String,
 }
 
@@ -140,8 +177,15 @@ impl PythonSandbox {
         self.limits
     }
 
-    fn container(&self, scratch: &Path) -> Result<Container> {
+    /// The sandbox for `program`: its user namespace maps [`INSIDE_ID`] to this process's uid
+    /// and gid, and the Python installation is bound from `prefix_source` (its path, or a
+    /// descriptor's magic link when this process may not walk that path).
+    fn container(&self, program: &str, prefix_source: &str) -> Result<Container> {
+        // SAFETY: geteuid and getegid cannot fail.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let mut c = Container::new();
+        c.uidmaps(&[(INSIDE_ID, uid, 1)]);
+        c.gidmaps(&[(INSIDE_ID, gid, 1)]);
         c.unshare(Namespace::Network)
             .unshare(Namespace::Ipc)
             .unshare(Namespace::Uts);
@@ -152,13 +196,24 @@ impl PythonSandbox {
             .any(|d| self.prefix.starts_with(d) || self.executable.starts_with(d));
         if !under_system {
             let prefix = self.prefix.to_str().context("a non-UTF-8 Python prefix")?;
-            c.bindmount_ro(prefix, prefix);
+            c.bindmount_ro(prefix_source, prefix);
         }
-        let scratch = scratch.to_str().context("a non-UTF-8 scratch folder")?;
-        c.bindmount_rw(scratch, "/sandbox")
-            .tmpfsmount("/tmp")
-            .devfsmount("/dev");
+        // `mount` is hakoniwa's hidden general form (pinned in Cargo.lock): its named ones take
+        // no size for a tmpfs, nor a read-only procfs. This /proc replaces `Container::new`'s.
+        let plain = MountOptions::NOSUID | MountOptions::NODEV;
+        c.mount(
+            "proc",
+            "/proc",
+            "proc",
+            plain | MountOptions::NOEXEC | MountOptions::RDONLY,
+            None,
+        );
         let l = self.limits;
+        for (folder, mode) in [("/sandbox", "0700"), ("/tmp", "1777")] {
+            let data = format!("size={},nr_inodes=4096,mode={mode}", l.folder_bytes);
+            c.mount("tmpfs", folder, "tmpfs", plain, Some(data));
+        }
+        c.devfsmount("/dev").file(PROGRAM, program);
         c.setrlimit(Rlimit::Cpu, l.cpu_secs, l.cpu_secs)
             .setrlimit(Rlimit::As, l.memory_bytes, l.memory_bytes)
             .setrlimit(Rlimit::Fsize, l.file_bytes, l.file_bytes)
@@ -169,59 +224,129 @@ impl PythonSandbox {
 
     /// Runs one program (its source text) to its end or its limits.
     pub fn run(&self, program: &str) -> Result<Run> {
-        let scratch = tempfile::Builder::new()
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            self.run_as_nobody(program)
+        } else {
+            let prefix = self.prefix.to_str().context("a non-UTF-8 Python prefix")?;
+            self.run_here(program, prefix)
+        }
+    }
+
+    /// Runs one program from a child of this process that has given up root
+    /// ([`become_unprivileged`]); its [`Run`] comes back as JSON on a pipe. A child process, not
+    /// a thread: a process that changed its user is not dumpable, and its sandbox cannot write
+    /// its own uid map until it is made so again, which for zflow itself would let `nobody`
+    /// trace the thread that changed. The Python installation is bound where `nobody` may reach
+    /// it, in a mount namespace of the child's own, before root is given up ([`bind_privately`]):
+    /// `nobody` may not walk to one under `/root`, where pyenv and conda put root's.
+    fn run_as_nobody(&self, program: &str) -> Result<Run> {
+        use std::io::Write;
+        use std::os::unix::fs::PermissionsExt;
+        // An empty folder anyone may enter, for that bind; removed afterwards.
+        let reachable = tempfile::Builder::new()
             .prefix("zflow-sandbox-")
             .tempdir()
-            .context("making the sandbox's scratch folder")?;
-        std::fs::write(scratch.path().join("program.py"), program)?;
-        let container = self.container(scratch.path())?;
+            .context("making the sandbox's folder")?;
+        std::fs::set_permissions(reachable.path(), std::fs::Permissions::from_mode(0o755))?;
+        let python = reachable.path().join("python");
+        std::fs::create_dir(&python)?;
+        let (mut reader, writer) = std::io::pipe().context("a pipe for the sandbox's result")?;
+        // SAFETY: the child runs only the closure below and always ends in `_exit`, never
+        // returning into this process's code; the sandbox it starts forks from it the same way
+        // hakoniwa forks from any caller.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            drop(reader);
+            let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let result = bind_privately(&self.prefix, &python)
+                    .and_then(|()| become_unprivileged(ROOT_RUN_ID))
+                    .and_then(|()| {
+                        let source = python.to_str().context("a non-UTF-8 temporary folder")?;
+                        self.run_here(program, source)
+                    })
+                    .map_err(|e| format!("{e:#}"));
+                let bytes = serde_json::to_vec(&result).unwrap_or_default();
+                (&writer).write_all(&bytes).is_ok()
+            }));
+            // SAFETY: ends the child without running the parent's destructors or atexit.
+            unsafe { libc::_exit(if matches!(sent, Ok(true)) { 0 } else { 1 }) }
+        }
+        if pid < 0 {
+            bail!(
+                "forking the sandbox's process: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        drop(writer);
+        let mut bytes = Vec::new();
+        let read = (&mut reader).take(1 << 20).read_to_end(&mut bytes);
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        read.context("reading the sandbox's result")?;
+        let result: std::result::Result<Run, String> = serde_json::from_slice(&bytes)
+            .with_context(|| {
+                format!("the sandbox's process ended (status {status}) with no result")
+            })?;
+        result.map_err(anyhow::Error::msg)
+    }
+
+    /// Runs one program as this process's user, the Python installation bound from
+    /// `prefix_source` (see [`PythonSandbox::container`]).
+    fn run_here(&self, program: &str, prefix_source: &str) -> Result<Run> {
+        let container = self.container(program, prefix_source)?;
         let exe = self
             .executable
             .to_str()
             .context("a non-UTF-8 Python path")?;
-        let output = container
+        let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+        let child = container
             .command(exe)
             // -I: no user site, no PYTHON* variables, no script folder on sys.path beyond /sandbox.
-            .args(["-I", "/sandbox/program.py"])
+            .args(["-I", PROGRAM])
             .env("PATH", "/usr/bin:/bin")
             .env("HOME", "/sandbox")
             .env("LANG", "C.UTF-8")
             .env("PYTHONHASHSEED", "0")
             .current_dir("/sandbox")
             .wait_timeout(self.limits.wall_secs)
-            .output();
-        let run = match output {
-            Ok(out) => {
-                let status = out.status;
-                let outcome = match (status.exit_code, status.code) {
-                    (Some(0), _) => Outcome::Passed,
-                    (Some(code), _) => Outcome::Failed { code },
-                    (None, code) if code > 128 && code != 125 => {
-                        Outcome::Killed { signal: code - 128 }
-                    }
-                    (None, _) => Outcome::NotRun {
-                        reason: status.reason,
+            .stdin(Stdio::from(std::fs::File::open("/dev/null")?))
+            .stdout(Stdio::from(null))
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match child {
+            Ok(child) => child,
+            Err(e) => {
+                return Ok(Run {
+                    outcome: Outcome::NotRun {
+                        reason: e.to_string(),
                     },
-                };
-                Run {
-                    outcome,
-                    stderr: tail(&out.stderr, 2048),
-                }
+                    stderr: String::new(),
+                });
             }
-            Err(e) => Run {
-                outcome: Outcome::NotRun {
-                    reason: e.to_string(),
+        };
+        let stderr = match child.stderr.take() {
+            Some(pipe) => read_tail(pipe, STDERR_TAIL_BYTES),
+            None => Vec::new(),
+        };
+        let outcome = match child.wait() {
+            Ok(status) => match (status.exit_code, status.code) {
+                (Some(0), _) => Outcome::Passed,
+                (Some(code), _) => Outcome::Failed { code },
+                (None, code) if code > 128 && code != 125 => Outcome::Killed { signal: code - 128 },
+                (None, _) => Outcome::NotRun {
+                    reason: status.reason,
                 },
-                stderr: String::new(),
+            },
+            Err(e) => Outcome::NotRun {
+                reason: e.to_string(),
             },
         };
-        // A program that made its scratch folder unremovable (a file without write
-        // permission in a read-only directory, say) must not fail the evaluation.
-        if let Err(e) = make_removable(scratch.path()) {
-            tracing::warn!("sandbox scratch {}: {e}", scratch.path().display());
-        }
-        drop(scratch);
-        Ok(run)
+        Ok(Run {
+            outcome,
+            stderr: tail(&stderr, STDERR_TAIL_BYTES),
+        })
     }
 
     /// Runs every program, `threads` at a time, results in input order.
@@ -252,6 +377,106 @@ impl PythonSandbox {
     }
 }
 
+/// Binds folder `from` read-only at `to` in a mount namespace of this process's own (a child
+/// of zflow's, with one thread, still root), which no mount of it reaches the host from.
+fn bind_privately(from: &Path, to: &Path) -> Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let path = |p: &Path| CString::new(p.as_os_str().as_bytes()).context("a path with a NUL byte");
+    let (from_c, to_c) = (path(from)?, path(to)?);
+    let root = c"/";
+    // SAFETY: plain system calls with NUL-terminated paths that outlive them.
+    let calls = unsafe {
+        [
+            ("unshare(CLONE_NEWNS)", libc::unshare(libc::CLONE_NEWNS)),
+            (
+                "making / private",
+                libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ),
+            ),
+            (
+                "bind",
+                libc::mount(
+                    from_c.as_ptr(),
+                    to_c.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REC,
+                    std::ptr::null(),
+                ),
+            ),
+        ]
+    };
+    for (call, rc) in calls {
+        if rc != 0 {
+            bail!(
+                "binding {} for the sandbox ({call}): {}",
+                from.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Gives this process (a child of zflow's, with one thread) the host uid and gid `id`, no
+/// supplementary groups and no capability (leaving root clears them, for good), then makes it
+/// dumpable again, as any process of that user's is: the sandbox it starts writes its own
+/// `/proc/self/uid_map`, which the kernel gives to root while a process is not dumpable. It
+/// dies with its parent.
+fn become_unprivileged(id: u32) -> Result<()> {
+    // SAFETY: plain system calls on this process's credentials; a null list with a count of 0.
+    let calls = unsafe {
+        [
+            ("setgroups", libc::setgroups(0, std::ptr::null())),
+            ("setresgid", libc::setresgid(id, id, id)),
+            ("setresuid", libc::setresuid(id, id, id)),
+            (
+                "prctl(PR_SET_DUMPABLE)",
+                libc::prctl(libc::PR_SET_DUMPABLE, 1),
+            ),
+            (
+                "prctl(PR_SET_PDEATHSIG)",
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL),
+            ),
+        ]
+    };
+    for (call, rc) in calls {
+        if rc != 0 {
+            bail!(
+                "the sandbox's process could not give up root ({call}, id {id}): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Reads `pipe` to its end, keeping only its last `n` bytes (and at most `n` more while
+/// reading).
+fn read_tail(mut pipe: impl Read, n: usize) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(2 * n);
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(len) => {
+                kept.extend_from_slice(&buf[len.saturating_sub(2 * n)..len]);
+                if kept.len() > 2 * n {
+                    kept.drain(..kept.len() - n);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    kept
+}
+
 /// The last `n` bytes of `bytes` as text (cut at a character boundary).
 fn tail(bytes: &[u8], n: usize) -> String {
     let text = String::from_utf8_lossy(bytes);
@@ -260,23 +485,6 @@ fn tail(bytes: &[u8], n: usize) -> String {
         start += 1;
     }
     text[start..].to_string()
-}
-
-/// Gives the owner write and execute permission on every folder under `dir`, so it can be
-/// removed whatever the program did to its permissions.
-fn make_removable(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let meta = entry.path().symlink_metadata()?;
-        if meta.is_dir() {
-            let mut perms = meta.permissions();
-            perms.set_mode(perms.mode() | 0o700);
-            std::fs::set_permissions(entry.path(), perms)?;
-            make_removable(&entry.path())?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

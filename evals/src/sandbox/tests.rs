@@ -94,6 +94,114 @@ fn a_100_gb_allocation_and_a_huge_file_fail() {
     assert!(!run.outcome.passed(), "{run:?}");
 }
 
+/// The probe's escape: remount a read-only bind writable, then write into it. The program has
+/// no capability to do it with, in its namespace or in one it makes, and the host file is not
+/// created.
+#[test]
+fn a_program_can_neither_remount_its_folders_writable_nor_hold_a_capability() {
+    let s = sandbox();
+    let escape = format!("zflow-escape-{}", std::process::id());
+    let program = format!(
+        r#"import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+MS_BIND, MS_REMOUNT = 4096, 32
+CLONE_NEWNS, CLONE_NEWUSER = 0x20000, 0x10000000
+status = dict(l.split(':', 1) for l in open('/proc/self/status'))
+print('uid', os.getuid(), 'CapEff', status['CapEff'].strip(), 'CapPrm', status['CapPrm'].strip(), file=sys.stderr)
+def remount_all(where):
+    for d in [sys.base_prefix, '/usr', '/etc']:
+        rc = libc.mount(None, d.encode(), None, MS_REMOUNT | MS_BIND, None)
+        print(where, d, 'remount', rc, os.strerror(ctypes.get_errno()), file=sys.stderr)
+remount_all('sandbox')
+# A user namespace of its own gives it capabilities there, over locked copies of the mounts.
+if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0:
+    remount_all('nested')
+open(os.path.join(sys.base_prefix, '{escape}'), 'w').write('escaped')
+"#
+    );
+    let run = s.run(&program).unwrap();
+    assert!(!run.outcome.passed(), "{run:?}");
+    assert!(
+        run.stderr.contains(&format!(
+            "uid {INSIDE_ID} CapEff 0000000000000000 CapPrm 0000000000000000"
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !run.stderr.contains("remount 0 "),
+        "a remount succeeded: {}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("Read-only file system"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !s.prefix.join(&escape).exists(),
+        "the program wrote into the host's Python"
+    );
+}
+
+/// As root, the probe read `/etc/shadow` and opened kernel settings for writing: the program is
+/// `nobody` on the host as inside, and its `/proc` is read-only. (Opened without truncating, so
+/// that a sandbox that failed here would change nothing.)
+#[test]
+fn roots_files_and_the_kernels_settings_stay_closed() {
+    let program = r#"import os, sys
+opened = []
+for path, flags in [('/etc/shadow', os.O_RDONLY), ('/etc/sudoers', os.O_RDONLY),
+                    ('/proc/sys/vm/swappiness', os.O_WRONLY),
+                    ('/proc/sys/kernel/core_pattern', os.O_WRONLY),
+                    ('/proc/sysrq-trigger', os.O_WRONLY)]:
+    try:
+        os.close(os.open(path, flags))
+        opened.append(path)
+    except OSError as e:
+        print(path, e.strerror, file=sys.stderr)
+assert not opened, opened
+"#;
+    let run = sandbox().run(program).unwrap();
+    assert_eq!(run.outcome, Outcome::Passed, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("/proc/sys/vm/swappiness Read-only file system"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// Output without end, full folders and a swarm of processes cost the host a bounded amount:
+/// stderr's tail is kept and stdout dropped as they come, each memory folder holds
+/// `folder_bytes`, and the process count binds the whole sandbox (root's included, which the
+/// kernel exempts).
+#[test]
+fn floods_of_output_files_and_processes_are_bounded() {
+    let s = sandbox();
+    let flood = "import sys\nchunk = b'x' * (1 << 20)\nfor _ in range(256):\n    sys.stdout.buffer.write(chunk)\n    sys.stderr.buffer.write(chunk)\nsys.stderr.write('the end')\n";
+    let run = s.run(flood).unwrap();
+    assert_eq!(run.outcome, Outcome::Passed, "{run:?}");
+    assert!(run.stderr.len() <= STDERR_TAIL_BYTES && run.stderr.ends_with("the end"));
+
+    let limits = Limits::default();
+    let fill = format!(
+        "for i in range(3):\n    with open(f'/tmp/f{{i}}', 'wb') as f:\n        f.write(b'0' * {})\n",
+        limits.folder_bytes / 2 - 4096
+    );
+    let run = s.run(&fill).unwrap();
+    assert!(run.stderr.contains("No space left on device"), "{run:?}");
+
+    let swarm = "import os, sys, time\nn = 0\ntry:\n    for _ in range(100):\n        if os.fork() == 0:\n            time.sleep(2)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint('children', n, file=sys.stderr)\n";
+    let run = s.run(swarm).unwrap();
+    let children: u64 = run
+        .stderr
+        .split_once("children ")
+        .and_then(|(_, n)| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{run:?}"));
+    assert!(children < limits.processes, "{children} children: {run:?}");
+}
+
 #[test]
 fn a_socket_reaches_nothing() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
