@@ -7,6 +7,8 @@ once; zflow's preloads torch and transformers."""
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,8 +32,9 @@ if what == "wait":
 """
 
 
-# A server that preloads nothing, serving at ``sys.argv[1]``, in its environment.
-SERVE = "import sys; from zflow_torch import forkserver; forkserver.serve(sys.argv[1], ())"
+# A server that preloads nothing, serving at ``sys.argv[1]``, in its environment, giving a
+# request 2 s.
+SERVE = "import sys; from zflow_torch import forkserver; forkserver.serve(sys.argv[1], (), 2.0)"
 SERVE_ENV = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent), "PYTHONUNBUFFERED": "1"}
 
 
@@ -140,6 +143,36 @@ class ForkServer(unittest.TestCase):
         self.assertIn("with mode 0777", server.stderr)
         self.assertEqual(server.stdout, "")
         self.assertFalse((open_folder / "socket").exists())
+
+    def send(self, message: bytes, fds: tuple[int, ...] = (0, 1, 2)) -> socket.socket:
+        """A connection to the server that has sent ``message`` with ``fds``."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(self.socket))
+        if message:
+            socket.send_fds(conn, [message], list(fds))
+        return conn
+
+    def test_bad_requests_are_refused_and_a_silent_one_holds_up_no_other(self) -> None:
+        # One that never speaks, connected first: the others are served meanwhile, and it is
+        # refused at its deadline.
+        silent = self.send(b"")
+        deep = b"[" * 200_000 + b"]" * 200_000
+        for message, why in [
+            (struct.pack(">I", len(deep)) + deep, "nested deeper"),
+            (struct.pack(">I", 0xFFFF_FFF0), "at most"),
+            (struct.pack(">I", 2) + b"{}", "a request must be"),
+            (struct.pack(">I", 3) + b"{x}", "not JSON"),
+        ]:
+            with self.send(message) as conn:
+                answer = conn.makefile("r").readline()
+            self.assertTrue(answer.startswith("error ") and why in answer, answer)
+        c = self.client("exit")
+        c.communicate(timeout=30)
+        self.assertEqual(c.returncode, 3)
+        silent.settimeout(30)
+        self.assertIn(b"not complete within", silent.recv(4096))
+        silent.close()
+        self.assertIsNone(self.server.poll(), "the server ended")
 
 
 if __name__ == "__main__":

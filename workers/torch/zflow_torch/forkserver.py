@@ -23,6 +23,11 @@ If the client is killed, the server kills its child; if the server dies, its chi
 (``PR_SET_PDEATHSIG``). The messages, client to server: a 4-byte big-endian length and a JSON
 object ``{"argv", "env", "cwd", "pgid"}`` carrying three file descriptors. Server to client,
 one line each: ``pid N``, then ``exit STATUS`` (the raw ``waitpid`` status), or ``error TEXT``.
+
+The server reads every request as its bytes come, all at once, so no client holds up another:
+a request is refused (``error``, the connection closed, its descriptors too) when it is longer
+than :data:`MAX_REQUEST_BYTES`, nested deeper than Python's recursion limit, not of the shape
+above, or not complete within :data:`REQUEST_DEADLINE_S` of its connection.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import socket
 import stat
 import struct
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -53,27 +59,72 @@ PRELOAD = (
 _PR_SET_PDEATHSIG = 1
 
 
-def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """One request: its JSON object and the three descriptors sent with its first bytes."""
-    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
-    try:
-        if len(data) < 4:
-            raise ValueError("short request")
-        (length,) = struct.unpack(">I", data[:4])
-        body = data[4:]
-        while len(body) < length:
-            more = conn.recv(length - len(body))
-            if not more:
-                raise ValueError("request cut short")
-            body += more
-        if len(fds) != 3:
-            raise ValueError(f"expected 3 file descriptors, got {len(fds)}")
-        return json.loads(body), fds
-    except BaseException:
-        # A refused request's descriptors are not kept.
-        for fd in fds:
+#: The longest request read (its JSON), far above a rank's arguments and environment.
+MAX_REQUEST_BYTES = 8 << 20
+
+#: Seconds a client has to send its whole request after it connects.
+REQUEST_DEADLINE_S = 10.0
+
+
+class _Pending:
+    """A request being read: its bytes and descriptors so far, and when it must be complete."""
+
+    def __init__(self, deadline: float) -> None:
+        self.data = bytearray()
+        self.fds: list[int] = []
+        self.deadline = deadline
+
+    def close_fds(self) -> None:
+        for fd in self.fds:
             os.close(fd)
-        raise
+        self.fds = []
+
+
+def _read_request(conn: socket.socket, pending: _Pending) -> dict[str, Any] | None:
+    """Reads what ``conn`` has (it does not block) into ``pending``: the request once it is
+    whole, else ``None``. Raises ``ValueError`` for a request that cannot become one."""
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    pending.fds += fds
+    if not data:
+        raise ValueError("the client hung up before its request was complete")
+    pending.data += data
+    if len(pending.data) < 4:
+        return None
+    (length,) = struct.unpack(">I", pending.data[:4])
+    if length > MAX_REQUEST_BYTES:
+        raise ValueError(f"a request of {length} bytes; at most {MAX_REQUEST_BYTES} are read")
+    if len(pending.data) < 4 + length:
+        return None
+    if len(pending.data) > 4 + length:
+        raise ValueError("bytes after the request")
+    if len(pending.fds) != 3:
+        raise ValueError(f"expected 3 file descriptors, got {len(pending.fds)}")
+    return _parse_request(bytes(pending.data[4:]))
+
+
+def _parse_request(body: bytes) -> dict[str, Any]:
+    """The request in ``body``, checked for its shape; ``ValueError`` names what is wrong."""
+    try:
+        request = json.loads(body)
+    except RecursionError:
+        raise ValueError("a request nested deeper than the recursion limit") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"a request that is not JSON: {e}") from None
+    shape = (
+        isinstance(request, dict)
+        and isinstance(request.get("argv"), list)
+        and all(isinstance(a, str) for a in request["argv"])
+        and isinstance(request.get("env"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in request["env"].items())
+        and isinstance(request.get("cwd"), str)
+        and isinstance(request.get("pgid"), int)
+    )
+    if not shape:
+        raise ValueError(
+            'a request must be {"argv": [str], "env": {str: str}, "cwd": str, "pgid": int}'
+        )
+    checked: dict[str, Any] = request
+    return checked
 
 
 def _child(request: dict[str, Any], fds: list[int], parent: int, server_fds: list[int]) -> None:
@@ -140,8 +191,11 @@ def check_private(path: str) -> None:
         )
 
 
-def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> None:
-    """Imports ``preload``, then forks a child per request until stdin closes."""
+def serve(
+    path: str, preload: tuple[str, ...] = PRELOAD, deadline_s: float = REQUEST_DEADLINE_S
+) -> None:
+    """Imports ``preload``, then forks a child per request until stdin closes; a request must
+    be complete ``deadline_s`` after its connection."""
     import importlib
 
     check_private(path)
@@ -150,20 +204,22 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     try:
-        _serve(listener)
+        _serve(listener, deadline_s)
     finally:
         # The socket's folder is this server's alone (zflow made it for it).
         os.unlink(path)
         os.rmdir(os.path.dirname(path))
 
 
-def _serve(listener: socket.socket) -> None:
+def _serve(listener: socket.socket, deadline_s: float) -> None:
     """Accepts requests on ``listener`` and forks for each until stdin closes."""
     listener.listen(64)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(sys.stdin, selectors.EVENT_READ, "stdin")
-    # Client connection -> (child pid, its pidfd); pidfd -> connection.
+    # Connections whose request is being read; connection -> (child pid, its pidfd); pidfd ->
+    # connection.
+    pending: dict[socket.socket, _Pending] = {}
     children: dict[socket.socket, tuple[int, int]] = {}
     by_pidfd: dict[int, socket.socket] = {}
     print("ready", flush=True)
@@ -184,11 +240,51 @@ def _serve(listener: socket.socket) -> None:
         os.close(pidfd)
         conn.close()
 
+    def refuse(conn: socket.socket, why: str) -> None:
+        pending.pop(conn).close_fds()
+        selector.unregister(conn)
+        try:
+            conn.sendall(f"error {why}\n".encode())
+        except OSError:
+            pass
+        conn.close()
+
+    def fork(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+        server_fds = [
+            listener.fileno(),
+            selector.fileno(),
+            conn.fileno(),
+            *(c.fileno() for c in pending),
+            *(c.fileno() for c in children),
+            *by_pidfd,
+        ]
+        server = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _child(request, fds, server, server_fds)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        children[conn] = (pid, pidfd)
+        by_pidfd[pidfd] = conn
+        selector.register(conn, selectors.EVENT_READ, "client")
+        selector.register(pidfd, selectors.EVENT_READ, "child")
+        try:
+            conn.sendall(f"pid {pid}\n".encode())
+        except OSError:
+            end(conn, None)
+
     while True:
-        for key, _ in selector.select():
+        now = time.monotonic()
+        for conn in [c for c, p in pending.items() if p.deadline <= now]:
+            refuse(conn, f"the request was not complete within {deadline_s:g} s")
+        wait = min((p.deadline for p in pending.values()), default=None)
+        for key, _ in selector.select(None if wait is None else max(wait - now, 0.0)):
             what = key.data
             if what == "stdin":
                 if not os.read(sys.stdin.fileno(), 4096):
+                    for conn in list(pending):
+                        refuse(conn, "the server is ending")
                     for conn in list(children):
                         end(conn, None)
                     return
@@ -199,37 +295,24 @@ def _serve(listener: socket.socket) -> None:
                 if uid != os.getuid():
                     conn.close()
                     continue
+                conn.setblocking(False)
+                pending[conn] = _Pending(time.monotonic() + deadline_s)
+                selector.register(conn, selectors.EVENT_READ, "request")
+            elif what == "request":
+                reader = key.fileobj
+                assert isinstance(reader, socket.socket)
+                conn = reader
                 try:
-                    request, fds = _recv_request(conn)
-                except (ValueError, OSError, json.JSONDecodeError) as e:
-                    try:
-                        conn.sendall(f"error {e}\n".encode())
-                    except OSError:
-                        pass
-                    conn.close()
+                    request = _read_request(conn, pending[conn])
+                except BlockingIOError:
                     continue
-                server_fds = [
-                    listener.fileno(),
-                    selector.fileno(),
-                    conn.fileno(),
-                    *(c.fileno() for c in children),
-                    *by_pidfd,
-                ]
-                server = os.getpid()
-                pid = os.fork()
-                if pid == 0:
-                    _child(request, fds, server, server_fds)
-                for fd in fds:
-                    os.close(fd)
-                pidfd = os.pidfd_open(pid)
-                children[conn] = (pid, pidfd)
-                by_pidfd[pidfd] = conn
-                selector.register(conn, selectors.EVENT_READ, "client")
-                selector.register(pidfd, selectors.EVENT_READ, "child")
-                try:
-                    conn.sendall(f"pid {pid}\n".encode())
-                except OSError:
-                    end(conn, None)
+                except (ValueError, OSError) as e:
+                    refuse(conn, str(e))
+                    continue
+                if request is not None:
+                    fds = pending.pop(conn).fds
+                    selector.unregister(conn)
+                    fork(conn, request, fds)
             elif what == "client":
                 # A client only ever speaks first; anything readable now is its end. (Its
                 # child may have ended in the same batch of events, and been handled.)
