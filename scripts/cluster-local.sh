@@ -6,9 +6,16 @@
 # their traffic stays on the bridge and loopback. Needs root (ip netns) and Slurm's packages
 # (scripts/slurm-local.sh installs them).
 #
-# Usage (state lives in ./target/cluster-local):
-#   cluster-local.sh start N     start N nodes; prints `export SLURM_CONF=...`
+# The namespaces, the bridge and the ports are the machine's, so there is one such cluster per
+# machine: its state lives in ./target/cluster-local of the folder that started it, which
+# /run/zflow-cluster-local.owner names, and start and stop hold /run/zflow-cluster-local.lock.
+#
+# Usage:
+#   cluster-local.sh start N     start N nodes, first removing what an earlier start from this
+#                                folder left; refused while a cluster started from another folder
+#                                runs. Prints `export SLURM_CONF=...`
 #   cluster-local.sh stop        stop every daemon and process on the nodes, remove the namespaces
+#                                and the bridge; refused for a cluster started from another folder
 #   cluster-local.sh kill-node I SIGNAL
 #                                send SIGNAL to every process on node I (KILL takes the node
 #                                down, its slurmd included; STOP freezes its ranks)
@@ -22,6 +29,8 @@ D="$(pwd)/target/cluster-local"
 BRIDGE=zflowbr0
 NET=10.77.0
 CONF="$D/slurm.conf"
+OWNER=/run/zflow-cluster-local.owner
+LOCK=/run/zflow-cluster-local.lock
 
 ns() { echo "zflow-n$1"; }
 
@@ -31,24 +40,71 @@ start_slurmd() {
   # Its own network and host name (ranks on it report `n<i>`, as on a real cluster). nsenter,
   # not `ip netns exec`, which would mount a sysfs without the cgroup hierarchy slurmd reads.
   nsenter --net="/run/netns/$(ns "$i")" unshare --uts bash -c \
-    "hostname n$i && exec slurmd -f '$CONF' -N n$i"
+    "hostname n$i && exec slurmd -f '$CONF' -N n$i" 9>&-
 }
 
+# Refuses (exit 1) when a cluster started from another folder is running: its namespaces are
+# the ones this folder would remove.
+check_owner() {
+  local owner
+  owner=$(cat "$OWNER" 2>/dev/null || true)
+  if [ -n "$owner" ] && [ "$owner" != "$D" ] && ip link show "$BRIDGE" >/dev/null 2>&1; then
+    echo "cluster-local: the cluster running on this machine was started from ${owner%/target/cluster-local}; run \`scripts/cluster-local.sh stop\` there" >&2
+    exit 1
+  fi
+}
+
+# Waits up to 10 s for `what` (a command) to fail.
+wait_gone() {
+  for _ in $(seq 1 100); do
+    "$@" >/dev/null 2>&1 || return 0
+    sleep 0.1
+  done
+  echo "cluster-local: still there after 10 s: $*" >&2
+  return 1
+}
+
+# Removes every node namespace (whatever count this folder recorded), its processes and its
+# link, the bridge and the daemons. Each removal is waited for: a namespace outlives its last
+# process's death by a moment, and its link with it, which made a quick restart fail with
+# "File exists".
 stop_all() {
-  local n
-  n=$(cat "$D/nodes" 2>/dev/null || echo 0)
-  for i in $(seq 0 $((n - 1))); do
-    if ip netns list | grep -qw "$(ns "$i")"; then
-      ip netns pids "$(ns "$i")" | xargs -r kill -9 2>/dev/null || true
-      ip netns del "$(ns "$i")" 2>/dev/null || true
+  local names name pids
+  names=$(ip netns list | awk '{print $1}' | grep -E '^zflow-n[0-9]+$' || true)
+  for name in $names; do
+    pids=$(ip netns pids "$name" || true)
+    if [ -n "$pids" ]; then
+      kill -9 $pids 2>/dev/null || true
+      for pid in $pids; do wait_gone kill -0 "$pid" || true; done
     fi
   done
+  for name in $names; do
+    ip netns del "$name" 2>/dev/null || true
+    wait_gone test -e "/run/netns/$name"
+  done
+  for link in $(ip -o link show | awk -F': ' '{print $2}' | grep -oE '^zv[0-9]+' || true); do
+    ip link del "$link" 2>/dev/null || true
+    wait_gone ip link show "$link"
+  done
   for f in "$D/slurmctld.pid" "$D/munge/munged.pid"; do
-    [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
+    if [ -f "$f" ]; then
+      pid=$(cat "$f")
+      kill "$pid" 2>/dev/null || true
+      wait_gone kill -0 "$pid" || true
+    fi
   done
   ip link del "$BRIDGE" 2>/dev/null || true
-  rm -f "$D/nodes"
+  wait_gone ip link show "$BRIDGE"
+  rm -f "$D/nodes" "$OWNER"
 }
+
+# The daemons started below do not inherit the lock's descriptor (`9>&-`): they would hold
+# the lock for as long as they run.
+if [ "${1:-}" = start ] || [ "${1:-}" = stop ]; then
+  exec 9>"$LOCK"
+  flock 9
+  check_owner
+fi
 
 case "${1:-}" in
 start)
@@ -61,10 +117,11 @@ start)
   rm -rf "$D"; mkdir -p "$D/munge" "$D/spool" "$D/log"
   chmod 755 "$D" "$D/munge"
   echo "$n" > "$D/nodes"
+  echo "$D" > "$OWNER"
   mungekey --create --keyfile="$D/munge/munge.key"
   munged --key-file="$D/munge/munge.key" --socket="$D/munge/munge.sock" \
          --pid-file="$D/munge/munged.pid" --log-file="$D/munge/munged.log" \
-         --seed-file="$D/munge/munged.seed"
+         --seed-file="$D/munge/munged.seed" 9>&-
   ip link add "$BRIDGE" type bridge
   ip addr add "$NET.1/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
@@ -109,7 +166,7 @@ NodeName=n[0-$((n - 1))] NodeAddr=$NET.[10-$((9 + n))] CPUs=$cpus RealMemory=400
 PartitionName=debug Nodes=n[0-$((n - 1))] Default=YES MaxTime=INFINITE State=UP
 CONF
   mkdir -p "$D/spool/ctld"
-  slurmctld -f "$CONF"
+  slurmctld -f "$CONF" 9>&-
   for i in $(seq 0 $((n - 1))); do start_slurmd "$i"; done
   export SLURM_CONF="$CONF"
   for _ in $(seq 1 60); do
