@@ -212,6 +212,7 @@ fn reshapes(engine: &str) {
     );
     ckpt_commands_never_replace_what_exists(&sb, &step10);
     inspect_gives_its_verdict_in_the_exit_code(&sb, &step10);
+    a_reshape_to_more_shards_than_descriptors_writes_them_all(&sb, &step10);
 
     // The uninterrupted 2-rank run, for comparison.
     let reference = Sandbox::new();
@@ -337,6 +338,47 @@ fn reshapes(engine: &str) {
 /// `zflow ckpt reshape` (and export and import) refuse an OUT that exists and is not an empty
 /// folder, before reading anything, and never remove a folder of the user's; `--dp` out of
 /// range is an error, not an allocation abort.
+/// `ckpt reshape --dp 131072`, the largest degree allowed, ran out of file descriptors: it held
+/// every shard file open until the last was flushed. Here 2 x 2,048 shards are written under a
+/// limit of 256 descriptors.
+fn a_reshape_to_more_shards_than_descriptors_writes_them_all(sb: &Sandbox, checkpoint: &Path) {
+    use std::os::unix::process::CommandExt;
+    let out = sb.path().join("dp2048");
+    let mut reshape = sb.cmd(&[
+        "ckpt",
+        "reshape",
+        checkpoint.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--dp",
+        "2048",
+    ]);
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        reshape.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 256,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let done = reshape.output().unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let shown = sb.ok(&["ckpt", "inspect", out.to_str().unwrap()]).stdout;
+    assert!(
+        shown.contains("manifest verified") && shown.contains("optim-adamw.rank-2047.bin"),
+        "{shown}"
+    );
+    std::fs::remove_dir_all(out).unwrap();
+}
+
 fn ckpt_commands_never_replace_what_exists(sb: &Sandbox, checkpoint: &Path) {
     let ckpt = checkpoint.to_str().unwrap();
     let mine = sb.path().join("mine");
