@@ -178,8 +178,8 @@ impl PythonSandbox {
     }
 
     /// The sandbox for `program`: its user namespace maps [`INSIDE_ID`] to this process's uid
-    /// and gid, and the Python installation is bound from `prefix_source` (its path, or a
-    /// descriptor's magic link when this process may not walk that path).
+    /// and gid, and the Python installation is bound from `prefix_source` (its path, or where
+    /// a root run bound it for `nobody`: [`bind_privately`]).
     fn container(&self, program: &str, prefix_source: &str) -> Result<Container> {
         // SAFETY: geteuid and getegid cannot fail.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -377,48 +377,35 @@ impl PythonSandbox {
     }
 }
 
-/// Binds folder `from` read-only at `to` in a mount namespace of this process's own (a child
-/// of zflow's, with one thread, still root), which no mount of it reaches the host from.
+/// Binds folder `from` at `to` in a mount namespace of this process's own (a child of zflow's,
+/// with one thread, still root), from which no mount reaches the host. (The sandbox binds it
+/// on, read-only.)
 fn bind_privately(from: &Path, to: &Path) -> Result<()> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let path = |p: &Path| CString::new(p.as_os_str().as_bytes()).context("a path with a NUL byte");
     let (from_c, to_c) = (path(from)?, path(to)?);
-    let root = c"/";
-    // SAFETY: plain system calls with NUL-terminated paths that outlive them.
-    let calls = unsafe {
-        [
-            ("unshare(CLONE_NEWNS)", libc::unshare(libc::CLONE_NEWNS)),
-            (
-                "making / private",
-                libc::mount(
-                    std::ptr::null(),
-                    root.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_REC | libc::MS_PRIVATE,
-                    std::ptr::null(),
-                ),
-            ),
-            (
-                "bind",
-                libc::mount(
-                    from_c.as_ptr(),
-                    to_c.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND | libc::MS_REC,
-                    std::ptr::null(),
-                ),
-            ),
-        ]
-    };
-    for (call, rc) in calls {
-        if rc != 0 {
-            bail!(
-                "binding {} for the sandbox ({call}): {}",
-                from.display(),
-                std::io::Error::last_os_error()
-            );
-        }
+    let why = |call: &str| format!("binding {} for the sandbox ({call})", from.display());
+    // SAFETY: plain system calls with NUL-terminated paths that outlive them; each runs only
+    // once the one before it succeeded (a bind made before the unshare would be the host's).
+    unsafe {
+        checked(libc::unshare(libc::CLONE_NEWNS)).with_context(|| why("unshare(CLONE_NEWNS)"))?;
+        checked(libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ))
+        .with_context(|| why("making / private"))?;
+        checked(libc::mount(
+            from_c.as_ptr(),
+            to_c.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REC,
+            std::ptr::null(),
+        ))
+        .with_context(|| why("bind"))?;
     }
     Ok(())
 }
@@ -429,31 +416,28 @@ fn bind_privately(from: &Path, to: &Path) -> Result<()> {
 /// `/proc/self/uid_map`, which the kernel gives to root while a process is not dumpable. It
 /// dies with its parent.
 fn become_unprivileged(id: u32) -> Result<()> {
-    // SAFETY: plain system calls on this process's credentials; a null list with a count of 0.
-    let calls = unsafe {
-        [
-            ("setgroups", libc::setgroups(0, std::ptr::null())),
-            ("setresgid", libc::setresgid(id, id, id)),
-            ("setresuid", libc::setresuid(id, id, id)),
-            (
-                "prctl(PR_SET_DUMPABLE)",
-                libc::prctl(libc::PR_SET_DUMPABLE, 1),
-            ),
-            (
-                "prctl(PR_SET_PDEATHSIG)",
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL),
-            ),
-        ]
-    };
-    for (call, rc) in calls {
-        if rc != 0 {
-            bail!(
-                "the sandbox's process could not give up root ({call}, id {id}): {}",
-                std::io::Error::last_os_error()
-            );
-        }
+    let why =
+        |call: &str| format!("the sandbox's process could not give up root ({call}, id {id})");
+    // SAFETY: plain system calls on this process's credentials (a null list with a count of
+    // 0), each only once the one before it succeeded.
+    unsafe {
+        checked(libc::setgroups(0, std::ptr::null())).with_context(|| why("setgroups"))?;
+        checked(libc::setresgid(id, id, id)).with_context(|| why("setresgid"))?;
+        checked(libc::setresuid(id, id, id)).with_context(|| why("setresuid"))?;
+        checked(libc::prctl(libc::PR_SET_DUMPABLE, 1)).with_context(|| why("PR_SET_DUMPABLE"))?;
+        checked(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))
+            .with_context(|| why("PR_SET_PDEATHSIG"))?;
     }
     Ok(())
+}
+
+/// A system call's return code as a result, its error read from `errno` at once.
+fn checked(rc: libc::c_int) -> std::io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Reads `pipe` to its end, keeping only its last `n` bytes (and at most `n` more while
