@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -432,7 +433,10 @@ fn loglikelihoods(sb: &Sandbox, model: &Path, cache: &str, out: &str) -> (Vec<f6
 /// A phase that overrides the RoPE base leaves a checkpoint that records it (model.json), so
 /// scoring the checkpoint and scoring its Hugging Face export give the same loglikelihood per
 /// request; and since the model config is part of a model's identity, the same weights under
-/// another RoPE base are never answered from the other's cache.
+/// another RoPE base are never answered from the other's cache. The export, sharded, and
+/// damaged, then runs the checks of
+/// [`hugging_face_folders_are_loaded_sharded_and_refused_when_their_weights_differ`] (here, to
+/// train the model once).
 #[test]
 #[cfg_attr(
     not(zflow_torch),
@@ -481,6 +485,7 @@ fn a_rope_overridden_checkpoint_and_its_export_score_the_same() {
     for (a, b) in ours.iter().zip(&shared) {
         assert!((a - b).abs() <= 1e-4 * a.abs().max(1e-6));
     }
+    hugging_face_folders_are_loaded_sharded_and_refused_when_their_weights_differ(&sb);
 
     // The same weights and biases under the recipe's RoPE base (what model.json said before the
     // fix) are another function: scored afresh, not answered from the shared cache.
@@ -611,5 +616,172 @@ fn flagged_contamination_is_kept_and_listed_with_the_tasks_it_overlaps() {
         removed["docs_out"].as_u64().unwrap() + flagged.len() as u64,
         flagged_stats["docs_out"].as_u64().unwrap(),
         "remove drops exactly the flagged documents"
+    );
+}
+
+/// A copy of Hugging Face folder `from` at `to`, its tensors rewritten by `edit` (name ->
+/// (dtype, shape, bytes)) into `model.safetensors`, or into one shard per tensor with an index
+/// when `sharded`.
+fn rewritten(
+    from: &Path,
+    to: &Path,
+    sharded: bool,
+    edit: impl FnOnce(&mut BTreeMap<String, (safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        if e.file_name() != "model.safetensors" {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+    let bytes = std::fs::read(from.join("model.safetensors")).unwrap();
+    let table = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: BTreeMap<String, _> = table
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
+        .collect();
+    edit(&mut tensors);
+    type Tensor = (safetensors::Dtype, Vec<usize>, Vec<u8>);
+    fn view((dtype, shape, data): &Tensor) -> safetensors::tensor::TensorView<'_> {
+        safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap()
+    }
+    if !sharded {
+        let views = tensors.iter().map(|(n, t)| (n.as_str(), view(t)));
+        safetensors::serialize_to_file(views, None, &to.join("model.safetensors")).unwrap();
+        return;
+    }
+    let mut weight_map = serde_json::Map::new();
+    for (i, (name, t)) in tensors.iter().enumerate() {
+        let shard = format!("model-{i:05}.safetensors");
+        safetensors::serialize_to_file([(name.as_str(), view(t))], None, &to.join(&shard)).unwrap();
+        weight_map.insert(name.clone(), shard.into());
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(to.join("model.safetensors.index.json"), index.to_string()).unwrap();
+}
+
+/// `zflow eval` of `model` on `next_line_ll`: its stderr, asserting that it failed.
+fn refused(sb: &Sandbox, model: &Path) -> String {
+    let tokenizer = stage_dir(&sb.path().join("zflow-store"), "tokenizer").join("tokenizer.json");
+    let (m, t) = (model.display().to_string(), tokenizer.display().to_string());
+    let args = [
+        "eval",
+        "--model",
+        &m,
+        "--tokenizer",
+        &t,
+        "--tasks",
+        "next_line_ll",
+        "--tasks-dir",
+        "tasks",
+        "--data",
+        "data",
+        "--cache",
+        "refused",
+        "--out",
+        "refused.json",
+    ];
+    let run = sb.zflow(&args);
+    assert_ne!(
+        run.code,
+        0,
+        "{} was scored:\n{}",
+        model.display(),
+        run.stderr
+    );
+    run.stderr
+}
+
+/// `zflow eval` on Hugging Face folders (the checks need the sandbox's trained, exported
+/// model `hf`, its tokenizer, and the `next_line_ll` task and cache `shared` that scored it):
+/// - the export sharded (`model.safetensors.index.json`) is the same model: its identity is
+///   its tensors', so every request comes from the cache the single file filled;
+/// - a ZAYA1 folder is checked as `ckpt import` checks it: a missing or an unexpected tensor,
+///   or a config that describes more blocks or wider matrices than the weights hold, is refused
+///   by name before transformers allocates anything;
+/// - another model family (a tiny Llama, which transformers would fill with random values where
+///   a tensor is missing) is refused by the scorer, naming the tensor.
+fn hugging_face_folders_are_loaded_sharded_and_refused_when_their_weights_differ(sb: &Sandbox) {
+    let hf = sb.path().join("hf");
+    let sharded = sb.path().join("hf-sharded");
+    rewritten(&hf, &sharded, true, |_| {});
+    let (_, scored, cached) = loglikelihoods(sb, &sharded, "shared", "sharded.json");
+    assert!(
+        scored == 0 && cached > 0,
+        "the sharded copy scored {scored}, {cached} from the cache"
+    );
+
+    let gone = "model.layers.1.self_attn.o_proj.weight";
+    let missing = sb.path().join("hf-missing");
+    rewritten(&hf, &missing, true, |t| {
+        t.remove(gone).unwrap_or_else(|| panic!("no {gone}"));
+    });
+    let err = refused(sb, &missing);
+    assert!(
+        err.contains(&format!("tensor `{gone}` is missing")),
+        "{err}"
+    );
+
+    let extra = sb.path().join("hf-extra");
+    rewritten(&hf, &extra, false, |t| {
+        t.insert(
+            "model.extra".into(),
+            (safetensors::Dtype::F32, vec![1], vec![0; 4]),
+        );
+    });
+    let err = refused(sb, &extra);
+    assert!(err.contains("unexpected tensor `model.extra`"), "{err}");
+
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(hf.join("config.json")).unwrap()).unwrap();
+    let with_config = |name: &str, fields: serde_json::Value| {
+        let folder = sb.path().join(name);
+        rewritten(&hf, &folder, false, |_| {});
+        let mut edited = config.clone();
+        zflow_files::json::merge(&mut edited, fields);
+        std::fs::write(folder.join("config.json"), edited.to_string()).unwrap();
+        refused(sb, &folder)
+    };
+    // One block more: its two layers (attention, then experts) in the count and the types.
+    let layers = config["num_hidden_layers"].as_u64().unwrap();
+    let mut types = config["layer_types"].as_array().unwrap().clone();
+    types.extend_from_slice(&types.clone()[..2]);
+    let deeper = serde_json::json!({"num_hidden_layers": layers + 2, "layer_types": types});
+    let err = with_config("hf-deeper", deeper);
+    assert!(err.contains("is missing (config.json implies it)"), "{err}");
+    let err = with_config("hf-wider", serde_json::json!({"hidden_size": 1u64 << 20}));
+    assert!(
+        err.contains("config.json: the sizes give a") && err.contains("matrix of"),
+        "{err}"
+    );
+
+    let llama = sb.path().join("llama");
+    let code = format!(
+        "import torch, safetensors.torch as st\n\
+         from transformers import LlamaConfig, LlamaForCausalLM\n\
+         c = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)\n\
+         LlamaForCausalLM(c).save_pretrained({dir:?})\n\
+         w = st.load_file({dir:?} + '/model.safetensors')\n\
+         del w['model.layers.1.mlp.down_proj.weight']\n\
+         st.save_file(w, {dir:?} + '/model.safetensors')\n",
+        dir = llama.display().to_string()
+    );
+    let python = zflow_stages::engine::torch_module("zflow_torch.score", vec![]).unwrap();
+    let made = std::process::Command::new(&python.program)
+        .args(["-c", &code])
+        .envs(python.env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let err = refused(sb, &llama);
+    assert!(
+        err.contains("describes a model of")
+            && err.contains("the files lack `model.layers.1.mlp.down_proj.weight`"),
+        "{err}"
     );
 }

@@ -25,6 +25,9 @@ use crate::tokenizer::Tokenizer;
 /// Bumped when the way scores are computed changes (part of the identity).
 const ADAPTER_VERSION: u32 = 3;
 
+/// The most bytes of a `config.json` read: a real one is a few KB.
+const CONFIG_BYTES: u64 = 1 << 20;
+
 /// One scorer process (one device).
 struct Scorer {
     child: Child,
@@ -72,11 +75,18 @@ pub struct TransformersModel {
 fn transformers_folder(dir: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
     let config = dir.join("config.json");
     if !dir.join("trainer.json").exists() && config.exists() {
-        let v: Value = serde_json::from_slice(&std::fs::read(&config)?)
+        let v: Value = serde_json::from_slice(&zflow_files::read::bounded(&config, CONFIG_BYTES)?)
             .with_context(|| format!("{}: not JSON", config.display()))?;
-        // Only a ZAYA1 has a legacy layout to convert; transformers loads any other model as is.
-        let other_model = v["model_type"].as_str().is_some_and(|t| t != "zaya");
-        if other_model || Layout::of_config(&v) == Layout::Transformers {
+        // Only a ZAYA1 has a legacy layout to convert; transformers loads any other model as is
+        // (the scorer checks its tensors against the model its config describes).
+        if v["model_type"].as_str().is_some_and(|t| t != "zaya") {
+            return Ok((dir.to_path_buf(), None));
+        }
+        if Layout::of_config(&v) == Layout::Transformers {
+            // Checked as `ckpt import` checks it: every config size against the tensors, and
+            // every tensor against the config, before transformers allocates anything.
+            hf::check_hf(dir)
+                .with_context(|| format!("reading the Hugging Face folder {}", dir.display()))?;
             return Ok((dir.to_path_buf(), None));
         }
     }
@@ -113,14 +123,11 @@ impl TransformersModel {
     ) -> Result<TransformersModel> {
         let (folder, converted) = transformers_folder(dir)?;
         let (tokenizer_model, tok_hash) = scoring_tokenizer(tokenizer, eos)?;
-        let hash = |name: &str| -> Result<String> {
-            let path = folder.join(name);
-            let bytes =
-                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-            Ok(blake3::hash(&bytes).to_hex()[..16].to_string())
-        };
-        let weights = hash("model.safetensors")?;
-        let config = hash("config.json")?;
+        // The weights' hash is of their tensors, read through memory maps: a sharded folder and
+        // its single-file copy are one model, and no file is held in memory to hash it.
+        let weights = hf::HfFiles::open(&folder)?.content_hash()?[..16].to_string();
+        let config = zflow_files::read::bounded(&folder.join("config.json"), CONFIG_BYTES)?;
+        let config = blake3::hash(&config).to_hex()[..16].to_string();
         let mut scorers = Vec::new();
         let mut hellos = Vec::new();
         // Every scorer loads the model at once; the replies are read after all have started.
@@ -152,6 +159,10 @@ impl TransformersModel {
         }
         for s in &mut scorers {
             let hello = s.receive()?;
+            // The scorer's typed refusal of the folder (score.py's `FolderError`).
+            if let Some(error) = hello["error"].as_str() {
+                bail!("{}: {error}", dir.display());
+            }
             ensure!(
                 hello["ready"] == json!(true),
                 "the scorer did not start: {hello}"

@@ -1,6 +1,7 @@
 //! Import: a Hugging Face folder to a zflow checkpoint.
 
 use super::config::model_config_from_hf;
+use super::files::HfFiles;
 use super::layout::{Layout, biases_name};
 use super::tensors::{Lazy, specs, widen};
 use super::{CHECKPOINT_FORMAT, IMPORTED_PHASE};
@@ -9,59 +10,30 @@ use crate::contract::balance::BalanceState;
 use crate::data::mixture::DataCursor;
 use crate::model::config::ModelConfig;
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use safetensors::Dtype;
 use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use zflow_files::atomic::publish;
 
-/// The tensors of a Hugging Face folder: `model.safetensors`, or the shards a
-/// `model.safetensors.index.json` lists, memory-mapped.
-pub(super) struct HfFiles {
-    pub(super) files: Vec<(memmap2::Mmap, PathBuf)>,
-}
-
-impl HfFiles {
-    pub(super) fn open(dir: &Path) -> Result<HfFiles> {
-        let single = dir.join("model.safetensors");
-        let index = dir.join("model.safetensors.index.json");
-        let paths: Vec<PathBuf> = if single.exists() {
-            vec![single]
-        } else if index.exists() {
-            let v: Value = serde_json::from_slice(&fs::read(&index)?)
-                .with_context(|| format!("parsing {}", index.display()))?;
-            let map = v
-                .get("weight_map")
-                .and_then(Value::as_object)
-                .ok_or_else(|| anyhow!("{}: no `weight_map`", index.display()))?;
-            let shards: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
-            shards.into_iter().map(|s| dir.join(s)).collect()
-        } else {
-            bail!(
-                "{}: neither model.safetensors nor model.safetensors.index.json",
-                dir.display()
-            );
-        };
-        let files = paths
-            .into_iter()
-            .map(|p| Ok((zflow_files::map::read_only(&p)?, p)))
-            .collect::<Result<_>>()?;
-        Ok(HfFiles { files })
-    }
-}
-
-/// A tensor's values as f32 bytes, refusing dtypes other than F32, BF16 and F16.
-pub(super) fn to_f32<'a>(view: &TensorView<'a>, name: &str, file: &Path) -> Result<Cow<'a, [u8]>> {
+/// Refuses a tensor of a dtype other than F32, BF16 and F16.
+fn check_dtype(view: &TensorView<'_>, name: &str, file: &Path) -> Result<()> {
     match view.dtype() {
-        Dtype::F32 | Dtype::BF16 | Dtype::F16 => Ok(widen(view.data(), view.dtype())),
+        Dtype::F32 | Dtype::BF16 | Dtype::F16 => Ok(()),
         other => bail!(
             "{}: tensor `{name}` is {other:?}; zflow reads F32, BF16 and F16",
             file.display()
         ),
     }
+}
+
+/// A tensor's values as f32 bytes, refusing dtypes other than F32, BF16 and F16.
+fn to_f32<'a>(view: &TensorView<'a>, name: &str, file: &Path) -> Result<Cow<'a, [u8]>> {
+    check_dtype(view, name, file)?;
+    Ok(widen(view.data(), view.dtype()))
 }
 
 /// Imports Hugging Face folder `hf` (a ZAYA1 in either [`Layout`], read from its
@@ -72,23 +44,36 @@ pub(super) fn to_f32<'a>(view: &TensorView<'a>, name: &str, file: &Path) -> Resu
 pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
     // Before the folder is read: a taken `out` is refused at no cost.
     zflow_files::atomic::ensure_free(out)?;
+    read_hf(hf, |model, tensors, state| {
+        write_checkpoint(out, model, tensors, state)
+    })
+}
+
+/// Checks Hugging Face folder `hf` as [`import_hf`] does, writing nothing: its `config.json`
+/// (every field, and every size against what the safetensors hold), and every tensor (none
+/// missing, none unexpected, each of the shape and a dtype the config implies). Returns the
+/// model config. `zflow eval` runs it before a ZAYA1 folder is loaded as it is.
+pub fn check_hf(hf: &Path) -> Result<ModelConfig> {
+    read_hf(hf, |_, _, _| Ok(()))
+}
+
+/// The most bytes of a `config.json` read: a real one is a few KB.
+const CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads and checks folder `hf`, then hands its model config, its tensors under our names
+/// and layouts (lazily converted) and its trainer state to `write`.
+fn read_hf(
+    hf: &Path,
+    write: impl for<'a> FnOnce(&ModelConfig, Vec<(String, Lazy<'a>)>, &TrainerState) -> Result<()>,
+) -> Result<ModelConfig> {
     let cpath = hf.join("config.json");
-    let v: Value = serde_json::from_slice(
-        &fs::read(&cpath).with_context(|| format!("reading {}", cpath.display()))?,
-    )
-    .with_context(|| format!("{}: not JSON", cpath.display()))?;
+    let v: Value = serde_json::from_slice(&zflow_files::read::bounded(&cpath, CONFIG_BYTES)?)
+        .with_context(|| format!("{}: not JSON", cpath.display()))?;
     let model = model_config_from_hf(&v, &cpath)?;
     let layout = Layout::of_config(&v);
 
     let files = HfFiles::open(hf)?;
-    let mut tables: Vec<(&Path, SafeTensors<'_>)> = Vec::new();
-    for (map, p) in &files.files {
-        tables.push((
-            p,
-            SafeTensors::deserialize(map)
-                .with_context(|| format!("{}: not a safetensors file", p.display()))?,
-        ));
-    }
+    let tables = files.tables()?;
     let present = Present {
         tensors: tables.iter().map(|(_, t)| t.len()).sum(),
         values: tables
@@ -144,7 +129,7 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
             view.shape(),
             want
         );
-        to_f32(&view, &s.hf, file)?; // the dtype check, before anything is written
+        check_dtype(&view, &s.hf, file)?; // before anything is written
         let slice = s.slice_shape();
         let transpose = s.linear.then(|| (slice[0], slice[1]));
         let data = match s.stacked {
@@ -204,13 +189,23 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
         fingerprint: String::new(),
     };
     let state = TrainerState::new(IMPORTED_PHASE, 0, cursor, balance, 0);
+    write(&model, tensors, &state)?;
+    Ok(model)
+}
 
+/// Writes checkpoint folder `out` (atomically) from an imported model.
+fn write_checkpoint(
+    out: &Path,
+    model: &ModelConfig,
+    tensors: Vec<(String, Lazy<'_>)>,
+    state: &TrainerState,
+) -> Result<()> {
     publish(out, |dir| {
         let meta = HashMap::from([("format".to_string(), CHECKPOINT_FORMAT.to_string())]);
         safetensors::serialize_to_file(tensors, Some(meta), &dir.join("model.safetensors"))
             .context("writing model.safetensors")?;
-        fs::write(dir.join("trainer.json"), serde_json::to_vec_pretty(&state)?)?;
-        fs::write(dir.join("model.json"), serde_json::to_vec_pretty(&model)?)?;
+        fs::write(dir.join("trainer.json"), serde_json::to_vec_pretty(state)?)?;
+        fs::write(dir.join("model.json"), serde_json::to_vec_pretty(model)?)?;
         // The manifest, as `checkpoint::commit` writes it (step, size and blake3 per file), last.
         let mut manifest = Manifest {
             step: 0,
@@ -227,8 +222,7 @@ pub fn import_hf(hf: &Path, out: &Path) -> Result<ModelConfig> {
         )?;
         Ok(())
     })
-    .with_context(|| format!("writing {}", out.display()))?;
-    Ok(model)
+    .with_context(|| format!("writing {}", out.display()))
 }
 
 /// What the safetensors of a folder hold: the bound every size config.json states must fit.

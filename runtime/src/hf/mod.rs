@@ -39,6 +39,7 @@ use std::path::PathBuf;
 
 mod config;
 mod export;
+mod files;
 mod import;
 mod layout;
 mod tensors;
@@ -46,7 +47,8 @@ mod tokenizer;
 
 pub use config::model_config_from_hf;
 pub use export::export_hf;
-pub use import::import_hf;
+pub use files::HfFiles;
+pub use import::{check_hf, import_hf};
 pub use layout::{LAYOUTS, Layout};
 
 /// An imported checkpoint carries the trainer's single metadata entry, so its

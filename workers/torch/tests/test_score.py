@@ -2,7 +2,8 @@
 group's shared prefix once through transformers' cache or every request in one padded batch,
 give the same log-likelihoods and argmax verdicts, and only the scored positions are read.
 Generation: every context in one left-padded batch gives each the tokens it gets alone, each
-row ending at its stop string or end token, and the batch ending when its last row does."""
+row ending at its stop string or end token, and the batch ending when its last row does.
+Folders: a sharded one loads, and weights that are not the config's model are refused by name."""
 
 import json
 import string
@@ -11,9 +12,10 @@ import unittest
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from test_checkpoint import TINY
 from tokenizers import Tokenizer, decoders, models
-from transformers import ZayaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, ZayaForCausalLM
 
 from zflow_torch import model, score
 
@@ -177,3 +179,85 @@ class Generation(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def tiny_llama(folder: Path, max_shard_size: str = "5GB") -> None:
+    """A tiny Llama (a model family other than ZAYA1) saved in ``folder`` as transformers
+    saves it: its output head tied to the embedding, so the file holds the head once."""
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder, max_shard_size=max_shard_size)
+
+
+def edit_config(folder: Path, **fields: int) -> None:
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config.update(fields)
+    path.write_text(json.dumps(config))
+
+
+class Folders(unittest.TestCase):
+    """A Hugging Face folder is loaded when its weights are the model its config describes,
+    sharded or not, and refused with the names of what differs otherwise."""
+
+    def refusal(self, folder: Path) -> str:
+        with self.assertRaises(score.FolderError) as caught:
+            score.load(folder, "cpu")
+        return str(caught.exception)
+
+    def test_a_sharded_folder_loads_as_its_single_file(self) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            single, sharded = Path(d, "single"), Path(d, "sharded")
+            tiny_llama(single)
+            tiny_llama(sharded, max_shard_size="4KB")
+            self.assertTrue((sharded / "model.safetensors.index.json").exists())
+            ids = torch.tensor([[1, 2, 3, 4]])
+            with torch.inference_mode():
+                a = score.load(single, "cpu")(ids).logits
+                b = score.load(sharded, "cpu")(ids).logits
+            self.assertTrue(torch.equal(a, b))
+
+    def test_a_missing_or_unexpected_tensor_is_refused_by_name(self) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            folder = Path(d)
+            tiny_llama(folder)
+            weights = folder / "model.safetensors"
+            tensors = load_file(weights)
+            gone = "model.layers.1.mlp.down_proj.weight"
+            save_file({k: v for k, v in tensors.items() if k != gone}, weights)
+            self.assertIn(f"the files lack `{gone}`", self.refusal(folder))
+            save_file({**tensors, "model.layers.1.extra": torch.zeros(3)}, weights)
+            self.assertIn(
+                "unexpected (not in the model): `model.layers.1.extra`", self.refusal(folder)
+            )
+
+    def test_a_config_larger_than_its_weights_is_refused_before_allocating(self) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            folder = Path(d)
+            tiny_llama(folder)
+            # One layer too many: transformers alone would fill it with random values.
+            edit_config(folder, num_hidden_layers=3)
+            error = self.refusal(folder)
+            self.assertIn("config.json describes a model of", error)
+            self.assertIn("`model.layers.2.", error)
+            # 2^20 wide: about 10^12 values, refused from the meta model, nothing allocated.
+            edit_config(folder, num_hidden_layers=2, hidden_size=1 << 20, head_dim=8)
+            self.assertIn("describes a model of", self.refusal(folder))
+
+    def test_a_tensor_of_another_shape_is_refused_by_name(self) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            folder = Path(d)
+            tiny_llama(folder)
+            edit_config(folder, intermediate_size=16)
+            self.assertIn(
+                "`model.layers.0.mlp.down_proj.weight` is [16, 32], the model's is [16, 16]",
+                self.refusal(folder),
+            )

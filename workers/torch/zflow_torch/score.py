@@ -19,22 +19,31 @@ answers one JSON line on stdout per JSON line on stdin:
   that token. The batch stops when every row has, or after ``max_new_tokens``. Each row's
   tokens are those it would get alone. ``until`` needs TOKENIZER_JSON.
 
-The first line it writes is ``{"ready": true, "transformers": ..., "torch": ..., "device": ...}``.
+The first line it writes is ``{"ready": true, "transformers": ..., "torch": ..., "device": ...}``,
+or ``{"ready": false, "error": "..."}`` when it refuses the folder (``FolderError``): weights
+that do not match the model its ``config.json`` describes. A folder is refused, before
+transformers allocates the model, when the config describes more parameter values than its
+safetensors hold; and after loading, when transformers reports any tensor missing, unexpected,
+of another shape, or failing to load. Transformers would otherwise fill a missing tensor with
+random values and score them.
 A folder that states ``"zflow_skip_output": "input"`` is scored with the older skip semantics
 (``skip_input_forward``, the one place zflow changes transformers). Token ids in and out: the
 harness tokenizes, and decodes what is generated.
 """
 
 import json
+import math
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+from safetensors import safe_open
 from tokenizers import Tokenizer
 from torch import nn
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from transformers.models.zaya import modeling_zaya
 
 _ORIGINAL_FORWARD = modeling_zaya.ZayaSparseMoeBlock.forward
@@ -60,9 +69,93 @@ def skip_input_forward(
     return out + extra, state
 
 
+class FolderError(Exception):
+    """A Hugging Face folder whose weights are not the model its ``config.json`` describes."""
+
+
+# How many names an error lists before it says how many more there are.
+LISTED_NAMES = 5
+
+
+def listed(names: list[str]) -> str:
+    """``names``, sorted, the first ``LISTED_NAMES`` of them quoted and the rest counted."""
+    names = sorted(names)
+    shown = ", ".join(f"`{n}`" for n in names[:LISTED_NAMES])
+    more = len(names) - LISTED_NAMES
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """``model.safetensors``, or the shards ``model.safetensors.index.json`` names."""
+    single = folder / "model.safetensors"
+    if single.exists():
+        return [single]
+    index = folder / "model.safetensors.index.json"
+    if not index.exists():
+        raise FolderError(f"{folder}: neither model.safetensors nor model.safetensors.index.json")
+    weight_map = json.loads(index.read_text())["weight_map"]
+    return [folder / name for name in sorted(set(weight_map.values()))]
+
+
+def stored_shapes(folder: Path) -> dict[str, list[int]]:
+    """Every stored tensor's shape, read from the safetensors headers alone."""
+    shapes: dict[str, list[int]] = {}
+    for path in weight_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+                shapes[name] = list(f.get_slice(name).get_shape())
+    return shapes
+
+
+def check_sizes(folder: Path) -> None:
+    """Refuses a folder whose ``config.json`` describes more parameter values than its
+    safetensors hold, before anything is allocated: the model is built on the meta device,
+    which holds no values. A tied output head counts once, as the model holds it once; names
+    may differ between a file and the model (transformers renames some on load), value counts
+    do not."""
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    params = dict(skeleton.named_parameters())
+    needed = sum(p.numel() for p in params.values())
+    shapes = stored_shapes(folder)
+    held = sum(math.prod(shape) for shape in shapes.values())
+    if needed > held:
+        absent = [n for n in params if n not in shapes]
+        named = f"; by name, the files lack {listed(absent)}" if absent else ""
+        raise FolderError(
+            f"{folder / 'config.json'} describes a model of {needed:,} parameter values, but "
+            f"the safetensors hold {held:,}{named}"
+        )
+
+
+def check_loading(folder: Path, info: dict[str, Any]) -> None:
+    """Refuses what transformers reports of a load: a tensor the model has and the files
+    lack (it would be scored with random values), one the files have and the model lacks, one
+    of another shape, or an error."""
+    problems = []
+    if info["missing_keys"]:
+        problems.append(f"missing from the safetensors: {listed(list(info['missing_keys']))}")
+    if info["unexpected_keys"]:
+        problems.append(f"unexpected (not in the model): {listed(list(info['unexpected_keys']))}")
+    for name, stored, expected in sorted(info["mismatched_keys"]):
+        problems.append(f"`{name}` is {list(stored)}, the model's is {list(expected)}")
+    problems.extend(str(e) for e in info["error_msgs"])
+    if problems:
+        raise FolderError(
+            f"{folder}: its weights are not the model config.json describes: " + "; ".join(problems)
+        )
+
+
 def load(folder: Path, device: str) -> PreTrainedModel:
-    """The folder's model, float32, in eval mode, with the skip semantics its config states."""
-    net: PreTrainedModel = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    """The folder's model, float32, in eval mode, with the skip semantics its config states;
+    ``FolderError`` when its weights are not the model its config describes."""
+    check_sizes(folder)
+    # Mismatched shapes are reported (and refused) below, not raised without their names.
+    net, info = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
+    )
+    check_loading(folder, info)
     net = net.to(device)
     net.eval()
     if getattr(net.config, "zflow_skip_output", "zero") == "input":
@@ -294,7 +387,18 @@ def answer(
 def serve(folder: Path, device: str, tokenizer_file: Path | None) -> None:
     # Progress bars would go to the harness's terminal, between its own.
     transformers.utils.logging.disable_progress_bar()
-    net = load(folder, device)
+    try:
+        net = load(folder, device)
+    except FolderError as e:
+        print(json.dumps({"ready": False, "error": str(e)}), flush=True)
+        raise SystemExit(2) from e
+    except Exception as e:
+        # Whatever else stops transformers loading the folder (a config it cannot read, a
+        # safetensors file it cannot parse): the refusal names it, the trace goes to stderr.
+        traceback.print_exc()
+        error = f"transformers cannot load {folder}: {type(e).__name__}: {e}"
+        print(json.dumps({"ready": False, "error": error}), flush=True)
+        raise SystemExit(2) from e
     tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tokenizer_file is not None else None
     hello = {
         "ready": True,
