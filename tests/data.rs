@@ -316,6 +316,39 @@ fn bad_data_inputs_are_clear_errors() {
         ],
         "x.txt is not valid UTF-8: invalid bytes at byte offset 10",
     );
+    // A 0.1 MB zstd file holding one 65 MiB line: refused at the default 64 MiB per record,
+    // naming the file and the line, with no more than the bound read into memory.
+    std::fs::create_dir_all(sb.path().join("big")).unwrap();
+    let line = format!("{{\"text\": \"{}\"}}\n", "a".repeat(65 << 20));
+    std::fs::write(
+        sb.path().join("big/x.jsonl.zst"),
+        zstd::encode_all(line.as_bytes(), 1).unwrap(),
+    )
+    .unwrap();
+    drop(line);
+    expect_failure(
+        &sb,
+        &[
+            "run",
+            "r.yaml",
+            "--until",
+            "ingest.notes",
+            "--set",
+            "sources.notes={url: big, format: jsonl}",
+        ],
+        "x.jsonl.zst line 1: longer than 67108864 bytes, the source's `max_record_bytes`",
+    );
+    // A bound past what a batch of text holds is refused at load, at its key.
+    expect_failure(
+        &sb,
+        &[
+            "plan",
+            "r.yaml",
+            "--set",
+            "sources.notes.max_record_bytes=4294967296",
+        ],
+        "max_record_bytes",
+    );
     // An empty source.
     std::fs::create_dir_all(sb.path().join("empty")).unwrap();
     sb.write("empty/.keep", "");

@@ -145,14 +145,47 @@ fn read_arrow_stream(path: &Path) -> Result<(Vec<String>, Vec<Doc>)> {
     Ok((columns, docs))
 }
 
-fn open_lines(path: &Path) -> Result<Box<dyn BufRead>> {
+/// The most bytes of one line of a task's data file: a benchmark document is at most a few
+/// hundred KB, and a longer line is refused before it is held whole.
+const MAX_LINE_BYTES: u64 = 16 << 20;
+
+/// The lines of `path` (gzip-decompressed when it ends in `.gz`), each at most
+/// [`MAX_LINE_BYTES`], numbered from 1; an error names the line.
+fn lines(path: &Path) -> Result<impl Iterator<Item = Result<(usize, String)>>> {
     let file = File::open(path)?;
     let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") {
         Box::new(flate2::read::GzDecoder::new(file))
     } else {
         Box::new(file)
     };
-    Ok(Box::new(BufReader::new(reader)))
+    let mut input = BufReader::new(reader);
+    let mut number = 0;
+    Ok(std::iter::from_fn(move || {
+        let mut line = Vec::new();
+        number += 1;
+        let read = (&mut input)
+            .take(MAX_LINE_BYTES + 1)
+            .read_until(b'\n', &mut line)
+            .with_context(|| format!("line {number}: reading"));
+        match read {
+            Ok(0) => None,
+            Err(e) => Some(Err(e)),
+            Ok(_) => {
+                let content = line.len() - usize::from(line.ends_with(b"\n"));
+                if content as u64 > MAX_LINE_BYTES {
+                    return Some(Err(anyhow::anyhow!(
+                        "line {number}: longer than {MAX_LINE_BYTES} bytes, the most zflow reads of one document"
+                    )));
+                }
+                line.truncate(content);
+                Some(
+                    String::from_utf8(line)
+                        .map(|text| (number, text))
+                        .with_context(|| format!("line {number}: not UTF-8")),
+                )
+            }
+        }
+    }))
 }
 
 fn columns_of(docs: &[Doc]) -> Vec<String> {
@@ -169,13 +202,13 @@ fn columns_of(docs: &[Doc]) -> Vec<String> {
 
 fn read_jsonl(path: &Path) -> Result<(Vec<String>, Vec<Doc>)> {
     let mut docs = Vec::new();
-    for (i, line) in open_lines(path)?.lines().enumerate() {
-        let line = line?;
+    for line in lines(path)? {
+        let (number, line) = line?;
         if line.trim().is_empty() {
             continue;
         }
         let doc: Doc = serde_json::from_str(&line)
-            .with_context(|| format!("line {}: not a JSON object", i + 1))?;
+            .with_context(|| format!("line {number}: not a JSON object"))?;
         docs.push(doc);
     }
     Ok((columns_of(&docs), docs))
@@ -189,7 +222,7 @@ fn uncond_offset(path: &Path) -> Result<Option<u64>> {
     if !cfg.exists() {
         return Ok(None);
     }
-    let v: Value = serde_json::from_slice(&std::fs::read(&cfg)?)
+    let v: Value = serde_json::from_slice(&zflow_files::read::bounded(&cfg, 1 << 20)?)
         .with_context(|| format!("reading {}", cfg.display()))?;
     Ok(v.pointer("/task_config/metric_kwargs/uncond_docid_offset")
         .and_then(Value::as_u64))
@@ -199,17 +232,17 @@ fn read_oe_eval(path: &Path) -> Result<(Vec<String>, Vec<Doc>)> {
     let offset = uncond_offset(path)?;
     let mut docs = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for (i, line) in open_lines(path)?.lines().enumerate() {
-        let line = line?;
+    for line in lines(path)? {
+        let (number, line) = line?;
         if line.trim().is_empty() {
             continue;
         }
         let mut req: Map<String, Value> = serde_json::from_str(&line)
-            .with_context(|| format!("line {}: not a JSON object", i + 1))?;
+            .with_context(|| format!("line {number}: not a JSON object"))?;
         let id = req
             .get("doc_id")
             .cloned()
-            .with_context(|| format!("line {}: no `doc_id`", i + 1))?;
+            .with_context(|| format!("line {number}: no `doc_id`"))?;
         if offset.is_some_and(|o| id.as_u64().is_some_and(|d| d >= o)) {
             continue;
         }
@@ -218,7 +251,7 @@ fn read_oe_eval(path: &Path) -> Result<(Vec<String>, Vec<Doc>)> {
         }
         match req.remove("doc") {
             Some(Value::Object(doc)) => docs.push(doc),
-            _ => bail!("line {}: no `doc` object", i + 1),
+            _ => bail!("line {number}: no `doc` object"),
         }
     }
     Ok((columns_of(&docs), docs))
@@ -228,6 +261,16 @@ fn read_oe_eval(path: &Path) -> Result<(Vec<String>, Vec<Doc>)> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn a_line_past_the_bound_is_refused_by_its_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("test.jsonl");
+        let long = "x".repeat(MAX_LINE_BYTES as usize + 1);
+        std::fs::write(&path, format!("{{\"a\": 1}}\n{long}\n")).unwrap();
+        let err = format!("{:#}", read_jsonl(&path).err().unwrap());
+        assert!(err.contains("line 2: longer than 16777216 bytes"), "{err}");
+    }
 
     #[test]
     fn oe_eval_requests_give_one_doc_per_doc_id() {

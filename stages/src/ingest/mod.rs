@@ -102,6 +102,17 @@ pub struct IngestConfig {
     /// Drop documents longer than this many characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_chars: Option<usize>,
+    /// The longest record read, in bytes (default 64 MiB, at most 1 GiB): a JSON line, a text
+    /// record (a whole file when no `delimiter` or `split_regex` is set), or a string value of
+    /// a Parquet or Arrow row. A longer one fails the stage with an error naming the file and
+    /// the record, before more than this is held in memory (`max_chars` drops documents only
+    /// once they are read). A record at the bound fits one batch's Arrow offsets, whose limit
+    /// is 2 GiB.
+    #[serde(
+        default = "default_max_record_bytes",
+        skip_serializing_if = "is_default_max_record_bytes"
+    )]
+    pub max_record_bytes: u64,
     /// Drop near duplicates ([`crate::minhash`]: MinHash + LSH over word n-grams; the source's
     /// `dedup` stage clusters them); `{}` takes datatrove's defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -128,6 +139,19 @@ fn default_run_records() -> usize {
 }
 fn yes() -> bool {
     true
+}
+/// 64 MiB: a long book is a few MB.
+const DEFAULT_MAX_RECORD_BYTES: u64 = 64 << 20;
+/// 1 GiB: a batch (up to `read::BATCH_BYTES` before its last record) plus one record stays
+/// under Arrow's 2 GiB of string offsets.
+const MAX_RECORD_BYTES: u64 = 1 << 30;
+fn default_max_record_bytes() -> u64 {
+    DEFAULT_MAX_RECORD_BYTES
+}
+// Left out of the stage's identity at its default, so the identities of ingests written before
+// the field existed stay what they were.
+fn is_default_max_record_bytes(bytes: &u64) -> bool {
+    *bytes == DEFAULT_MAX_RECORD_BYTES
 }
 
 impl Stage for Ingest {
@@ -186,6 +210,15 @@ impl Stage for Ingest {
         }
         if let Some(near) = &c.near_dedup {
             near.validate()?;
+        }
+        if !(1..=MAX_RECORD_BYTES).contains(&c.max_record_bytes) {
+            return Err(ConfigError::new(
+                "max_record_bytes",
+                format!(
+                    "{} is outside 1..={MAX_RECORD_BYTES} (1 GiB, what one Arrow batch of text holds with room to spare)",
+                    c.max_record_bytes
+                ),
+            ));
         }
         if c.dedup_run_records == 0 {
             return Err(ConfigError::new(

@@ -1,9 +1,12 @@
 //! Streaming readers: each input file as Arrow record batches of at most [`BATCH_ROWS`] rows
 //! and about [`BATCH_BYTES`] of text, so an ingest's memory is bounded by a batch, not by a
-//! file (except plain text without a delimiter, where the whole file is one document).
+//! file. No record is longer than the source's `max_record_bytes` (plain text without a
+//! delimiter, where the whole file is one document, included): a longer one is an error before
+//! more than the bound is read into memory.
 //!
 //! Compressed input (gzip or zstd, told by its magic bytes, whatever the name) is decompressed
-//! as it is read. Errors name the file and the line (JSONL) or byte offset (text).
+//! as it is read. Errors name the file and the line (JSONL), byte offset (text) or row
+//! (Parquet, Arrow).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -56,9 +59,17 @@ pub(super) fn batches(
     each: &mut dyn FnMut(RecordBatch) -> Result<()>,
 ) -> Result<()> {
     let shown = || path.display().to_string();
+    let max = c.max_record_bytes;
+    // Rows of the columnar formats read so far, for the row an error names.
+    let mut rows = 0u64;
+    let mut each_row_bounded = |batch: RecordBatch| -> Result<()> {
+        check_values(&batch, max, path, rows)?;
+        rows += batch.num_rows() as u64;
+        each(batch)
+    };
     match format {
         Format::Text => text(c, rel, path, each),
-        Format::Jsonl => jsonl(path, jsonl_fields, each),
+        Format::Jsonl => jsonl(path, max, jsonl_fields, each),
         Format::Parquet => {
             let file = File::open(path).with_context(|| format!("reading {}", shown()))?;
             let reader =
@@ -67,7 +78,7 @@ pub(super) fn batches(
                     .with_batch_size(BATCH_ROWS)
                     .build()?;
             for batch in reader {
-                each(batch.with_context(|| format!("reading {}", shown()))?)?;
+                each_row_bounded(batch.with_context(|| format!("reading {}", shown()))?)?;
             }
             Ok(())
         }
@@ -78,7 +89,7 @@ pub(super) fn batches(
             let file = File::open(path)?;
             if is_file {
                 for b in arrow::ipc::reader::FileReader::try_new(file, None)? {
-                    each(b?)?;
+                    each_row_bounded(b?)?;
                 }
             } else {
                 let reader = arrow::ipc::reader::StreamReader::try_new(BufReader::new(file), None)
@@ -86,7 +97,7 @@ pub(super) fn batches(
                         format!("{} is neither an Arrow IPC file nor stream", shown())
                     })?;
                 for b in reader {
-                    each(b?)?;
+                    each_row_bounded(b?)?;
                 }
             }
             Ok(())
@@ -117,14 +128,36 @@ fn text(
         .as_deref()
         .map(regex::Regex::new)
         .transpose()?;
+    let max = c.max_record_bytes;
+    let too_long = |offset: u64| {
+        anyhow::anyhow!(
+            "{}: the record at byte offset {offset} is longer than {max} bytes, the source's \
+             `max_record_bytes`{}",
+            path.display(),
+            if c.delimiter.is_none() && c.split_regex.is_none() {
+                " (with no `delimiter` or `split_regex`, the whole file is one record)"
+            } else {
+                ""
+            }
+        )
+    };
     let Some(split) = Splitter::new(c.delimiter.as_deref(), splitter) else {
         let mut all = Vec::new();
-        input
+        (&mut input)
+            .take(max.saturating_add(1))
             .read_to_end(&mut all)
             .with_context(|| format!("reading {}", path.display()))?;
+        if all.len() as u64 > max {
+            return Err(too_long(0));
+        }
         records.push(utf8(all, path, 0)?);
         return emit(&mut records, &mut bytes);
     };
+    // The window never holds more than one record at the bound, its separator's margin and one
+    // read.
+    let max_pending = usize::try_from(max)
+        .unwrap_or(usize::MAX)
+        .saturating_add(split.margin());
     // A window of the file: records end at separators found in it. A separator is trusted only
     // `split.margin()` bytes before the window's end, where more input cannot change the match.
     let mut window: Vec<u8> = Vec::new();
@@ -146,6 +179,9 @@ fn text(
         while let Some((sep_start, sep_end)) = split.find(&window[start..])
             && start + sep_end <= limit
         {
+            if sep_start as u64 > max {
+                return Err(too_long(offset + start as u64));
+            }
             let record = window[start..start + sep_start].to_vec();
             bytes += record.len();
             records.push(utf8(record, path, offset + start as u64)?);
@@ -156,6 +192,12 @@ fn text(
         }
         window.drain(..start);
         offset += start as u64;
+        if window.len() > max_pending {
+            return Err(too_long(offset));
+        }
+    }
+    if window.len() as u64 > max {
+        return Err(too_long(offset));
     }
     records.push(utf8(window, path, offset)?);
     emit(&mut records, &mut bytes)
@@ -239,6 +281,7 @@ fn utf8(bytes: Vec<u8>, path: &Path, offset: u64) -> Result<String> {
 /// expression was run on is an error for that batch (DataFusion names the field).
 fn jsonl(
     path: &Path,
+    max: u64,
     fields: &mut BTreeMap<String, DataType>,
     each: &mut dyn FnMut(RecordBatch) -> Result<()>,
 ) -> Result<()> {
@@ -249,13 +292,22 @@ fn jsonl(
     let mut number = 0u64;
     loop {
         line.clear();
-        let n = input
+        // At most the bound and the line's end: a longer line is never held whole.
+        let n = (&mut input)
+            .take(max.saturating_add(1))
             .read_until(b'\n', &mut line)
             .with_context(|| format!("{} line {}: reading", path.display(), number + 1))?;
         if n == 0 {
             break;
         }
         number += 1;
+        let content = line.len() - usize::from(line.ends_with(b"\n"));
+        if content as u64 > max {
+            bail!(
+                "{} line {number}: longer than {max} bytes, the source's `max_record_bytes`",
+                path.display()
+            );
+        }
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
@@ -277,6 +329,40 @@ fn jsonl(
     }
     if !values.is_empty() {
         each(json_batch(&values, fields)?)?;
+    }
+    Ok(())
+}
+
+/// Refuses a batch holding a string longer than `max` bytes, naming the file, the row (its
+/// first row is row `first_row` of the file, counted from 0) and the column.
+fn check_values(batch: &RecordBatch, max: u64, path: &Path, first_row: u64) -> Result<()> {
+    use arrow::array::{Array, AsArray};
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        let lengths: Box<dyn Iterator<Item = usize>> = match column.data_type() {
+            DataType::Utf8 => {
+                let a = column.as_string::<i32>();
+                Box::new((0..a.len()).map(move |i| a.value_length(i) as usize))
+            }
+            DataType::LargeUtf8 => {
+                let a = column.as_string::<i64>();
+                Box::new((0..a.len()).map(move |i| a.value_length(i) as usize))
+            }
+            DataType::Utf8View => {
+                let a = column.as_string_view();
+                Box::new((0..a.len()).map(move |i| a.value(i).len()))
+            }
+            _ => continue,
+        };
+        for (row, len) in lengths.enumerate() {
+            if len as u64 > max {
+                bail!(
+                    "{} row {}: column `{}` holds {len} bytes, more than the source's `max_record_bytes` ({max})",
+                    path.display(),
+                    first_row + row as u64,
+                    field.name()
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -315,6 +401,7 @@ fn json_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingest::MAX_RECORD_BYTES;
     use std::io::Write;
 
     fn config(delimiter: Option<&str>, split_regex: Option<&str>) -> IngestConfig {
@@ -365,7 +452,10 @@ mod tests {
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         enc.write_all(body.as_bytes()).unwrap();
         std::fs::write(&gz, enc.finish().unwrap()).unwrap();
-        assert_eq!(texts(&config(None, None), &gz), vec![body.clone()]);
+        // The whole file (~120 MiB) as one record, under a bound raised to fit it.
+        let mut whole = config(None, None);
+        whole.max_record_bytes = MAX_RECORD_BYTES;
+        assert_eq!(texts(&whole, &gz), vec![body.clone()]);
     }
 
     #[test]
@@ -426,5 +516,77 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{err:#}").contains("line 3"), "{err:#}");
+    }
+
+    /// Reads `path` in `format` with `max_record_bytes` of `max`: the records' count, or the
+    /// error.
+    fn bounded(delimiter: Option<&str>, format: Format, path: &Path, max: u64) -> Result<usize> {
+        let mut c = config(delimiter, None);
+        c.max_record_bytes = max;
+        let mut n = 0;
+        batches(&c, format, "f", path, &mut BTreeMap::new(), &mut |b| {
+            n += b.num_rows();
+            Ok(())
+        })
+        .map(|()| n)
+    }
+
+    #[test]
+    fn a_record_past_the_bound_is_refused_by_file_and_record_before_it_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = |r: Result<usize>| format!("{:#}", r.unwrap_err());
+        // A record exactly at the bound is read; one byte more is refused.
+        let text = dir.path().join("a.txt");
+        std::fs::write(&text, "0123456789\n%\n01234567890").unwrap();
+        assert_eq!(bounded(Some("\n%\n"), Format::Text, &text, 11).unwrap(), 2);
+        let e = err(bounded(Some("\n%\n"), Format::Text, &text, 10));
+        assert!(
+            e.contains("a.txt: the record at byte offset 13 is longer than 10 bytes"),
+            "{e}"
+        );
+        // A whole file as one document.
+        let e = err(bounded(None, Format::Text, &text, 10));
+        assert!(
+            e.contains("offset 0") && e.contains("the whole file is one record"),
+            "{e}"
+        );
+        // No separator for 64 MiB: refused once the window passes the bound, not at the end.
+        let endless = dir.path().join("endless.txt.zst");
+        let body = vec![b'x'; 48 << 20];
+        std::fs::write(&endless, zstd::encode_all(&body[..], 3).unwrap()).unwrap();
+        let e = err(bounded(Some("\n%\n"), Format::Text, &endless, 1 << 20));
+        assert!(
+            e.contains("endless.txt.zst: the record at byte offset 0"),
+            "{e}"
+        );
+        // A JSON line, compressed: named by its line.
+        let jsonl = dir.path().join("a.jsonl.zst");
+        let long = format!("{{\"text\": \"{}\"}}", "y".repeat(3 << 20));
+        let lines = format!("{{\"text\": \"short\"}}\n{long}\n");
+        std::fs::write(&jsonl, zstd::encode_all(lines.as_bytes(), 3).unwrap()).unwrap();
+        assert_eq!(bounded(None, Format::Jsonl, &jsonl, 4 << 20).unwrap(), 2);
+        let e = err(bounded(None, Format::Jsonl, &jsonl, 1 << 20));
+        assert!(
+            e.contains("a.jsonl.zst line 2: longer than 1048576 bytes"),
+            "{e}"
+        );
+        // A Parquet row: named by its row and column.
+        let parquet = dir.path().join("a.parquet");
+        let texts = StringArray::from(vec!["short".to_string(), "z".repeat(2000)]);
+        let batch = RecordBatch::try_from_iter([("text", Arc::new(texts) as ArrayRef)]).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(
+            File::create(&parquet).unwrap(),
+            batch.schema(),
+            None,
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        assert_eq!(bounded(None, Format::Parquet, &parquet, 2000).unwrap(), 2);
+        let e = err(bounded(None, Format::Parquet, &parquet, 1999));
+        assert!(
+            e.contains("a.parquet row 1: column `text` holds 2000 bytes"),
+            "{e}"
+        );
     }
 }
