@@ -335,9 +335,52 @@ fn sigint_stops_children_leaves_the_store_consistent_and_exits_130() {
         "SELECT count(*) AS n FROM runs WHERE stage = 'slow' AND status = 'cancelled'",
     ]);
     assert!(cancelled.stdout.contains("| 1 "), "{}", cancelled.stdout);
+    assert_eq!(attempt_folders(&sb), Vec::<String>::new());
     sb.write("go", "");
     let rerun = sb.ok(&["run", "slow.yaml"]);
     assert_eq!(sorted(rerun.ran()), ["last", "slow"], "{}", rerun.stderr);
+}
+
+/// The store's attempt folders (`*.tmp-*`).
+fn attempt_folders(sb: &Sandbox) -> Vec<String> {
+    std::fs::read_dir(sb.path().join("zflow-store"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect()
+}
+
+/// A FIFO in a stage's output (hashing it would wait for a writer forever) fails the stage
+/// at commit, naming it; the failed attempt's folder is removed, and the run ends by itself.
+#[test]
+fn a_fifo_in_an_output_fails_the_stage_by_name_and_leaves_no_attempt_folder() {
+    let sb = Sandbox::new();
+    sb.write(
+        "fifo.yaml",
+        "stages:\n  - name: piped\n    kind: shell\n    run: mkfifo \"$ZFLOW_OUT/pipe\"\n",
+    );
+    let mut child = sb
+        .cmd(&["run", "fifo.yaml"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("zflow run hangs on a FIFO in the output");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("pipe: a FIFO (named pipe); a stage's output holds only files"),
+        "{stderr}"
+    );
+    assert_eq!(attempt_folders(&sb), Vec::<String>::new());
 }
 
 #[test]

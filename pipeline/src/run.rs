@@ -502,6 +502,10 @@ fn spawn_attempt(
         let stage_progress = progress.stage(&node.name);
         let job = std::sync::Mutex::new(None::<String>);
         progress.println(&format!("  start   {}", node.name));
+        // A non-resumable stage's attempt folder: committed (renamed) when it succeeds, removed
+        // when it fails or is cancelled, as nothing ever resumes from it.
+        let attempt_dir = (!node.stage.resumable())
+            .then(|| engine.store.attempt_dir(&node.name, &identity, &run_id));
         let result = (|| -> Result<Manifest> {
             let log = StageLog::open(&log_path)?;
             log.line(&format!(
@@ -511,11 +515,12 @@ fn spawn_attempt(
                 doc.kind,
                 doc.version
             ));
-            let work = if node.stage.resumable() {
-                engine.store.partial_dir(&node.name, &identity)
-            } else {
-                clear_old_attempts(&engine, &node.name, &identity);
-                engine.store.attempt_dir(&node.name, &identity, &run_id)
+            let work = match &attempt_dir {
+                None => engine.store.partial_dir(&node.name, &identity),
+                Some(dir) => {
+                    clear_old_attempts(&engine, &node.name, &identity);
+                    dir.clone()
+                }
             };
             std::fs::create_dir_all(&work)?;
             let ctx = StageContext {
@@ -584,7 +589,7 @@ fn spawn_attempt(
                 finished_ms: 0,
                 zflow_version: env!("CARGO_PKG_VERSION").to_string(),
             };
-            let m = engine.store.commit(&node.name, &work, manifest)?;
+            let m = engine.store.commit(&node.name, &work, manifest, &cancel)?;
             log.line(&format!(
                 "=== done in {:.2}s, {} files",
                 (now_ms() - start_ms) as f64 / 1000.0,
@@ -593,6 +598,15 @@ fn spawn_attempt(
             Ok(m)
         })();
         stage_progress.finish();
+        if let (Err(_), Some(dir)) = (&result, &attempt_dir)
+            && dir.exists()
+            && let Err(e) = std::fs::remove_dir_all(dir)
+        {
+            tracing::warn!(
+                "removing the failed attempt's folder {}: {e}",
+                dir.display()
+            );
+        }
         let end_ms = now_ms();
         let secs = (end_ms - start_ms) as f64 / 1000.0;
         let status = match &result {

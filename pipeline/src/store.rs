@@ -19,11 +19,12 @@ use std::fs;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
 use zflow_files::atomic;
 
 use crate::identity::{IdentityDoc, short};
+use crate::stage::CancelToken;
 
 /// Name of the manifest file inside a completed output folder.
 pub const MANIFEST: &str = ".zflow-manifest.json";
@@ -175,10 +176,17 @@ impl Store {
 
     /// Makes `work` (an attempt or partial folder) the complete output of `name` at the
     /// manifest's identity: replaces its symbolic links by what they point at
-    /// ([`resolve_links`]), hashes every file, writes the manifest last, fsyncs, renames.
-    pub fn commit(&self, name: &str, work: &Path, mut manifest: Manifest) -> Result<Manifest> {
+    /// ([`resolve_links`]), hashes every file (until `cancel` is set), writes the manifest
+    /// last, fsyncs, renames.
+    pub fn commit(
+        &self,
+        name: &str,
+        work: &Path,
+        mut manifest: Manifest,
+        cancel: &CancelToken,
+    ) -> Result<Manifest> {
         resolve_links(work)?;
-        let files = hash_tree(work)?;
+        let files = hash_tree_until(work, cancel)?;
         manifest.content_hash = content_hash(&files);
         manifest.files = files;
         manifest.finished_ms = now_ms();
@@ -356,6 +364,12 @@ fn walk(dir: &Path) -> Result<Vec<String>> {
             let path = entry.path();
             if ty.is_dir() {
                 stack.push(path);
+            } else if let Some(kind) = special_kind(&ty) {
+                // Opening a FIFO to hash it would wait for a writer forever.
+                bail!(
+                    "{}: a {kind}; a stage's output holds only files, folders and links to them",
+                    path.display()
+                );
             } else {
                 let rel = path
                     .strip_prefix(dir)
@@ -372,11 +386,36 @@ fn walk(dir: &Path) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Hashes every file under `dir` (a committed output has no links: [`resolve_links`]).
+/// What a file type is when it is none of a file, a folder and a link: those an output may not
+/// hold.
+fn special_kind(ty: &fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if ty.is_fifo() {
+        Some("FIFO (named pipe)")
+    } else if ty.is_socket() {
+        Some("socket")
+    } else if ty.is_block_device() || ty.is_char_device() {
+        Some("device file")
+    } else {
+        None
+    }
+}
+
+/// Hashes every file under `dir` (a committed output has no links: [`resolve_links`]). A
+/// FIFO, socket or device file is refused by name.
 pub fn hash_tree(dir: &Path) -> Result<Vec<FileEntry>> {
+    hash_tree_until(dir, &CancelToken::default())
+}
+
+/// [`hash_tree`], ending with a "cancelled" error between files once `cancel` is set: the
+/// first Ctrl-C ends a commit that would hash a large output.
+fn hash_tree_until(dir: &Path, cancel: &CancelToken) -> Result<Vec<FileEntry>> {
     walk(dir)?
         .into_iter()
         .map(|rel| {
+            if cancel.is_cancelled() {
+                bail!("cancelled");
+            }
             let (size, hash) = zflow_files::hash::file(&dir.join(&rel))?;
             Ok(FileEntry {
                 path: rel,
@@ -469,7 +508,9 @@ mod tests {
             finished_ms: 0,
             zflow_version: "t".into(),
         };
-        let m = store.commit("s", &work, m).unwrap();
+        let m = store
+            .commit("s", &work, m, &CancelToken::default())
+            .unwrap();
         assert_eq!(m.files.len(), 2);
         let again = store.manifest("s", &id).unwrap();
         assert_eq!(again.content_hash, m.content_hash);
