@@ -1290,3 +1290,74 @@ fn a_context_parallel_phase_resumes_on_one_rank_with_the_same_data() {
         |sb: &Sandbox| trainer_state(&sb.output("train.p1").join("final"))["cursor"].clone();
     assert_eq!(state(&sb), state(&reference));
 }
+
+/// Bytes a tmpfs needs to hold the files under `dir`: each file in whole pages, and a page for
+/// each folder.
+fn tmpfs_bytes(dir: &Path) -> u64 {
+    let mut total = 4096;
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let meta = std::fs::symlink_metadata(e.path()).unwrap();
+        total += if meta.is_dir() {
+            tmpfs_bytes(&e.path())
+        } else {
+            meta.len().div_ceil(4096) * 4096
+        };
+    }
+    total
+}
+
+/// A phase that fills its store's disk: the run's summary and `zflow status` name the cause
+/// (the worker's OSError: No space left on device, sent to the supervisor even though the log
+/// it would print its trace to is full), not a bare exit status, and the attempt's run record
+/// is written into the space held for it. The store is a 1.1 MB tmpfs larger than the data,
+/// mounted in a mount namespace of `unshare` (gone with it).
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn a_full_disk_is_named_in_the_summary_and_in_status() {
+    let sb = Sandbox::new();
+    sb.write("r.yaml", &recipe_on("torch", 1, 3));
+    sb.ok(&["run", "r.yaml", "--until", "mix.p1"]);
+    // The data, a reserve for the run record (256 KiB), the phase's job and logs; not its first
+    // checkpoint (~2 MB).
+    let size = tmpfs_bytes(&sb.path().join("zflow-store")) + (800 << 10);
+    std::fs::create_dir(sb.path().join("small")).unwrap();
+    let zflow = env!("CARGO_BIN_EXE_zflow");
+    let script = format!(
+        "set -e; mount -t tmpfs -o size={size} tmpfs small; cp -a zflow-store r.yaml small/; \
+         cd small; {zflow} run r.yaml > ../run.out 2>&1 || true; {zflow} status r.yaml > ../status.out 2>&1"
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c", &script])
+        .current_dir(sb.path())
+        .env_remove("ZFLOW_STORE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        sb.read("run.out")
+    );
+    let (run, status) = (sb.read("run.out"), sb.read("status.out"));
+    let summary = run
+        .lines()
+        .find(|l| l.starts_with("stage `train.p1` failed"))
+        .unwrap_or_else(|| panic!("no failure summary:\n{run}"));
+    assert!(
+        summary.contains("OSError: [Errno 28] No space left on device"),
+        "{summary}"
+    );
+    assert!(!run.contains("exit status 1"), "{run}");
+    assert!(!run.contains("could not be written"), "{run}");
+    let line = status
+        .lines()
+        .find(|l| l.contains("train.p1"))
+        .unwrap_or_else(|| panic!("no train.p1 in:\n{status}"));
+    assert!(
+        line.trim_start().starts_with("failed") && line.contains("No space left on device"),
+        "{status}"
+    );
+}

@@ -162,6 +162,73 @@ pub fn remove_stale_temporaries(records_dir: &Path) {
     }
 }
 
+/// Bytes held for one attempt's run record: a record is ~5 KB, its error text at most a few.
+const RESERVE_BYTES: usize = 256 << 10;
+
+/// Disk space held for an attempt's run record while the attempt runs, so that an attempt that
+/// fails because the store's disk is full (a checkpoint that no longer fits) still leaves its
+/// record, error included, and `zflow status` says what happened. Dropping it frees the space:
+/// [`append`] the record right after.
+///
+/// The file is `.reserve-<host>-<pid>-<stage>-<ms>` in the records folder; one that a killed
+/// run left is removed by the next reserve taken on the same host once its pid is gone.
+pub struct Reserve(Option<std::path::PathBuf>);
+
+impl Reserve {
+    /// Holds [`RESERVE_BYTES`] in `records_dir` for an attempt of `stage`. A disk already full
+    /// holds nothing (the attempt still runs; its record may then be lost, as before).
+    pub fn hold(records_dir: &Path, stage: &str) -> Reserve {
+        let host = sanitize(&crate::lease::hostname());
+        remove_dead_reserves(records_dir, &host);
+        let pid = std::process::id();
+        let path = records_dir.join(format!(
+            ".reserve-{host}-{pid}-{}-{}",
+            sanitize(stage),
+            now_ms()
+        ));
+        match std::fs::write(&path, vec![0u8; RESERVE_BYTES]) {
+            Ok(()) => Reserve(Some(path)),
+            Err(e) => {
+                tracing::warn!("no space held for the run record of `{stage}`: {e}");
+                let _ = std::fs::remove_file(&path);
+                Reserve(None)
+            }
+        }
+    }
+}
+
+impl Drop for Reserve {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Removes the reserves of runs on `host` whose process is gone.
+fn remove_dead_reserves(records_dir: &Path, host: &str) {
+    let Ok(entries) = std::fs::read_dir(records_dir) else {
+        return;
+    };
+    let prefix = format!(".reserve-{host}-");
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok());
+        // SAFETY: signal 0 sends nothing; it asks whether the process exists (EPERM: it does,
+        // as another user's).
+        let gone = |pid: i32| {
+            (unsafe { libc::kill(pid, 0) }) != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        };
+        if pid.is_some_and(gone) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 fn sanitize(s: &str) -> String {
     s.chars()
         .map(|c| {

@@ -506,6 +506,7 @@ fn spawn_attempt(
         // when it fails or is cancelled, as nothing ever resumes from it.
         let attempt_dir = (!node.stage.resumable())
             .then(|| engine.store.attempt_dir(&node.name, &identity, &run_id));
+        let reserve = records::Reserve::hold(&engine.store.records_dir(), &node.name);
         let result = (|| -> Result<Manifest> {
             let log = StageLog::open(&log_path)?;
             log.line(&format!(
@@ -640,6 +641,8 @@ fn spawn_attempt(
             log: log_path.display().to_string(),
             job: job.into_inner().unwrap_or_else(|e| e.into_inner()),
         };
+        // The held space, freed for the record: enough for it on a disk the attempt filled.
+        drop(reserve);
         let unrecorded = records::append(&engine.store.records_dir(), &record)
             .err()
             .map(|e| format!("{e:#}"));

@@ -85,6 +85,10 @@ impl State {
                 host,
                 heartbeat_ms,
             } => format!("pid {pid} on {host}, heartbeat {}", ago(*heartbeat_ms)),
+            // An error that names its log already (the train stage's) is not followed by it again.
+            State::Failed { end_ms, error, log } if error.contains(log.as_str()) => {
+                format!("{}: {error}", ago(*end_ms))
+            }
             State::Failed { end_ms, error, log } => {
                 format!("{}: {error} (log: {log})", ago(*end_ms))
             }

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         from zflow_torch import trainer
     except ImportError as e:
         # No relaunch installs a missing package.
-        traceback.print_exc(file=sys.stderr)
+        print_traceback()
         return emit.error(f"the torch engine cannot load its packages: {e}", "fatal")
     try:
         trainer.prepare()
@@ -54,14 +54,29 @@ def main(argv: list[str] | None = None) -> int:
             trainer.train(args.job, args.backend, emit)
         return 0
     except Exception as e:
-        traceback.print_exc(file=sys.stderr)
+        print_traceback()
         return emit.error(f"{type(e).__name__}: {e}", trainer.failure_class(e))
+
+
+def print_traceback() -> None:
+    """The exception being handled, on stderr (the stage's log), if it can be written: on a
+    full disk the log cannot, and the typed error sent after it must still reach the
+    supervisor (it names the cause; a bare exit status does not)."""
+    try:
+        traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":
     code = main()
     # Everything is committed and reported: leave without the interpreter's teardown, which
     # can take seconds with torch loaded, with no heartbeats, longer than a hang timeout.
-    sys.stdout.flush()
-    sys.stderr.flush()
+    # The exit code is the contract's whatever a flush meets (a log on a full disk).
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass
     os._exit(code)
