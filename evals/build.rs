@@ -3,8 +3,22 @@
 //! with their pins and sets it) and always under CI (`CI` set), where a missing fixture fails
 //! them; anywhere else the test runner lists them as ignored, never as passed.
 
+//!
+//! `zflow_root` marks the sandbox tests that need root (a cgroup per sandbox): set when the
+//! build runs as root, as CI's does; elsewhere they are listed as ignored.
+
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(zflow_eval_fixtures)");
+    println!("cargo::rustc-check-cfg=cfg(zflow_root)");
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            == Some("0")
+    });
+    if root {
+        println!("cargo::rustc-cfg=zflow_root");
+    }
     println!("cargo::rerun-if-changed=build.rs");
     for var in ["CI", "ZFLOW_EVAL_DATA"] {
         println!("cargo::rerun-if-env-changed={var}");

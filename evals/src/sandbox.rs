@@ -22,9 +22,11 @@
 //!
 //! The rlimits are per process, except the process count: the kernel counts processes per user
 //! namespace, so [`Limits::processes`] bounds the whole sandbox, and its memory is at most
-//! `processes` x [`Limits::memory_bytes`] plus its two folders. (A memory cgroup would bound the
-//! sum exactly; it needs a cgroup delegated to zflow, which ordinary users and most containers
-//! do not have, so it is not used.)
+//! `processes` x [`Limits::memory_bytes`] plus its two folders. When zflow runs as root (as on
+//! GPU nodes and in containers) and a cgroup hierarchy is writable, each sandbox also gets a
+//! cgroup of its own (`sandbox/cgroup.rs`): all its processes and folders together hold at most
+//! [`Limits::memory_bytes`] plus its two folders, and at most [`Limits::processes`] plus
+//! [`SUPERVISING_PROCESSES`] processes.
 //!
 //! A program passes when it exits with status 0 within its limits; anything else (an exception,
 //! a signal, a limit, the timeout) is a failure, as in lm-eval's `code_eval`.
@@ -49,6 +51,13 @@ pub const STDERR_TAIL_BYTES: usize = 2048;
 
 /// The program's file inside the sandbox.
 const PROGRAM: &str = "/sandbox/program.py";
+
+/// Processes (and threads) in a sandbox's cgroup besides the program's own: zflow's child that
+/// starts it and hakoniwa's.
+pub const SUPERVISING_PROCESSES: u64 = 4;
+
+mod cgroup;
+use cgroup::Cgroup;
 
 /// What a sandboxed program may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,6 +261,7 @@ impl PythonSandbox {
         let python = reachable.path().join("python");
         std::fs::create_dir(&python)?;
         let (mut reader, writer) = std::io::pipe().context("a pipe for the sandbox's result")?;
+        let cgroup = self.cgroup();
         // SAFETY: the child runs only the closure below and always ends in `_exit`, never
         // returning into this process's code; the sandbox it starts forks from it the same way
         // hakoniwa forks from any caller.
@@ -259,7 +269,11 @@ impl PythonSandbox {
         if pid == 0 {
             drop(reader);
             let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let result = bind_privately(&self.prefix, &python)
+                // Into the cgroup while still root, before anything of the sandbox starts.
+                let result = cgroup
+                    .as_ref()
+                    .map_or(Ok(()), |g| g.add(std::process::id()))
+                    .and_then(|()| bind_privately(&self.prefix, &python))
                     .and_then(|()| become_unprivileged(ROOT_RUN_ID))
                     .and_then(|()| {
                         let source = python.to_str().context("a non-UTF-8 temporary folder")?;
@@ -285,11 +299,33 @@ impl PythonSandbox {
         // SAFETY: waits for the child forked above.
         unsafe { libc::waitpid(pid, &mut status, 0) };
         read.context("reading the sandbox's result")?;
+        // The OOM killer may pick any process of the cgroup, this child (a copy of zflow, with
+        // its resident memory) included: the sandbox as a whole held its bound, so the program
+        // failed, and whatever is left of it is killed as the cgroup is dropped.
+        if bytes.is_empty() && cgroup.as_ref().is_some_and(Cgroup::killed_for_memory) {
+            return Ok(Run {
+                outcome: Outcome::Killed {
+                    signal: libc::SIGKILL,
+                },
+                stderr:
+                    "killed for memory: the sandbox's processes together held its cgroup's bound"
+                        .into(),
+            });
+        }
         let result: std::result::Result<Run, String> = serde_json::from_slice(&bytes)
             .with_context(|| {
                 format!("the sandbox's process ended (status {status}) with no result")
             })?;
         result.map_err(anyhow::Error::msg)
+    }
+
+    /// The cgroup a root run puts its sandbox in, where one can be made ([`Cgroup`]).
+    fn cgroup(&self) -> Option<Cgroup> {
+        let l = self.limits;
+        Cgroup::create(
+            l.memory_bytes.saturating_add(2 * l.folder_bytes),
+            l.processes + SUPERVISING_PROCESSES,
+        )
     }
 
     /// Runs one program as this process's user, the Python installation bound from

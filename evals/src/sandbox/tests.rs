@@ -225,3 +225,33 @@ fn programs_run_in_parallel_in_order() {
     let passed: Vec<bool> = runs.iter().map(|r| r.outcome.passed()).collect();
     assert_eq!(passed, (0..8).map(|i| i % 2 == 0).collect::<Vec<_>>());
 }
+
+/// Under root, a sandbox's processes share one cgroup: six children of 700 MiB each (4.2 GB,
+/// each under its own address-space limit) cannot all hold their memory at once. A cgroup's
+/// peak stays within its bound, and its folders are gone once it is dropped.
+#[test]
+#[cfg_attr(
+    not(zflow_root),
+    ignore = "needs root: a cgroup per sandbox is made only for root runs"
+)]
+fn under_root_the_whole_sandbox_shares_one_memory_and_process_bound() {
+    let s = sandbox();
+    let limits = s.limits();
+    let group = s.cgroup().expect("root makes a cgroup per sandbox");
+    let bound = limits.memory_bytes + 2 * limits.folder_bytes;
+    assert_eq!(group.peak_memory().map(|p| p <= bound), Some(true));
+    let dirs = group.dirs().to_vec();
+    assert!(dirs.iter().all(|d| d.is_dir()), "{dirs:?}");
+    drop(group);
+    assert!(dirs.iter().all(|d| !d.exists()), "{dirs:?} left");
+
+    let hogs = "import os, time\npids = []\nfor _ in range(6):\n    pid = os.fork()\n    if pid == 0:\n        b = bytearray(700 << 20)\n        for i in range(0, len(b), 4096):\n            b[i] = 1\n        time.sleep(1)\n        os._exit(0)\n    pids.append(pid)\nok = all(os.waitpid(p, 0)[1] == 0 for p in pids)\nassert ok, 'a child was killed'\n";
+    let run = s.run(hogs).unwrap();
+    // The OOM killer picks a hog (the program sees a child killed) or the process that
+    // started the sandbox; either way the program fails.
+    assert!(
+        run.stderr.contains("a child was killed") || run.stderr.contains("killed for memory"),
+        "6 x 700 MiB held at once: {run:?}"
+    );
+    assert!(!run.outcome.passed());
+}
