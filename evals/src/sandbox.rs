@@ -174,11 +174,30 @@ impl PythonSandbox {
             std::fs::canonicalize(prefix).with_context(|| format!("the Python prefix {prefix}"))?;
         let executable =
             std::fs::canonicalize(exe).with_context(|| format!("the Python executable {exe}"))?;
-        Ok(PythonSandbox {
+        let sandbox = PythonSandbox {
             executable,
             prefix,
             limits,
-        })
+        };
+        sandbox.check_it_starts()?;
+        Ok(sandbox)
+    }
+
+    /// Runs an empty program, so that a sandbox that cannot start here is an error that says
+    /// why, before any model's program is scored as failing in it.
+    fn check_it_starts(&self) -> Result<()> {
+        let run = self.run("pass\n")?;
+        let why = match run.outcome {
+            Outcome::Passed => return Ok(()),
+            Outcome::NotRun { reason } => reason,
+            other => format!("{other:?}: {}", run.stderr.trim()),
+        };
+        bail!(
+            "the sandbox for model-written programs cannot run an empty program here ({why}). \
+             It needs unprivileged user namespaces: Ubuntu 23.10 and later restrict them through \
+             AppArmor (`sysctl kernel.apparmor_restrict_unprivileged_userns=0` lifts that, as does \
+             an AppArmor profile that allows `userns` for zflow), and a container must permit them"
+        )
     }
 
     /// The limits every program runs under.
@@ -385,7 +404,8 @@ impl PythonSandbox {
         })
     }
 
-    /// Runs every program, `threads` at a time, results in input order.
+    /// Runs every program, `threads` at a time, results in input order. A program the sandbox
+    /// could not start is an error, not a failing program.
     pub fn run_all(&self, programs: &[String], threads: usize) -> Result<Vec<Run>> {
         let threads = threads.clamp(1, programs.len().max(1));
         let next = std::sync::atomic::AtomicUsize::new(0);
@@ -402,14 +422,21 @@ impl PythonSandbox {
                 });
             }
         });
-        results
+        let runs: Vec<Run> = results
             .into_iter()
             .map(|r| {
                 r.into_inner()
                     .expect("unpoisoned")
                     .expect("every program ran")
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        if let Some((i, reason)) = runs.iter().enumerate().find_map(|(i, r)| match &r.outcome {
+            Outcome::NotRun { reason } => Some((i, reason)),
+            _ => None,
+        }) {
+            bail!("the sandbox could not start program {i}: {reason}");
+        }
+        Ok(runs)
     }
 }
 

@@ -255,3 +255,31 @@ fn under_root_the_whole_sandbox_shares_one_memory_and_process_bound() {
     );
     assert!(!run.outcome.passed());
 }
+
+/// A sandbox that cannot start a program (here, an interpreter at a path the sandbox does not
+/// bind; under Ubuntu's AppArmor restriction, the user namespace) is an error naming the
+/// cause when it is made, not a task whose programs all fail.
+#[test]
+fn a_sandbox_that_cannot_start_says_why_when_it_is_made() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("python3");
+    // Answers as an interpreter installed under /usr, whose executable lives in a host folder
+    // the sandbox never sees.
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\nprintf '/usr\\n{}\\n'\n", fake.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let err = format!(
+        "{:#}",
+        PythonSandbox::new(&fake, Limits::default()).unwrap_err()
+    );
+    assert!(
+        err.contains("cannot run an empty program here")
+            && err.contains("ENOENT")
+            && err.contains("apparmor_restrict_unprivileged_userns"),
+        "{err}"
+    );
+}
