@@ -387,12 +387,12 @@ fn zflow_report_scores_every_phase_next_to_the_baselines() {
     );
 }
 
-/// `zflow eval` of `model` on the `next_line_ll` task (the loglikelihood of each line's
-/// successor): (per-document loglikelihoods, requests scored, requests from the cache).
-fn loglikelihoods(sb: &Sandbox, model: &Path, cache: &str, out: &str) -> (Vec<f64>, usize, usize) {
+/// The arguments of `zflow eval` of `model` on the `next_line_ll` task (the loglikelihood of
+/// each line's successor) with the sandbox's tokenizer, before `--cache` and `--out`.
+fn next_line_ll_args(sb: &Sandbox, model: &Path) -> Vec<String> {
     let tokenizer = stage_dir(&sb.path().join("zflow-store"), "tokenizer").join("tokenizer.json");
     let (m, t) = (model.display().to_string(), tokenizer.display().to_string());
-    let args = [
+    [
         "eval",
         "--model",
         &m,
@@ -404,10 +404,18 @@ fn loglikelihoods(sb: &Sandbox, model: &Path, cache: &str, out: &str) -> (Vec<f6
         "tasks",
         "--data",
         "data",
-    ];
-    let run = sb.ok(&[
-        &args[..],
-        &[
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// `zflow eval` of `model` on `next_line_ll`: (per-document loglikelihoods, requests scored,
+/// requests from the cache).
+fn loglikelihoods(sb: &Sandbox, model: &Path, cache: &str, out: &str) -> (Vec<f64>, usize, usize) {
+    let mut args = next_line_ll_args(sb, model);
+    args.extend(
+        [
             "--cache",
             cache,
             "--max-length",
@@ -415,9 +423,10 @@ fn loglikelihoods(sb: &Sandbox, model: &Path, cache: &str, out: &str) -> (Vec<f6
             "--log-samples",
             "--out",
             out,
-        ],
-    ]
-    .concat());
+        ]
+        .map(String::from),
+    );
+    let run = sb.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let (scored, cached) = task_counts(&run.stderr, "next_line_ll");
     let results: serde_json::Value = serde_json::from_str(&sb.read(out)).unwrap();
     let samples = results["tasks"][0]["samples"]
@@ -663,26 +672,9 @@ fn rewritten(
 
 /// `zflow eval` of `model` on `next_line_ll`: its stderr, asserting that it failed.
 fn refused(sb: &Sandbox, model: &Path) -> String {
-    let tokenizer = stage_dir(&sb.path().join("zflow-store"), "tokenizer").join("tokenizer.json");
-    let (m, t) = (model.display().to_string(), tokenizer.display().to_string());
-    let args = [
-        "eval",
-        "--model",
-        &m,
-        "--tokenizer",
-        &t,
-        "--tasks",
-        "next_line_ll",
-        "--tasks-dir",
-        "tasks",
-        "--data",
-        "data",
-        "--cache",
-        "refused",
-        "--out",
-        "refused.json",
-    ];
-    let run = sb.zflow(&args);
+    let mut args = next_line_ll_args(sb, model);
+    args.extend(["--cache", "refused", "--out", "refused.json"].map(String::from));
+    let run = sb.zflow(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_ne!(
         run.code,
         0,
