@@ -487,8 +487,10 @@ fn collect_yaml(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 
 /// Parses a YAML file into JSON values, with YAML 1.2 booleans only.
 pub fn read_yaml(file: &Path) -> Result<Value> {
+    // A task file is a few KB; a path to something else is refused at this bound.
+    let bytes = zflow_files::read::bounded(file, 16 << 20)?;
     let text =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        String::from_utf8(bytes).with_context(|| format!("{}: not UTF-8", file.display()))?;
     let mut options = serde_saphyr::Options::default();
     options.strict_booleans = true;
     let value: Value = serde_saphyr::from_str_with_options(&text, options)

@@ -12,7 +12,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 /// Score `continuation` after `context` (both token ids; `context` is never empty).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -63,7 +63,7 @@ impl Tokenizer {
 
     /// Reads a `tokenizer.json`; the identity is the blake3 of its bytes and the BOS settings.
     pub fn from_file(path: &Path, bos: Option<u32>, eos: Vec<u32>, add_bos: bool) -> Result<Self> {
-        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let bytes = zflow_files::read::bounded(path, zflow_runtime::hf::MAX_TOKENIZER_BYTES)?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| anyhow::anyhow!("{}: not a tokenizer.json: {e}", path.display()))?;
         let identity = format!(

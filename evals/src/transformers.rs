@@ -348,8 +348,7 @@ impl LanguageModel for TransformersModel {
 /// tokenizers have no post-processor.
 fn scoring_tokenizer(tokenizer: &Path, eos: &str) -> Result<(Tokenizer, String)> {
     // Read once, for both the tokenizer and its hash (Gemma's is 33 MB).
-    let bytes =
-        std::fs::read(tokenizer).with_context(|| format!("reading {}", tokenizer.display()))?;
+    let bytes = zflow_files::read::bounded(tokenizer, hf::MAX_TOKENIZER_BYTES)?;
     let inner = tokenizers::Tokenizer::from_bytes(&bytes)
         .map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer.display()))?;
     let eos_id = inner

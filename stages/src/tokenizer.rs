@@ -174,12 +174,16 @@ impl Stage for TokenizerStage {
                     .set_message(format!("training a {}-token BPE", t.vocab_size));
                 train(c, t, &samples)?
             }
-            (None, Some(path)) => Tokenizer::from_file(&path).map_err(|e| {
-                anyhow::anyhow!(
-                    "{} is not a valid Hugging Face tokenizer.json: {e}",
-                    path.display()
-                )
-            })?,
+            (None, Some(path)) => {
+                let bytes =
+                    zflow_files::read::bounded(&path, zflow_runtime::hf::MAX_TOKENIZER_BYTES)?;
+                Tokenizer::from_bytes(bytes).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{} is not a valid Hugging Face tokenizer.json: {e}",
+                        path.display()
+                    )
+                })?
+            }
             (None, None) => bail!("no `train:` settings and no input holds a tokenizer.json"),
         };
         let id = |tok: &str, field: &str| {

@@ -50,6 +50,7 @@ pub use export::export_hf;
 pub use files::HfFiles;
 pub use import::{check_hf, import_hf};
 pub use layout::{LAYOUTS, Layout};
+pub use tokenizer::MAX_TOKENIZER_BYTES;
 
 /// An imported checkpoint carries the trainer's single metadata entry, so its
 /// `model.safetensors` has the same bytes as one the trainer wrote for the same weights.

@@ -7,6 +7,10 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+/// The most bytes of a `tokenizer.json` zflow reads: Gemma 3's is 33 MB, and a path to something
+/// else (`/dev/zero`, a weights file) is refused at this bound rather than read whole.
+pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
 /// A tokenizer to ship with an export.
 pub(super) struct TokenizerFiles {
     /// `tokenizer.json`, byte for byte.
@@ -31,8 +35,8 @@ impl TokenizerFiles {
         } else {
             (path.to_path_buf(), None)
         };
-        let json =
-            fs::read(&file).with_context(|| format!("reading the tokenizer {}", file.display()))?;
+        let json = zflow_files::read::bounded(&file, MAX_TOKENIZER_BYTES)
+            .with_context(|| format!("reading the tokenizer {}", file.display()))?;
         let v: Value = serde_json::from_slice(&json)
             .with_context(|| format!("{}: not JSON", file.display()))?;
         let mut added: BTreeMap<u32, String> = BTreeMap::new();
