@@ -759,17 +759,7 @@ fn hugging_face_folders_are_loaded_sharded_and_refused_when_their_weights_differ
          st.save_file(w, {dir:?} + '/model.safetensors')\n",
         dir = llama.display().to_string()
     );
-    let python = zflow_stages::engine::torch_module("zflow_torch.score", vec![]).unwrap();
-    let made = std::process::Command::new(&python.program)
-        .args(["-c", &code])
-        .envs(python.env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .unwrap();
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    common::torch_code_stdout(&code);
     let err = refused(sb, &llama);
     assert!(
         err.contains("describes a model of")

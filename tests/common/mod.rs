@@ -174,7 +174,19 @@ pub fn worker(engine: &str, job: &Path) -> Command {
 /// Runs `python -m MODULE ARGS` in the torch engine's environment (`stages/src/engine.rs`),
 /// asserts that it succeeded, and returns its stdout.
 pub fn torch_module_stdout(module: &str, args: Vec<std::ffi::OsString>) -> String {
-    let e = zflow_stages::engine::torch_module(module, args.clone()).unwrap();
+    engine_stdout(zflow_stages::engine::torch_module(module, args).unwrap())
+}
+
+/// Runs `python -c CODE` with the torch engine's Python and environment, asserts that it
+/// succeeded, and returns its stdout.
+pub fn torch_code_stdout(code: &str) -> String {
+    let mut e = zflow_stages::engine::torch_module("zflow_torch", vec![]).unwrap();
+    e.args = vec!["-c".into(), code.into()];
+    engine_stdout(e)
+}
+
+/// Runs `e`, asserts that it succeeded, and returns its stdout.
+fn engine_stdout(e: zflow_stages::engine::EngineCommand) -> String {
     let out = Command::new(&e.program)
         .args(&e.args)
         .envs(e.env.iter().map(|(k, v)| (k, v)))
@@ -182,7 +194,8 @@ pub fn torch_module_stdout(module: &str, args: Vec<std::ffi::OsString>) -> Strin
         .unwrap();
     assert!(
         out.status.success(),
-        "{module} {args:?}: {}",
+        "{:?}: {}",
+        e.args,
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
