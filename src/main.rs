@@ -224,6 +224,15 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Hash a store's committed outputs again (every byte is read) and compare them with
+    /// their manifests; exits 1 naming each file that differs. Commits take the hashes the
+    /// stage's own process took as it ended, so this is where changed bytes are found.
+    Verify {
+        /// The store.
+        store: PathBuf,
+        /// Only the outputs of these stages (all complete outputs when none are given).
+        stages: Vec<String>,
+    },
     /// Run SQL over the store's tables (`runs`, `stages`, and Parquet outputs).
     Query {
         /// The store.
@@ -418,6 +427,7 @@ fn main() -> ExitCode {
                 recipes,
                 dry_run,
             } => commands::gc(&store, &recipes, dry_run),
+            Command::Verify { store, stages } => commands::verify(&store, &stages),
             Command::Query { store, sql } => commands::query(&store, &sql).await,
             Command::Eval(args) => tokio::task::spawn_blocking(move || eval::run(&args))
                 .await

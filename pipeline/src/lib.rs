@@ -21,6 +21,7 @@ pub mod recipe;
 pub mod records;
 pub mod registry;
 pub mod run;
+pub mod seal;
 pub mod slurm;
 pub mod stage;
 pub mod status;

@@ -546,6 +546,8 @@ fn spawn_attempt(
                             node.stage.run(&ctx)
                         }))
                         .unwrap_or_else(|p| Err(anyhow!("stage panicked: {}", panic_text(&p))))
+                        // Hashed by the stage's process as it ends ([`crate::seal`]).
+                        .and_then(|()| crate::seal::seal(&work, &cancel))
                     }
                     ExecutorConfig::Slurm(cfg) => {
                         let spec = slurm::ExecSpec {
@@ -590,11 +592,15 @@ fn spawn_attempt(
                 finished_ms: 0,
                 zflow_version: env!("CARGO_PKG_VERSION").to_string(),
             };
+            let read_before = thread_read_bytes();
             let m = engine.store.commit(&node.name, &work, manifest, &cancel)?;
+            let committing_read = thread_read_bytes().zip(read_before).map(|(a, b)| a - b);
             log.line(&format!(
-                "=== done in {:.2}s, {} files",
+                "=== done in {:.2}s, {} files, {} bytes; committing read {} bytes",
                 (now_ms() - start_ms) as f64 / 1000.0,
-                m.files.len()
+                m.files.len(),
+                m.files.iter().map(|f| f.size).sum::<u64>(),
+                committing_read.map_or("an unknown number of".into(), |n| n.to_string())
             ));
             Ok(m)
         })();
@@ -688,4 +694,15 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "(no message)".into())
+}
+
+/// Bytes this thread has read through system calls (`rchar` of `/proc/thread-self/io`), where
+/// Linux counts them: what the stage log reports a commit read.
+fn thread_read_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/thread-self/io").ok()?;
+    io.lines()
+        .find_map(|line| line.strip_prefix("rchar: "))?
+        .trim()
+        .parse()
+        .ok()
 }

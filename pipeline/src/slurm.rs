@@ -687,7 +687,10 @@ pub fn exec_stage(spec_path: &Path, registry: &crate::Registry, cancel: CancelTo
     let span = tracing::info_span!("stage", name = %spec.stage);
     let result = {
         let _enter = span.enter();
-        stage.run(&ctx)
+        // Hashed here, on the node that wrote the files ([`crate::seal`]).
+        stage
+            .run(&ctx)
+            .and_then(|()| crate::seal::seal(&spec.out_dir, &ctx.cancel))
     };
     crate::logging::detach_stage_log(&spec.stage);
     if let Err(e) = &result {

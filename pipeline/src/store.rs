@@ -176,8 +176,9 @@ impl Store {
 
     /// Makes `work` (an attempt or partial folder) the complete output of `name` at the
     /// manifest's identity: replaces its symbolic links by what they point at
-    /// ([`resolve_links`]), hashes every file (until `cancel` is set), writes the manifest
-    /// last, fsyncs, renames.
+    /// ([`resolve_links`]), takes the files' hashes from the stage's seal
+    /// ([`crate::seal`]) when it still describes them and otherwise hashes every file (until
+    /// `cancel` is set), writes the manifest last, fsyncs, renames.
     pub fn commit(
         &self,
         name: &str,
@@ -186,7 +187,10 @@ impl Store {
         cancel: &CancelToken,
     ) -> Result<Manifest> {
         resolve_links(work)?;
-        let files = hash_tree_until(work, cancel)?;
+        let files = match crate::seal::sealed_files(work)? {
+            Some(files) => files,
+            None => hash_tree_until(work, cancel)?,
+        };
         manifest.content_hash = content_hash(&files);
         manifest.files = files;
         manifest.finished_ms = now_ms();
@@ -353,8 +357,8 @@ fn copy_resolved(
     Ok(())
 }
 
-/// Relative paths of all regular files under `dir`, sorted, manifest excluded.
-fn walk(dir: &Path) -> Result<Vec<String>> {
+/// Relative paths of all regular files under `dir`, sorted, manifest and seal excluded.
+pub(crate) fn walk(dir: &Path) -> Result<Vec<String>> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -376,7 +380,7 @@ fn walk(dir: &Path) -> Result<Vec<String>> {
                     .expect("under dir")
                     .to_string_lossy()
                     .replace('\\', "/");
-                if rel != MANIFEST {
+                if rel != MANIFEST && rel != crate::seal::SEAL {
                     out.push(rel);
                 }
             }
@@ -424,6 +428,48 @@ fn hash_tree_until(dir: &Path, cancel: &CancelToken) -> Result<Vec<FileEntry>> {
             })
         })
         .collect()
+}
+
+/// What differs between the committed output in `dir` and its manifest, each difference a
+/// line naming the file: its bytes hashed again (every byte is read), files missing from the
+/// folder or not in the manifest. Empty when the output is what was committed.
+pub fn verify(dir: &Path) -> Result<Vec<String>> {
+    let path = dir.join(MANIFEST);
+    let manifest: Manifest = serde_json::from_slice(
+        &fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("parsing {}", path.display()))?;
+    let recorded: std::collections::BTreeMap<&str, &FileEntry> = manifest
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f))
+        .collect();
+    let mut differences = Vec::new();
+    let present = walk(dir)?;
+    for rel in &present {
+        let Some(want) = recorded.get(rel.as_str()) else {
+            differences.push(format!("{rel}: not in the manifest"));
+            continue;
+        };
+        let (size, hash) = zflow_files::hash::file(&dir.join(rel))?;
+        if size != want.size {
+            differences.push(format!(
+                "{rel}: {size} bytes, the manifest says {}",
+                want.size
+            ));
+        } else if hash != want.blake3 {
+            differences.push(format!(
+                "{rel}: blake3 {hash}, the manifest says {} (the bytes changed)",
+                want.blake3
+            ));
+        }
+    }
+    for f in &manifest.files {
+        if present.binary_search(&f.path).is_err() {
+            differences.push(format!("{}: missing", f.path));
+        }
+    }
+    Ok(differences)
 }
 
 /// The hash downstream identities see: over paths, sizes and file hashes, in path order.

@@ -411,6 +411,53 @@ pub fn output_path(args: &RecipeArgs, stage: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `zflow verify STORE [STAGE...]`: every complete output (of those stages) hashed again and
+/// compared with its manifest.
+pub fn verify(store: &Path, stages: &[String]) -> Result<ExitCode> {
+    if !zflow_pipeline::store::Store::is_store(store) {
+        bail!(
+            "{} is not a zflow store (no .zflow/ folder from a run)",
+            store.display()
+        );
+    }
+    let store = zflow_pipeline::store::Store::open(store)?;
+    let stage_of = |slot: &str| slot.rsplit_once('-').map_or(slot, |(s, _)| s).to_string();
+    let folders = store.stage_folders()?;
+    for s in stages {
+        if !folders.iter().any(|(_, slot)| stage_of(slot) == *s) {
+            bail!("the store has no output of a stage named `{s}`");
+        }
+    }
+    let (mut checked, mut bad) = (0, 0);
+    for (folder, slot) in folders {
+        let dir = store.root().join(&folder);
+        // Complete outputs only: partial and attempt folders have no manifest yet.
+        if folder != slot || !dir.join(zflow_pipeline::store::MANIFEST).exists() {
+            continue;
+        }
+        if !stages.is_empty() && !stages.contains(&stage_of(&slot)) {
+            continue;
+        }
+        checked += 1;
+        let differences = zflow_pipeline::store::verify(&dir)?;
+        if differences.is_empty() {
+            println!("ok      {folder}");
+        } else {
+            bad += 1;
+            println!("CHANGED {folder}");
+            for d in differences {
+                println!("  {d}");
+            }
+        }
+    }
+    println!("{checked} outputs verified, {bad} changed");
+    Ok(if bad == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 pub fn gc(store: &Path, recipes: &[PathBuf], dry_run: bool) -> Result<ExitCode> {
     // Opening a recipe creates its store's folders: check first, so that gc never writes into
     // (let alone deletes from) a folder that is not a store.
