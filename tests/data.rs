@@ -222,6 +222,25 @@ fn an_existing_megatron_dataset_is_a_source() {
         "fetch, megatron import, mix: {}",
         run.stderr
     );
+    // Read in place: the store records the dataset and holds no copy of its bytes, and the
+    // mixture's read plan addresses it there.
+    let import = sb.output("tokenize.legacy");
+    assert!(!import.join("tokens.bin").exists());
+    let record = std::fs::read_to_string(import.join("tokens.in-place.json")).unwrap();
+    assert!(record.contains("legacy/old_text_document"), "{record}");
+    let fetched = sb.output("fetch.legacy");
+    assert!(fetched.join(".in-place.json").exists());
+    assert!(
+        sb.output("mix.p")
+            .join("samples.plan/positions.u64")
+            .exists()
+    );
+    let verified = sb.ok(&["verify", "zflow-store"]);
+    assert!(
+        verified.stdout.contains("3 outputs verified, 0 changed"),
+        "{}",
+        verified.stdout
+    );
 
     // The ids go up to 499: a model of 256 tokens cannot read them, and the import says so.
     sb.write(

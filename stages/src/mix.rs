@@ -2,7 +2,9 @@
 //! deterministic block-staged mixture (`zflow_runtime::data::mixture`).
 //!
 //! Outputs `samples.idx` (memory-mappable: sample -> source, source-local sample),
-//! `samples.idx.json` (spec, data digest, report), `report.json` (the mixture's report, and
+//! `samples.plan/` (the read plan: where every sample's tokens are,
+//! `zflow_runtime::data::mixture::read_plan`), `samples.idx.json` (spec, data digest, report,
+//! the plan's files), `report.json` (the mixture's report, and
 //! under `batches` how many documents the phase's global batches mix, [`BatchReport`]) and
 //! `report.parquet` (requested vs realised share, epochs, tokens per source).
 //!
@@ -53,7 +55,8 @@ impl Stage for Mix {
     type Config = MixConfig;
     const KIND: &'static str = "mix";
     // 2: each epoch's windows are read in a keyed order (mixture index version 2).
-    const VERSION: u32 = 2;
+    // 3: writes the read plan (`samples.plan/`) the readers map instead of recomputing it.
+    const VERSION: u32 = 3;
 
     fn validate(&self, c: &MixConfig, needs: &[String]) -> Result<(), ConfigError> {
         for s in &c.spec.sources {
@@ -76,7 +79,7 @@ impl Stage for Mix {
             for stage in names::token_stages(name, c.shards.get(name).copied()) {
                 let dir = ctx.input(&stage)?;
                 parts.push(
-                    IndexedDataset::open(&dir.join("tokens"))
+                    IndexedDataset::open(&crate::megatron_source::tokens_prefix(dir)?)
                         .with_context(|| format!("opening the tokens of `{stage}`"))?,
                 );
             }
@@ -87,7 +90,7 @@ impl Stage for Mix {
         ctx.progress()
             .set_message(format!("{} samples", c.spec.num_samples()));
         let index = ctx.out_dir().join("samples.idx");
-        let report = plan.write(&index)?;
+        let report = plan.write(&index, &refs)?;
         ctx.progress().set_message("measuring the global batches");
         let batches = mixture::batches::measure(
             &MixtureReader::open(&index, sources.clone())?,

@@ -58,6 +58,14 @@ impl<S: TokenSource> TokenSource for Concat<S> {
         let (p, d) = self.locate(doc);
         self.parts[p].read(d, offset, out)
     }
+
+    fn num_tokens(&self) -> u64 {
+        self.parts.iter().map(|p| p.num_tokens()).sum()
+    }
+
+    fn part_tokens(&self) -> Vec<u64> {
+        self.parts.iter().flat_map(|p| p.part_tokens()).collect()
+    }
 }
 
 #[cfg(test)]

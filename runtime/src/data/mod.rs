@@ -21,4 +21,17 @@ pub trait TokenSource: Send + Sync {
     /// data that holds no valid token id (a corrupt dataset). Panics if the range is out of
     /// bounds (callers compute ranges from `doc_len`).
     fn read(&self, doc: usize, offset: usize, out: &mut [u32]) -> anyhow::Result<()>;
+
+    /// Tokens in all documents. The default walks every document; datasets that know their
+    /// total answer in O(1), as a reader opening a mixture must not walk a source.
+    fn num_tokens(&self) -> u64 {
+        (0..self.num_docs()).map(|d| self.doc_len(d) as u64).sum()
+    }
+
+    /// Tokens in each of the files the source is stored in, in order (a sharded source's
+    /// shards); one entry for a source in one file. A mixture's read plan addresses a
+    /// document by where its tokens start in these files read back to back.
+    fn part_tokens(&self) -> Vec<u64> {
+        vec![self.num_tokens()]
+    }
 }

@@ -124,10 +124,11 @@ pub fn parse(
                 settings.insert(k.clone(), v.clone());
             }
         }
-        // A local source zflow ingests is read where it is, not copied into the store
-        // (`in_place: false` copies it, e.g. off a filesystem that may change under a run).
+        // A local source (text zflow ingests, or a Megatron dataset) is read where it is, not
+        // copied into the store (`in_place: false` copies it, e.g. off a filesystem that may
+        // change under a run).
         let url = fetch.get("url").and_then(Value::as_str).unwrap_or("");
-        if !megatron && crate::fetch::is_local(url) {
+        if crate::fetch::is_local(url) {
             fetch.entry("in_place").or_insert(json!(true));
         }
         let tokenize = if megatron {

@@ -206,7 +206,7 @@ impl Stage for Train {
             for stage in names::token_stages(name, c.shards.get(name).copied()) {
                 let dir = ctx.input(&stage)?;
                 crate::token_ids::check(name, dir, c.model.vocab_size)?;
-                tokens.push(dir.join("tokens"));
+                tokens.push(crate::megatron_source::tokens_prefix(dir)?);
                 let held = dir.join("heldout");
                 if held.with_extension("idx").exists() {
                     heldout.push(held);

@@ -1,5 +1,5 @@
-"""Unit tests of the data plane (standard library only: ``python3 -m unittest`` from
-``workers/torch``). That its batches equal the Rust reader's is ``runtime/tests/torch_data.rs``."""
+"""Unit tests of the data plane (``python -m unittest`` from ``workers/torch`` in the torch
+engine's Python). That its batches equal the Rust reader's is ``tests/torch_data.rs``."""
 
 import struct
 import tempfile
@@ -7,9 +7,9 @@ import unittest
 from array import array
 from pathlib import Path
 
-from zflow_torch.megatron import DatasetError, IndexedDataset
+from zflow_torch.megatron import DatasetError, first_tokens, tokens
 from zflow_torch.mixture import DataCursor, MixtureError, MixtureReader
-from zflow_torch.rng import SplitMix64, WindowOrder, epoch_order, shuffle
+from zflow_torch.rng import SplitMix64
 
 
 def write_dataset(prefix: Path, docs: list[list[int]]) -> None:
@@ -39,48 +39,21 @@ class Rng(unittest.TestCase):
             ],
         )
 
-    def test_shuffles_are_permutations_and_seeded(self) -> None:
-        order = epoch_order(1, 2, 3, 1000)
-        self.assertEqual(sorted(order), list(range(1000)))
-        self.assertEqual(order, epoch_order(1, 2, 3, 1000))
-        self.assertNotEqual(order, epoch_order(1, 2, 4, 1000))
-        one = [7]
-        shuffle(one, SplitMix64(5))
-        self.assertEqual(one, [7])
-
-    def test_window_orders_are_bijections_for_every_size(self) -> None:
-        for n in [1, 2, 3, 5, 17, 100, 1000]:
-            order = WindowOrder(7, 1, 0, n)
-            self.assertEqual(sorted(order.get(k) for k in range(n)), list(range(n)), n)
-        self.assertNotEqual(
-            [WindowOrder(7, 1, 0, 1000).get(k) for k in range(8)],
-            [WindowOrder(7, 1, 1, 1000).get(k) for k in range(8)],
-        )
-
 
 class Datasets(unittest.TestCase):
-    def test_documents_read_back_and_bad_files_are_named(self) -> None:
+    def test_tokens_read_back_and_bad_files_are_named(self) -> None:
         with tempfile.TemporaryDirectory() as d:
-            prefix = Path(d) / "ds"
+            prefix, second = Path(d) / "ds", Path(d) / "ds2"
             write_dataset(prefix, [[1, 2, 3], [], [65535, 4]])
-            ds = IndexedDataset(prefix)
-            self.assertEqual((ds.num_docs(), ds.doc_len(1)), (3, 0))
-            self.assertEqual(ds.read(2, 0, 2), [65535, 4])
-            self.assertEqual(ds.read(0, 1, 2), [2, 3])
-            idx = bytearray(Path(f"{prefix}.idx").read_bytes())
-            idx[-8:] = struct.pack("<q", 2)  # the document index ends short of 3 sequences
-            Path(f"{prefix}.idx").write_bytes(bytes(idx))
-            with self.assertRaisesRegex(DatasetError, "document index must run from 0"):
-                IndexedDataset(prefix)
-            write_dataset(prefix, [[1, 2, 3], [], [65535, 4]])
-            Path(f"{prefix}.bin").write_bytes(b"\x00" * 4)
-            with self.assertRaisesRegex(
-                DatasetError, "ds.bin: 4 bytes, but the index describes 10"
-            ):
-                IndexedDataset(prefix)
+            write_dataset(second, [[9, 8]])
+            self.assertEqual(tokens(prefix).tolist(), [1, 2, 3, 65535, 4])
+            self.assertEqual(first_tokens([prefix, second], 6).tolist(), [1, 2, 3, 65535, 4, 9])
+            self.assertEqual(first_tokens([prefix], 9).tolist(), [1, 2, 3, 65535, 4])
+            with self.assertRaisesRegex(DatasetError, "ds.bin: 10 bytes, but 4 tokens"):
+                tokens(prefix, 4)
             Path(f"{prefix}.idx").write_bytes(b"NOTMEGATRON" + b"\x00" * 40)
             with self.assertRaisesRegex(DatasetError, "bad magic"):
-                IndexedDataset(prefix)
+                tokens(prefix)
 
 
 class Mixtures(unittest.TestCase):

@@ -1,33 +1,41 @@
 """zflow's mixture index and the batch a rank reads at a data cursor, token for token as
-``runtime/src/data/mixture`` reads them (``runtime/tests/torch_data.rs`` checks the two
+``runtime/src/data/mixture`` reads them (``tests/torch_data.rs`` checks the two
 against each other for several world sizes over many steps).
 
 ``samples.idx``, little-endian: magic ``b"ZFMIXIDX"``, version u32 (= 2), sources u32, N u64,
 seq_len u64, seed u64, block_size u64, then one u64 per sample: ``source << 48 | k``, the
-source-local sample ``k``. ``samples.idx.json`` beside it holds the spec and the report (with
-the mixture's fingerprint). Source-local sample ``k`` of source ``s`` is the window
-``[w * seq_len, w * seq_len + seq_len + 1)`` of epoch ``e = k // per_epoch`` of the source's
-documents concatenated in that epoch's seeded order, ``w = WindowOrder(seed, s, e,
-per_epoch).get(k % per_epoch)`` and ``per_epoch = (tokens_s - 1) // seq_len``.
+source-local sample ``k``. ``samples.idx.json`` beside it holds the spec, the report (with the
+mixture's fingerprint) and the read plan (``runtime/src/data/mixture/read_plan.rs``): flat u64
+arrays, made once by the mix stage, that say where every sample's tokens are. Sample ``i``
+reads tokens ``[p, p + seq_len + 1)`` of epoch ``k // samples_per_epoch`` of its source's
+stream, ``p = positions[i]``; place ``j`` of that stream is document ``order[j]`` and starts at
+``starts[j]``; document ``d``'s tokens start ``addresses[d]`` tokens into the source's
+datasets read back to back.
+
+Everything is memory-mapped and nothing is walked: opening a mixture costs the same for a
+thousand documents and ten billion, and a batch costs what its own rows do.
 """
 
-import bisect
 import json
 import mmap
 import struct
 import sys
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .megatron import TokenSource, open_concat
-from .rng import WindowOrder, epoch_order
+import numpy as np
+import numpy.typing as npt
+
+from .megatron import Tokens, token_ids, tokens
 
 MAGIC = b"ZFMIXIDX"
 INDEX_VERSION = 2
 HEADER = struct.Struct("<8sIIQQQQ")
 K_BITS = 48
 K_MASK = (1 << K_BITS) - 1
+# Epochs kept mapped per source: a batch touches at most two (sources are read in order).
+EPOCHS_CACHED = 2
 
 
 class MixtureError(ValueError):
@@ -51,28 +59,79 @@ class DataCursor:
 class Batch:
     """One rank's part of a global batch: ``micro_batch`` rows of ``seq_len + 1`` tokens."""
 
-    tokens: list[int]
+    tokens: Tokens
     sources: list[int]
     first_sample: int
 
 
-class _Epoch:
-    """One epoch of a source: its document order, each document's start in the stream, and
-    the order its windows are read in."""
+def _u64s(path: Path, count: int) -> npt.NDArray[np.uint64]:
+    """The ``count`` little-endian u64s of a read plan file, memory-mapped."""
+    size = path.stat().st_size if path.exists() else -1
+    if size != 8 * count:
+        raise MixtureError(
+            f"{path}: {size} bytes, but the mixture's read plan says it holds {count} u64 "
+            "values; the file is missing, truncated or damaged (run the mix stage again)"
+        )
+    return np.memmap(path, dtype="<u8", mode="r", shape=(count,))
 
-    def __init__(self, order: list[int], dataset: TokenSource, windows: WindowOrder) -> None:
-        self.order = order
-        self.windows = windows
-        self.starts = [0]
-        for doc in order:
-            self.starts.append(self.starts[-1] + dataset.doc_len(doc))
+
+class _Source:
+    """One source of a mixture: its plan's arrays and its datasets, each mapped when first
+    read."""
+
+    def __init__(self, base: Path, plan: dict[str, Any], prefixes: list[str], name: str) -> None:
+        parts = plan["part_tokens"]
+        if len(parts) != len(prefixes):
+            raise MixtureError(
+                f"source '{name}': the mixture was made from {len(parts)} datasets, but "
+                f"{len(prefixes)} are given"
+            )
+        self.base, self.plan, self.prefixes, self.name = base, plan, prefixes, name
+        self.documents: int = plan["documents"]
+        self.per_epoch: int = plan["samples_per_epoch"]
+        self.part_tokens: list[int] = parts
+        self.part_starts = np.concatenate(([0], np.cumsum(np.array(parts, dtype=np.int64))))
+        self.addresses = _u64s(base / plan["addresses"], self.documents + 1)
+        self.bins: dict[int, npt.NDArray[np.integer]] = {}
+        self.epochs: list[tuple[int, npt.NDArray[np.uint64], npt.NDArray[np.uint64]]] = []
+
+    def epoch(self, e: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+        """Epoch ``e``'s document order and place starts."""
+        for at, (held, order, starts) in enumerate(self.epochs):
+            if held == e:
+                self.epochs.append(self.epochs.pop(at))
+                return order, starts
+        if e >= len(self.plan["epochs"]):
+            raise MixtureError(
+                f"the read plan of source '{self.name}' holds {len(self.plan['epochs'])} "
+                f"epochs; epoch {e} was asked for"
+            )
+        files = self.plan["epochs"][e]
+        order = _u64s(self.base / files["order"], self.documents)
+        starts = _u64s(self.base / files["starts"], self.documents + 1)
+        if len(self.epochs) == EPOCHS_CACHED:
+            self.epochs.pop(0)
+        self.epochs.append((e, order, starts))
+        return order, starts
+
+    def gather(self, addresses: Tokens) -> Tokens:
+        """The tokens at ``addresses`` (offsets into the datasets read back to back)."""
+        part_of = np.searchsorted(self.part_starts, addresses, side="right") - 1
+        out = np.empty(len(addresses), dtype=np.int64)
+        for part in np.unique(part_of).tolist():
+            if part not in self.bins:
+                self.bins[part] = tokens(Path(self.prefixes[part]), self.part_tokens[part])
+            mine = part_of == part
+            values = self.bins[part][addresses[mine] - self.part_starts[part]]
+            out[mine] = token_ids(np.asarray(values), f"{self.prefixes[part]}.bin")
+        return out
 
 
 class MixtureReader:
-    """Reads a phase's samples: the index (memory-mapped) plus the sources' datasets, given in
-    the mixture's source order."""
+    """Reads a phase's samples: the index and its read plan (memory-mapped) plus each source's
+    datasets, given as their prefixes in the mixture's source order."""
 
-    def __init__(self, index_path: Path, sources: list[TokenSource]) -> None:
+    def __init__(self, index_path: Path, sources: list[list[str]]) -> None:
         if sys.byteorder != "little":
             raise MixtureError("zflow's mixture index is little-endian; this machine is not")
         with open(index_path, "rb") as f:
@@ -90,30 +149,23 @@ class MixtureReader:
             )
         if len(self._map) != HEADER.size + 8 * n:
             raise MixtureError(f"{index_path}: {len(self._map)} bytes for {n} samples")
-        self.entries = memoryview(self._map)[HEADER.size :].cast("Q")
+        self.entries = np.frombuffer(self._map, dtype="<u8", offset=HEADER.size, count=n)
         self.num_samples, self.seq_len, self.seed = n, seq_len, seed
-        sidecar = Path(f"{index_path}.json")
-        manifest = json.loads(sidecar.read_text())
-        report = manifest["report"]
-        self.fingerprint: str = report["fingerprint"]
-        if num_sources != len(manifest["spec"]["sources"]) or len(sources) != num_sources:
+        manifest = json.loads(Path(f"{index_path}.json").read_text())
+        self.fingerprint: str = manifest["report"]["fingerprint"]
+        names: list[str] = manifest["spec"]["sources"]
+        if num_sources != len(names) or len(sources) != num_sources:
             raise MixtureError(
                 f"{index_path}: {len(sources)} token sources given for {num_sources} sources "
-                f"({', '.join(manifest['spec']['sources'])})"
+                f"({', '.join(names)})"
             )
-        self.per_epoch: list[int] = []
-        for s, (dataset, rep) in enumerate(zip(sources, report["sources"], strict=True)):
-            tokens = dataset.num_tokens()
-            if dataset.num_docs() != rep["documents"] or tokens != rep["data_tokens"]:
-                raise MixtureError(
-                    f"mixture {index_path}: source {s} ('{rep['name']}') was {rep['documents']} "
-                    f"documents / {rep['data_tokens']} tokens when the mixture was made, but the "
-                    f"data given has {dataset.num_docs()} documents / {tokens} tokens"
-                )
-            self.per_epoch.append(max(tokens - 1, 0) // seq_len)
-        self.sources = sources
-        # Per source: (epoch, layout) of the two most recently used epochs.
-        self._epochs: list[list[tuple[int, _Epoch]]] = [[] for _ in sources]
+        plan = manifest["read_plan"]
+        base = index_path.parent
+        self.positions = _u64s(base / plan["positions"], n)
+        self.sources = [
+            _Source(base, p, prefixes, name)
+            for p, prefixes, name in zip(plan["sources"], sources, names, strict=True)
+        ]
 
     def start(self, phase: str) -> DataCursor:
         """A cursor at the start of this mixture."""
@@ -123,44 +175,28 @@ class MixtureReader:
         """Sample ``i`` as (source id, source-local sample number)."""
         if not 0 <= i < self.num_samples:
             raise MixtureError(f"sample {i} is past the end of the mixture, N = {self.num_samples}")
-        entry = self.entries[i]
+        entry = int(self.entries[i])
         return entry >> K_BITS, entry & K_MASK
 
-    def _layout(self, source: int, epoch: int) -> _Epoch:
-        cache = self._epochs[source]
-        for at, (e, layout) in enumerate(cache):
-            if e == epoch:
-                cache.append(cache.pop(at))
-                return layout
-        dataset = self.sources[source]
-        order = epoch_order(self.seed, source, epoch, dataset.num_docs())
-        windows = WindowOrder(self.seed, source, epoch, self.per_epoch[source])
-        layout = _Epoch(order, dataset, windows)
-        if len(cache) == 2:
-            cache.pop(0)
-        cache.append((epoch, layout))
-        return layout
-
-    def read_sample(self, i: int) -> tuple[list[int], int]:
+    def read_sample(self, i: int) -> tuple[Tokens, int]:
         """Sample ``i``'s ``seq_len + 1`` tokens and its source id."""
         s, k = self.lookup(i)
-        per_epoch = self.per_epoch[s]
-        layout = self._layout(s, k // per_epoch)
-        dataset = self.sources[s]
-        pos = layout.windows.get(k % per_epoch) * self.seq_len
-        # The document holding `pos`: the last one starting at or before it.
-        j = bisect.bisect_right(layout.starts, pos) - 1
-        out: list[int] = []
+        source = self.sources[s]
+        order, starts = source.epoch(k // source.per_epoch)
         want = self.seq_len + 1
-        while len(out) < want:
-            offset = pos - layout.starts[j]
-            length = layout.starts[j + 1] - layout.starts[j]
-            take = min(length - offset, want - len(out))
-            if take > 0:
-                out.extend(dataset.read(layout.order[j], offset, take))
-            pos += take
-            j += 1
-        return out, s
+        pos = int(self.positions[i])
+        # The places whose documents overlap [pos, pos + want): from the last one starting at
+        # or before pos (empty documents start where the next one does) to the last one
+        # starting before the end.
+        first = int(np.searchsorted(starts, pos, side="right")) - 1
+        end = int(np.searchsorted(starts, pos + want, side="left"))
+        begin = starts[first : end + 1].astype(np.int64)
+        lo = np.maximum(begin[:-1], pos)
+        take = np.minimum(begin[1:], pos + want) - lo
+        # Where each piece's tokens are, then one address per token of the row.
+        at = source.addresses[order[first:end]].astype(np.int64) + (lo - begin[:-1])
+        addresses = np.repeat(at - (np.cumsum(take) - take), take) + np.arange(want)
+        return source.gather(addresses), s
 
     def batch(self, cursor: DataCursor, rank: int, world: int, micro_batch: int) -> Batch:
         """Rank ``rank``'s part of the global batch at ``cursor``: samples
@@ -180,32 +216,30 @@ class MixtureReader:
                 f"batch at sample {cursor.sample} needs samples up to {end}"
             )
         first = cursor.sample + rank * micro_batch
-        tokens: list[int] = []
+        rows = np.empty((micro_batch, self.seq_len + 1), dtype=np.int64)
         sources: list[int] = []
         for r in range(micro_batch):
-            row, s = self.read_sample(first + r)
-            tokens.extend(row)
+            rows[r], s = self.read_sample(first + r)
             sources.append(s)
-        return Batch(tokens, sources, first)
+        return Batch(rows, sources, first)
 
 
 def _dump(argv: list[str]) -> None:
     """``python -m zflow_torch.mixture INDEX OUT WORLD MICRO_BATCH STEPS SOURCE...``: every
     rank's batch for STEPS global batches from the start, as little-endian u32 tokens, then
-    the rows' source ids, rank after rank and step after step (what runtime/tests/torch_data.rs
+    the rows' source ids, rank after rank and step after step (what tests/torch_data.rs
     compares with the Rust reader). A SOURCE is its datasets' prefixes, comma-separated."""
     index, out, world, micro, steps, *sources = argv
-    datasets: list[TokenSource] = [open_concat(s.split(",")) for s in sources]
-    reader = MixtureReader(Path(index), datasets)
+    reader = MixtureReader(Path(index), [s.split(",") for s in sources])
     cursor = reader.start("dump")
-    data = array("I")
+    chunks: list[bytes] = []
     for _ in range(int(steps)):
         for rank in range(int(world)):
             b = reader.batch(cursor, rank, int(world), int(micro))
-            data.extend(b.tokens)
-            data.extend(b.sources)
+            chunks.append(b.tokens.astype("<u4").tobytes())
+            chunks.append(np.array(b.sources, dtype="<u4").tobytes())
         cursor = cursor.advance(int(world), int(micro))
-    Path(out).write_bytes(data.tobytes())
+    Path(out).write_bytes(b"".join(chunks))
 
 
 if __name__ == "__main__":

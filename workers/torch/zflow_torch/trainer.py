@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors.torch import load as st_load
@@ -63,7 +64,7 @@ from zflow_torch.distributed import (
 )
 from zflow_torch.job import TrainJob, encode
 from zflow_torch.loss import CausalLmLoss
-from zflow_torch.megatron import ConcatDataset, TokenSource, open_concat
+from zflow_torch.megatron import Tokens, first_tokens
 from zflow_torch.mixture import DataCursor, MixtureReader
 from zflow_torch.optim import BatchedMuon
 from zflow_torch.rng import SplitMix64
@@ -108,8 +109,7 @@ class Trainer:
 
     def open_data(self) -> None:
         # A source's tokens: its datasets (a sharded source's shards) read as one.
-        sources: list[TokenSource] = [open_concat(s.tokens) for s in self.job.sources]
-        self.reader = MixtureReader(Path(self.job.mixture), sources)
+        self.reader = MixtureReader(Path(self.job.mixture), [s.tokens for s in self.job.sources])
         self.seq_len = self.reader.seq_len
         self.total_steps = self.reader.num_samples // self.t.global_batch
         if self.total_steps == 0:
@@ -117,12 +117,11 @@ class Trainer:
                 f"phase `{self.job.phase}`: the mixture has {self.reader.num_samples} samples, "
                 f"fewer than one global batch of {self.t.global_batch}"
             )
-        self.heldout: list[tuple[str, ConcatDataset]] = []
+        # Rank 0 scores each source's first `eval_tokens + 1` held-out tokens.
+        self.heldout: list[tuple[str, Tokens]] = []
         if self.rank == 0:
             for s in self.job.sources:
-                ds = open_concat(s.heldout)
-                if ds.num_docs() > 0:
-                    self.heldout.append((s.name, ds))
+                self.heldout.append((s.name, first_tokens(s.heldout, self.t.eval_tokens + 1)))
 
     def build_model(self) -> None:
         m = self.model_config
@@ -370,17 +369,17 @@ class Trainer:
         t, vocab = self.t, self.model_config.vocab_size
         b = self.reader.batch(state.cursor, self.dp_rank, self.dp_world, t.micro_batch)
         tokens = b.tokens
-        bad = next((x for x in tokens if x >= vocab), None)
-        if bad is not None:
+        beyond = tokens[tokens >= vocab]
+        if beyond.size:
             raise Fatal(
                 f"phase `{self.job.phase}`: the batch at sample {state.cursor.sample} holds "
-                f"token id {bad}, beyond model.vocab_size {vocab}"
+                f"token id {int(beyond[0])}, beyond model.vocab_size {vocab}"
             )
         if garbage:
             # Fault injection: this batch is noise, as a corrupt shard would be.
             rng = SplitMix64(batch_start ^ 0xBAD)
-            tokens = [rng.below(vocab) for _ in tokens]
-        rows = torch.tensor(tokens, dtype=torch.long).view(t.micro_batch, self.seq_len + 1)
+            tokens = np.array([rng.below(vocab) for _ in range(tokens.size)], dtype=np.int64)
+        rows = torch.from_numpy(tokens).view(t.micro_batch, self.seq_len + 1)
         rows = rows.to(self.device)
         # The whole sequences' inputs and targets, then this rank's part of each.
         return self.cp.chunk(rows[:, :-1]), self.cp.chunk(rows[:, 1:])
@@ -447,16 +446,10 @@ class Trainer:
         """Held-out loss per source (rank 0): the first
         ``eval_tokens + 1`` tokens of the held-out documents in windows of ``seq_len``."""
         out = []
-        want = self.t.eval_tokens + 1
         # Rank 0 alone scores whole windows: no context-parallel collectives.
         with torch.no_grad(), context_parallel.whole_sequences(self.net):
-            for name, ds in self.heldout:
-                stream: list[int] = []
-                for doc in range(ds.num_docs()):
-                    take = min(ds.doc_len(doc), want - len(stream))
-                    stream.extend(ds.read(doc, 0, take))
-                    if len(stream) == want:
-                        break
+            for name, held in self.heldout:
+                stream = held.tolist()
                 s = self.seq_len
                 windows = [stream[i : i + s + 1] for i in range(0, len(stream) - s, s)]
                 if not windows:

@@ -257,6 +257,10 @@ impl TokenSource for IndexedDataset {
     fn read(&self, doc: usize, offset: usize, out: &mut [u32]) -> Result<()> {
         self.read_tokens(doc, offset, out)
     }
+
+    fn num_tokens(&self) -> u64 {
+        self.total_tokens
+    }
 }
 
 fn le_u64(bytes: &[u8], at: usize) -> u64 {

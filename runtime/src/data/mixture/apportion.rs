@@ -33,8 +33,8 @@ pub(super) fn shuffle<T>(items: &mut [T], rng: &mut SplitMix64) {
 }
 
 /// The document order of epoch `epoch` of source `source`.
-pub(super) fn epoch_order(seed: u64, source: usize, epoch: u64, num_docs: usize) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..num_docs as u32).collect();
+pub(super) fn epoch_order(seed: u64, source: usize, epoch: u64, num_docs: usize) -> Vec<u64> {
+    let mut order: Vec<u64> = (0..num_docs as u64).collect();
     shuffle(
         &mut order,
         &mut rng_for(&[seed, TAG_DOCS, source as u64, epoch]),
@@ -172,12 +172,8 @@ pub(super) fn scan_sources(
     // Lengths are hashed through a buffer: one hasher call per document would be slow for
     // sources with hundreds of millions of documents.
     let mut buf = Vec::with_capacity(64 * 1024);
-    for (s, src) in sources.iter().enumerate() {
+    for src in sources {
         let docs = src.num_docs();
-        ensure!(
-            docs <= u32::MAX as usize,
-            "mixture: source {s} has {docs} documents, more than the mixture supports (2^32 - 1)"
-        );
         digest.update(&(docs as u64).to_le_bytes());
         let mut tokens = 0u64;
         for d in 0..docs {

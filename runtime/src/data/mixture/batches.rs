@@ -36,7 +36,7 @@ pub fn measure(reader: &MixtureReader, global_batch: u64) -> Result<BatchReport>
     let batches = reader.num_samples() / global_batch;
     let measured = batches.min(MAX_MEASURED_BATCHES);
     let (mut distinct_sum, mut max_share) = (0u64, 0f64);
-    let mut counts: HashMap<(u16, u32), u64> = HashMap::new();
+    let mut counts: HashMap<(u16, u64), u64> = HashMap::new();
     for j in 0..measured {
         // Evenly spaced over the phase: batch floor(j * batches / measured).
         let batch = (j as u128 * batches as u128 / measured as u128) as u64;

@@ -31,7 +31,9 @@
 //!    data). Windows never cross an epoch, and every window of an epoch is read once.
 //!
 //! # Files
-//! [`MixPlan::write`] writes two files; the reader needs both.
+//! [`MixPlan::write`] writes the index, the read plan ([`read_plan`]: flat arrays that say
+//! where every sample's tokens are, so that no reader recomputes the shuffles above) and the
+//! sidecar; the reader needs all three.
 //!
 //! `<index>` — the sample index, little-endian, memory-mapped by [`MixIndex`]:
 //! ```text
@@ -47,8 +49,8 @@
 //!     48  8 N  one u64 per sample: source id << 48 | source-local sample k
 //! ```
 //! `<index>.json` — the sidecar ([`MixManifest`]): the spec, a digest of the sources'
-//! document lengths and the [`MixReport`] (with the fingerprint). It is written after the
-//! index, so its presence means the index is complete.
+//! document lengths, the [`MixReport`] (with the fingerprint) and the [`ReadPlan`]. It is
+//! written after the index and the plan, so its presence means both are complete.
 //!
 //! # Randomness
 //! All shuffles use a hand-written SplitMix64 generator and a plain Fisher–Yates, not the
@@ -68,6 +70,7 @@ mod apportion;
 pub mod batches;
 mod index;
 pub mod permutation;
+pub mod read_plan;
 mod reader;
 
 use apportion::{
@@ -78,6 +81,8 @@ pub use index::MixIndex;
 pub use reader::{Batch, DataCursor, MixtureReader, advance};
 
 use index::Header;
+use permutation::WindowOrder;
+use read_plan::{ReadPlan, U64Writer, plan_dir, relative_name};
 
 /// One stage of a phase's curriculum: from `start` (a fraction of the phase's samples) on,
 /// sources are drawn with these weights.
@@ -173,6 +178,8 @@ pub struct MixManifest {
     pub data_digest: String,
     /// The mixture's report.
     pub report: MixReport,
+    /// The files that say where each sample's tokens are ([`read_plan`]).
+    pub read_plan: ReadPlan,
 }
 
 /// Where the sidecar of the index at `index_path` lives: the index path with `.json` appended.
@@ -295,14 +302,33 @@ impl MixPlan {
         Ok(())
     }
 
-    /// Writes the index to `index_path` and its sidecar to [`manifest_path`]`(index_path)`
-    /// (layout in the module docs), and returns the report. Streams block by block, so memory
-    /// stays small however long the phase.
-    pub fn write(&self, index_path: &Path) -> Result<MixReport> {
+    /// Writes the index to `index_path`, the read plan into [`plan_dir`]`(index_path)` and
+    /// the sidecar to [`manifest_path`]`(index_path)` (layouts in the module docs and in
+    /// [`read_plan`]), and returns the report. `sources` are the data [`plan`] was given. The
+    /// index and the sample positions are streamed block by block; laying out an epoch holds
+    /// its document order in memory (8 bytes per document).
+    pub fn write(&self, index_path: &Path, sources: &[&dyn TokenSource]) -> Result<MixReport> {
+        ensure!(
+            sources.len() == self.stats.len()
+                && sources
+                    .iter()
+                    .zip(&self.stats)
+                    .all(|(src, st)| src.num_docs() as u64 == st.docs),
+            "mixture: write was given other sources than its plan"
+        );
         let n = self.spec.num_samples();
         let file = File::create(index_path)
             .with_context(|| format!("creating mixture index {}", index_path.display()))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
+        let base = index_path.parent().unwrap_or(Path::new("."));
+        let dir = plan_dir(index_path);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating the read plan folder {}", dir.display()))?;
+        let positions_name = "positions.u64";
+        let mut positions = U64Writer::create(&dir.join(positions_name))?;
+        let per_epoch: Vec<u64> = self.stats.iter().map(|st| st.per_epoch).collect();
+        // Per source, the window order of the epoch its samples are in (read front to back).
+        let mut windows: Vec<Option<(u64, WindowOrder)>> = vec![None; per_epoch.len()];
 
         let mut fingerprint = blake3::Hasher::new();
         let spec_json = serde_json::to_vec(&self.spec)?;
@@ -330,8 +356,31 @@ impl MixPlan {
                 bytes.extend_from_slice(&e.to_le_bytes());
             }
             fingerprint.update(&bytes);
+            for &e in entries {
+                let (s, k) = apportion::decode(e);
+                let s = s as usize;
+                let epoch = k / per_epoch[s];
+                if windows[s].as_ref().map(|(at, _)| *at) != Some(epoch) {
+                    let order = WindowOrder::new(self.spec.seed, s, epoch, per_epoch[s]);
+                    windows[s] = Some((epoch, order));
+                }
+                let (_, order) = windows[s].as_ref().expect("set above");
+                positions.push(order.get(k % per_epoch[s]) * self.spec.seq_len as u64)?;
+            }
             out.write_all(&bytes).with_context(write_err)
         })?;
+        positions.finish()?;
+        let read_plan = ReadPlan {
+            positions: relative_name(base, &dir, positions_name),
+            sources: read_plan::write_sources(
+                base,
+                &dir,
+                self.spec.seed,
+                sources,
+                &self.samples,
+                &per_epoch,
+            )?,
+        };
         let file = out
             .into_inner()
             .map_err(|e| e.into_error())
@@ -343,6 +392,7 @@ impl MixPlan {
             spec: self.spec.clone(),
             data_digest: self.data_digest.clone(),
             report: report.clone(),
+            read_plan,
         };
         // Written after the index and renamed into place, so a sidecar means a complete index.
         zflow_files::atomic::write(

@@ -7,12 +7,12 @@
 //! `n`, cycle-walked back into `0..n` (Black and Rogaway, "Ciphers with arbitrary finite
 //! domains", 2002): applying the network again to a value outside the range until one falls
 //! inside keeps the map a bijection, and takes fewer than 4 steps on average since the
-//! network's domain is below `4n`. Megatron's GPT dataset gets the same effect from a stored
-//! shuffle of every sample (`shuffle_idx`); that table would take 8 bytes per sample, some
-//! 16 GB for a phase of ZAYA1's, where this takes 48 bytes.
+//! network's domain is below `4n`. Megatron's GPT dataset gets the same effect from a shuffle of
+//! every sample (`shuffle_idx`), which needs the whole table in memory to draw; this needs 48
+//! bytes, so the mix stage streams the phase however long it is.
 //!
-//! `workers/torch/zflow_torch/rng.py` computes the same numbers (tests/torch_data.rs reads
-//! both sides' batches and compares them).
+//! Only the mix stage computes it: the read plan ([`super::read_plan`]) stores each sample's
+//! window position, and every reader maps that instead.
 
 use super::apportion::{TAG_WINDOWS, rng_for};
 use crate::rng::SplitMix64;

@@ -2,13 +2,12 @@
 //! that turns cursor positions into token windows.
 
 use super::super::TokenSource;
-use super::apportion::{epoch_order, scan_sources};
 use super::index::MixIndex;
-use super::permutation::WindowOrder;
+use super::read_plan::U64Array;
 use super::{MixManifest, MixReport, MixSpec, manifest_path};
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// Where a trainer is in a phase's data; saved in checkpoints. The fingerprint ties it to one
@@ -51,41 +50,44 @@ pub struct Batch {
     pub first_sample: u64,
 }
 
-/// One epoch of a source: its document order, where each document starts in the stream, and
-/// the order its windows are read in.
+/// One epoch of a source, from the read plan: the document at each place of its stream and
+/// where each place starts.
 pub(super) struct EpochLayout {
-    pub(super) order: Vec<u32>,
-    /// `starts[j]` = stream offset of the j-th document in `order`; one extra entry = total.
-    pub(super) starts: Vec<u64>,
-    /// Window `windows.get(k')` is the one the epoch's `k'`-th sample reads.
-    pub(super) windows: WindowOrder,
+    pub(super) order: U64Array,
+    pub(super) starts: U64Array,
 }
 
-/// Epoch layouts kept per source. A batch touches at most two epochs of a source (sources
-/// are read front to back), so two per source is enough.
+/// Epoch layouts kept mapped per source. A batch touches at most two epochs of a source
+/// (sources are read front to back), so two per source is enough.
 pub(super) const EPOCHS_CACHED: usize = 2;
 
-/// One source's cached epochs: (epoch, layout), most recently used last.
+/// One source's mapped epochs: (epoch, layout), most recently used last.
 pub(super) type RecentEpochs = Vec<(u64, Arc<EpochLayout>)>;
 
-/// Reads a phase's samples: the index (memory-mapped) plus the sources' tokens.
+/// Reads a phase's samples: the index and the read plan (memory-mapped) plus the sources'
+/// tokens.
 ///
 /// Opened from the index path alone plus the sources; seq_len and seed come from the index
-/// header, and the fingerprint, source names and data digest from the sidecar
-/// (`<index>.json`). Safe to share between threads.
+/// header, and the fingerprint, source names and read plan from the sidecar
+/// (`<index>.json`). Opening costs the same whatever the sources' sizes. Safe to share
+/// between threads.
 pub struct MixtureReader {
     pub(super) index: MixIndex,
     pub(super) sources: Vec<Arc<dyn TokenSource>>,
     pub(super) manifest: MixManifest,
-    pub(super) per_epoch: Vec<u64>,
+    /// The folder the plan's file names are relative to.
+    pub(super) base: PathBuf,
+    pub(super) positions: U64Array,
     /// Per source: recently used epochs, most recent last.
     pub(super) epochs: Mutex<Vec<RecentEpochs>>,
 }
 
 impl MixtureReader {
-    /// Opens the index at `index_path` and its sidecar, with the sources' data in source
-    /// order. Fails if the sources are not the data the mixture was made from (count,
-    /// documents or document lengths differ).
+    /// Opens the index at `index_path`, its sidecar and its read plan, with the sources' data
+    /// in source order. Fails if the sources are not shaped as the data the mixture was made
+    /// from (count, documents, tokens or files differ); that they hold the same documents is
+    /// the store's to guarantee (a mix stage's identity includes its inputs' hashes), as
+    /// checking it here would read every document length.
     pub fn open(index_path: &Path, sources: Vec<Arc<dyn TokenSource>>) -> Result<MixtureReader> {
         let index = MixIndex::open(index_path)?;
         let mpath = manifest_path(index_path);
@@ -112,35 +114,43 @@ impl MixtureReader {
             spec.sources.len(),
             spec.sources.join(", ")
         );
-        let refs: Vec<&dyn TokenSource> = sources.iter().map(|s| s.as_ref()).collect();
-        let (stats, digest) = scan_sources(&refs, spec.seq_len)?;
-        if digest != manifest.data_digest {
-            for (s, (st, rep)) in stats.iter().zip(&manifest.report.sources).enumerate() {
-                ensure!(
-                    st.docs == rep.documents && st.tokens == rep.data_tokens,
-                    "mixture {}: source {s} ('{}') was {} documents / {} tokens when the mixture \
-                     was made, but the data given has {} documents / {} tokens",
-                    index_path.display(),
-                    rep.name,
-                    rep.documents,
-                    rep.data_tokens,
-                    st.docs,
-                    st.tokens
-                );
-            }
-            bail!(
-                "mixture {}: the sources' document lengths differ from the data the mixture was \
-                 made from (same counts, different documents)",
-                index_path.display()
+        let plan = &manifest.read_plan;
+        ensure!(
+            plan.sources.len() == sources.len(),
+            "{}: the read plan lists {} sources for {}",
+            mpath.display(),
+            plan.sources.len(),
+            sources.len()
+        );
+        for (s, (src, sp)) in sources.iter().zip(&plan.sources).enumerate() {
+            let name = &spec.sources[s];
+            let (docs, tokens) = (src.num_docs() as u64, src.num_tokens());
+            ensure!(
+                docs == sp.documents && tokens == sp.tokens,
+                "mixture {}: source {s} ('{name}') was {} documents / {} tokens when the mixture \
+                 was made, but the data given has {docs} documents / {tokens} tokens",
+                index_path.display(),
+                sp.documents,
+                sp.tokens,
+            );
+            ensure!(
+                src.part_tokens() == sp.part_tokens,
+                "mixture {}: source {s} ('{name}') was stored in {} files when the mixture was \
+                 made, but the data given is split differently ({} files)",
+                index_path.display(),
+                sp.part_tokens.len(),
+                src.part_tokens().len()
             );
         }
-        let per_epoch = stats.iter().map(|st| st.per_epoch).collect();
+        let base = index_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let positions = U64Array::open(&base, &plan.positions, h.num_samples)?;
         let epochs = Mutex::new(vec![Vec::new(); sources.len()]);
         Ok(MixtureReader {
             index,
             sources,
             manifest,
-            per_epoch,
+            base,
+            positions,
             epochs,
         })
     }
@@ -212,8 +222,8 @@ impl MixtureReader {
 
     /// The document that gives sample `i` most of its tokens (the first of those tied), as
     /// (source id, document number in the source).
-    pub fn main_document(&self, i: u64) -> Result<(u16, u32)> {
-        let mut best = (0u32, 0usize);
+    pub fn main_document(&self, i: u64) -> Result<(u16, u64)> {
+        let mut best = (0u64, 0usize);
         let source = self.walk(i, |doc, _, take| {
             if take > best.1 {
                 best = (doc, take);
@@ -226,26 +236,23 @@ impl MixtureReader {
     /// Calls `piece(document, offset, tokens)` for each document piece of sample `i`'s
     /// window, in order (empty documents skipped); returns the sample's source id.
     ///
-    /// Source-local sample `k` reads window `w` of epoch `k / per_epoch`, `w` being the
-    /// epoch's [`WindowOrder`] at `k % per_epoch`: tokens `[w * seq_len, w * seq_len +
-    /// seq_len + 1)` of the epoch's stream (module docs, step 4).
-    fn walk(&self, i: u64, mut piece: impl FnMut(u32, u64, usize) -> Result<()>) -> Result<u16> {
+    /// Source-local sample `k` reads the tokens `[p, p + seq_len + 1)` of epoch
+    /// `k / samples_per_epoch` of its source, `p` the sample's position in the read plan.
+    fn walk(&self, i: u64, mut piece: impl FnMut(u64, u64, usize) -> Result<()>) -> Result<u16> {
         let (s, k) = self.lookup(i)?;
-        let source = s as usize;
-        let per_epoch = self.per_epoch[source];
-        let layout = self.layout(source, k / per_epoch);
+        let per_epoch = self.manifest.read_plan.sources[s as usize].samples_per_epoch;
+        let layout = self.layout(s as usize, k / per_epoch)?;
         let want = self.seq_len() as u64 + 1;
-        let mut pos = layout.windows.get(k % per_epoch) * self.seq_len() as u64;
-        // The document holding `pos`: the last one starting at or before it (empty documents
-        // start where the next one does, so this skips them).
-        let mut j = layout.starts.partition_point(|&start| start <= pos) - 1;
+        let mut pos = self.positions.get(i);
+        // The document holding `pos`: the last place starting at or before it (empty
+        // documents start where the next one does, so this skips them).
+        let mut j = layout.starts.partition_point(|start| start <= pos) - 1;
         let mut filled = 0u64;
         while filled < want {
-            let offset = pos - layout.starts[j];
-            let len = layout.starts[j + 1] - layout.starts[j];
-            let take = (len - offset).min(want - filled);
+            let (start, end) = (layout.starts.get(j), layout.starts.get(j + 1));
+            let take = (end - pos).min(want - filled);
             if take > 0 {
-                piece(layout.order[j], offset, take as usize)?;
+                piece(layout.order.get(j), pos - start, take as usize)?;
             }
             filled += take;
             pos += take;
@@ -306,35 +313,32 @@ impl MixtureReader {
         })
     }
 
-    /// The layout of epoch `epoch` of `source`, from the cache or built (O(documents)).
-    pub(super) fn layout(&self, source: usize, epoch: u64) -> Arc<EpochLayout> {
+    /// The layout of epoch `epoch` of `source`, from the cache or mapped from the read plan.
+    pub(super) fn layout(&self, source: usize, epoch: u64) -> Result<Arc<EpochLayout>> {
         let mut cache = self.epochs.lock().unwrap_or_else(|e| e.into_inner());
         let entries = &mut cache[source];
         if let Some(at) = entries.iter().position(|(e, _)| *e == epoch) {
             let hit = entries.remove(at);
             let layout = hit.1.clone();
             entries.push(hit);
-            return layout;
+            return Ok(layout);
         }
-        let src = &self.sources[source];
-        let order = epoch_order(self.index.seed(), source, epoch, src.num_docs());
-        let mut starts = Vec::with_capacity(order.len() + 1);
-        let mut total = 0u64;
-        starts.push(0);
-        for &d in &order {
-            total += src.doc_len(d as usize) as u64;
-            starts.push(total);
-        }
-        let windows = WindowOrder::new(self.index.seed(), source, epoch, self.per_epoch[source]);
+        let plan = &self.manifest.read_plan.sources[source];
+        let files = plan.epochs.get(epoch as usize).with_context(|| {
+            format!(
+                "the read plan of source '{}' holds {} epochs; epoch {epoch} was asked for",
+                self.spec().sources[source],
+                plan.epochs.len()
+            )
+        })?;
         let layout = Arc::new(EpochLayout {
-            order,
-            starts,
-            windows,
+            order: U64Array::open(&self.base, &files.order, plan.documents)?,
+            starts: U64Array::open(&self.base, &files.starts, plan.documents + 1)?,
         });
         if entries.len() == EPOCHS_CACHED {
             entries.remove(0);
         }
         entries.push((epoch, layout.clone()));
-        layout
+        Ok(layout)
     }
 }

@@ -90,7 +90,10 @@ fn build(
     name: &str,
 ) -> (MixReport, MixtureReader, PathBuf) {
     let path = dir.join(name);
-    let report = plan(spec, &refs(sources)).unwrap().write(&path).unwrap();
+    let report = plan(spec, &refs(sources))
+        .unwrap()
+        .write(&path, &refs(sources))
+        .unwrap();
     let reader = MixtureReader::open(&path, dyns(sources)).unwrap();
     (report, reader, path)
 }
@@ -299,7 +302,7 @@ fn windows_match_a_naive_concatenation() {
             sorted.sort();
             assert_eq!(
                 sorted,
-                (0..docs.len() as u32).collect::<Vec<_>>(),
+                (0..docs.len() as u64).collect::<Vec<_>>(),
                 "not a permutation"
             );
             order
@@ -608,6 +611,25 @@ fn reader_refuses_other_data_and_damaged_files() {
     let manifest: MixManifest =
         serde_json::from_slice(&std::fs::read(manifest_path(&path)).unwrap()).unwrap();
     assert_eq!(manifest.spec, s);
+
+    // A read plan file cut short is named when the reader opens or first maps it.
+    let starts = dir
+        .path()
+        .join(&manifest.read_plan.sources[0].epochs[0].starts);
+    let plan_bytes = std::fs::read(&starts).unwrap();
+    std::fs::write(&starts, &plan_bytes[..plan_bytes.len() - 8]).unwrap();
+    let reader = MixtureReader::open(&path, dyns(&sources)).unwrap();
+    let first = (0..reader.num_samples())
+        .find(|&i| reader.lookup(i).unwrap().0 == 0)
+        .unwrap();
+    let err = format!(
+        "{:#}",
+        reader.read_sample(first, &mut [0; 17]).err().unwrap()
+    );
+    assert!(
+        err.contains("s0.e0.starts.u64") && err.contains("truncated or damaged"),
+        "{err}"
+    );
 }
 
 #[test]
