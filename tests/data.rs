@@ -530,3 +530,32 @@ sources:
         "{pointer}"
     );
 }
+
+/// `zflow bench data-scale` runs end to end at small counts (its figures are for the note and
+/// the reader, never asserted): a source is made, mixed, and a rank reads its first batch.
+#[test]
+#[cfg_attr(
+    not(zflow_torch),
+    ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
+)]
+fn the_data_scale_bench_measures_each_count() {
+    let sb = Sandbox::new();
+    let out = sb.ok(&[
+        "bench",
+        "data-scale",
+        "--docs",
+        "1e3,1e4",
+        "--dir",
+        "scratch",
+    ]);
+    let rows: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("| 1e"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{}", out.stdout);
+    assert!(
+        !sb.path().join("scratch").exists(),
+        "the scratch files stay"
+    );
+}

@@ -2,6 +2,7 @@
 //! that dispatches to them.
 
 mod checkpoint;
+mod data_scale;
 mod experts;
 mod hw;
 mod memory;
@@ -32,6 +33,17 @@ pub enum Bench {
         #[arg(long, default_value_t = 2000)]
         stages: usize,
         /// Where to put the recipe and store (default: a temp folder).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// The data plane's cost as the corpus grows: for each count, a synthetic pre-tokenized
+    /// source of that many small documents, its validation, the mix stage (documents/s), and
+    /// one rank's start-up up to its first batch (time, peak RSS), which must not grow.
+    DataScale {
+        /// Document counts, comma-separated (`1e5,1e6,1e7,1e8`).
+        #[arg(long, default_value = "1e5,1e6,1e7")]
+        docs: String,
+        /// Scratch folder (default: a temporary one); each count's files are removed after it.
         #[arg(long)]
         dir: Option<PathBuf>,
     },
@@ -178,6 +190,10 @@ pub async fn bench(what: Bench) -> Result<ExitCode> {
     match what {
         Bench::Plan { stages, dir } => bench_plan(stages, dir).await,
         Bench::Tokenize { recipe, source } => tokenize::run(&recipe, &source),
+        Bench::DataScale { docs, dir } => {
+            let counts = data_scale::parse_counts(&docs)?;
+            tokio::task::spawn_blocking(move || data_scale::run(&counts, dir.as_deref())).await?
+        }
         Bench::Train {
             recipe,
             phase,

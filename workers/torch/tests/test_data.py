@@ -1,6 +1,7 @@
 """Unit tests of the data plane (``python -m unittest`` from ``workers/torch`` in the torch
 engine's Python). That its batches equal the Rust reader's is ``tests/torch_data.rs``."""
 
+import json
 import struct
 import tempfile
 import unittest
@@ -68,6 +69,63 @@ class Mixtures(unittest.TestCase):
                 MixtureReader(index, [])
         cursor = DataCursor("p", 10, "f").advance(2, 3)
         self.assertEqual(cursor.sample, 16)
+
+
+def sparse_u64s(path: Path, length: int, at: int, values: list[int]) -> None:
+    """A file of ``length`` little-endian u64s, ``values`` from entry ``at`` on, zeros (holes)
+    elsewhere."""
+    with open(path, "wb") as f:
+        f.truncate(8 * length)
+        f.seek(8 * at)
+        f.write(struct.pack(f"<{len(values)}Q", *values))
+
+
+class PastU32(unittest.TestCase):
+    def test_document_ids_past_2_pow_32_address_their_own_tokens(self) -> None:
+        # 2^32 empty documents, then 8 of 10 tokens (sparse files of 32 GiB, as
+        # runtime/src/data/mixture/tests.rs builds them for the Rust reader).
+        first, past, length, seq_len = 1 << 32, 8, 10, 16
+        docs = first + past
+        with tempfile.TemporaryDirectory() as d:
+            base = Path(d)
+            index = base / "samples.idx"
+            header = struct.pack("<8sIIQQQQ", b"ZFMIXIDX", 2, 1, 2, seq_len, 42, 2)
+            index.write_bytes(header + struct.pack("<2Q", 0, 1))
+            plan = base / "samples.plan"
+            plan.mkdir()
+            sparse_u64s(plan / "positions.u64", 2, 0, [0, seq_len])
+            tails = [p * length for p in range(past + 1)]
+            sparse_u64s(plan / "addresses.u64", docs + 1, first, tails)
+            sparse_u64s(plan / "starts.u64", docs + 1, first, tails)
+            sparse_u64s(plan / "order.u64", docs, first, [first + p for p in reversed(range(past))])
+            sources = {
+                "documents": docs,
+                "tokens": past * length,
+                "samples_per_epoch": (past * length - 1) // seq_len,
+                "part_tokens": [past * length],
+                "addresses": "samples.plan/addresses.u64",
+                "epochs": [
+                    {"order": "samples.plan/order.u64", "starts": "samples.plan/starts.u64"}
+                ],
+            }
+            manifest = {
+                "spec": {"sources": ["past"]},
+                "report": {"fingerprint": "f"},
+                "read_plan": {"positions": "samples.plan/positions.u64", "sources": [sources]},
+            }
+            Path(f"{index}.json").write_text(json.dumps(manifest))
+            # The tokens: document 2^32 + p holds p * 100 + offset.
+            write_dataset(base / "tokens", [[p * 100 + o for o in range(length)] for p in range(8)])
+            reader = MixtureReader(index, [[str(base / "tokens")]])
+            batch = reader.batch(reader.start("p"), 0, 1, 2)
+
+            def expected(start: int) -> list[int]:
+                out = []
+                for pos in range(start, start + seq_len + 1):
+                    out.append((past - 1 - pos // length) * 100 + pos % length)
+                return out
+
+            self.assertEqual(batch.tokens.tolist(), [expected(0), expected(seq_len)])
 
 
 if __name__ == "__main__":

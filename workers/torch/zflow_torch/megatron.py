@@ -11,10 +11,12 @@ The ``.idx`` header, little-endian: magic ``b"MMIDIDX\\x00\\x00"``, version u64 
 code u8, sequence count u64, document-index count u64.
 """
 
+import mmap
 import struct
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -58,6 +60,18 @@ def token_dtype(prefix: Path) -> np.dtype:
     return np.dtype(DTYPES[code])
 
 
+def map_random(path: Path, dtype: npt.DTypeLike, count: int) -> npt.NDArray[Any]:
+    """The first ``count`` values of ``dtype`` in the file at ``path``, memory-mapped for random
+    reads: without read-ahead, a lookup costs the pages it touches, not the kernel's window
+    around each (which made a rank's memory grow with the arrays it looked into)."""
+    if count == 0:
+        return np.zeros(0, dtype=dtype)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    mapped.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(mapped, dtype=dtype, count=count)
+
+
 def tokens(prefix: Path, expected: int | None = None) -> npt.NDArray[np.integer]:
     """Every token of the dataset at ``prefix``, memory-mapped in its dtype; ``expected``, when
     given, is the count the ``.bin`` must hold."""
@@ -67,9 +81,7 @@ def tokens(prefix: Path, expected: int | None = None) -> npt.NDArray[np.integer]
     if size % dtype.itemsize != 0 or (expected is not None and size != expected * dtype.itemsize):
         want = f"{expected} tokens of {dtype.itemsize} bytes" if expected is not None else "whole"
         raise DatasetError(f"{path}: {size} bytes, but {want} tokens were expected")
-    if size == 0:
-        return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r")
+    return map_random(path, dtype, size // dtype.itemsize)
 
 
 def token_ids(values: npt.NDArray[np.integer], where: str) -> Tokens:

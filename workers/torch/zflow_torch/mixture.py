@@ -18,8 +18,10 @@ thousand documents and ten billion, and a batch costs what its own rows do.
 
 import json
 import mmap
+import resource
 import struct
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .megatron import Tokens, token_ids, tokens
+from .megatron import Tokens, map_random, token_ids, tokens
 
 MAGIC = b"ZFMIXIDX"
 INDEX_VERSION = 2
@@ -72,7 +74,7 @@ def _u64s(path: Path, count: int) -> npt.NDArray[np.uint64]:
             f"{path}: {size} bytes, but the mixture's read plan says it holds {count} u64 "
             "values; the file is missing, truncated or damaged (run the mix stage again)"
         )
-    return np.memmap(path, dtype="<u8", mode="r", shape=(count,))
+    return map_random(path, "<u8", count)
 
 
 class _Source:
@@ -188,8 +190,9 @@ class MixtureReader:
         # The places whose documents overlap [pos, pos + want): from the last one starting at
         # or before pos (empty documents start where the next one does) to the last one
         # starting before the end.
-        first = int(np.searchsorted(starts, pos, side="right")) - 1
-        end = int(np.searchsorted(starts, pos + want, side="left"))
+        # Keys of the array's own dtype: numpy would otherwise convert the whole array first.
+        first = int(np.searchsorted(starts, np.uint64(pos), side="right")) - 1
+        end = int(np.searchsorted(starts, np.uint64(pos + want), side="left"))
         begin = starts[first : end + 1].astype(np.int64)
         lo = np.maximum(begin[:-1], pos)
         take = np.minimum(begin[1:], pos + want) - lo
@@ -242,5 +245,24 @@ def _dump(argv: list[str]) -> None:
     Path(out).write_bytes(b"".join(chunks))
 
 
+def _first_batch(argv: list[str]) -> None:
+    """``python -m zflow_torch.mixture first-batch INDEX MICRO_BATCH SOURCE...``: opens the
+    mixture as a rank does and reads rank 0's first batch of a world of one; prints the seconds
+    that took, this process's peak RSS and its anonymous memory then, as one JSON line
+    (``zflow bench data-scale``)."""
+    index, micro, *sources = argv
+    start = time.perf_counter()
+    reader = MixtureReader(Path(index), [s.split(",") for s in sources])
+    batch = reader.batch(reader.start("bench"), 0, 1, int(micro))
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    status = Path("/proc/self/status").read_text().split("RssAnon:")[1].split()[0]
+    figures = {"seconds": seconds, "peak_rss_bytes": peak, "anonymous_bytes": int(status) * 1024}
+    print(json.dumps(figures | {"tokens": batch.tokens.size}))
+
+
 if __name__ == "__main__":
-    _dump(sys.argv[1:])
+    if sys.argv[1:2] == ["first-batch"]:
+        _first_batch(sys.argv[2:])
+    else:
+        _dump(sys.argv[1:])

@@ -373,7 +373,7 @@ fn long_documents_are_spread_over_the_epoch_not_over_a_batch() {
             if src == 0 {
                 let order = epoch_order(s.seed, 0, k / per_epoch, 32);
                 let doc = order[((k % per_epoch) * 64 / 4_000) as usize];
-                *docs.entry(doc as u64).or_default() += 1;
+                *docs.entry(doc).or_default() += 1;
             }
         }
         worst = worst.max(docs.values().copied().max().unwrap_or(0));
@@ -650,4 +650,138 @@ fn spec_roundtrips_through_json() {
     .unwrap();
     assert!(minimal.max_epochs.is_empty());
     assert_eq!(minimal.num_samples(), 10);
+}
+
+/// 2^32 empty documents, then [`PAST`] documents of [`PAST_LEN`] tokens: a source whose
+/// documents past 2^32 hold all its tokens, described without holding anything per document.
+struct PastU32;
+
+const FIRST_READ: u64 = 1 << 32;
+const PAST: u64 = 8;
+const PAST_LEN: usize = 10;
+
+impl TokenSource for PastU32 {
+    fn num_docs(&self) -> usize {
+        (FIRST_READ + PAST) as usize
+    }
+    fn doc_len(&self, doc: usize) -> usize {
+        if doc as u64 >= FIRST_READ {
+            PAST_LEN
+        } else {
+            0
+        }
+    }
+    fn read(&self, doc: usize, offset: usize, out: &mut [u32]) -> Result<()> {
+        let past = (doc as u64 - FIRST_READ) as u32;
+        for (i, t) in out.iter_mut().enumerate() {
+            *t = past * 100 + (offset + i) as u32;
+        }
+        Ok(())
+    }
+    fn num_tokens(&self) -> u64 {
+        PAST * PAST_LEN as u64
+    }
+}
+
+/// Writes `values` at entry `at` of the u64 file `path`, which is `len` entries long and
+/// sparse (zeros) elsewhere.
+fn sparse_u64s(path: &Path, len: u64, at: u64, values: &[u64]) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = File::create(path).unwrap();
+    f.set_len(len * 8).unwrap();
+    f.seek(SeekFrom::Start(at * 8)).unwrap();
+    for v in values {
+        f.write_all(&v.to_le_bytes()).unwrap();
+    }
+}
+
+/// Document ids past 2^32 are read as themselves, not wrapped: a read plan over a source of
+/// 2^32 + 8 documents (sparse files of 32 GiB each, holding only their last entries) gives
+/// the windows of its last documents. Mixing such a source whole is not done here: its read
+/// plan alone would be 3 x 32 GiB of data.
+#[test]
+fn document_ids_past_2_pow_32_address_their_own_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = FIRST_READ + PAST;
+    let seq_len = 16u64;
+    let spec = MixSpec {
+        budget_tokens: 2 * seq_len,
+        ..spec(seq_len as usize, 2, 2, &[(0.0, &[1.0])])
+    };
+    let index = dir.path().join("samples.idx");
+    let mut bytes = Header {
+        num_sources: 1,
+        num_samples: 2,
+        seq_len,
+        seed: spec.seed,
+        block_size: 2,
+    }
+    .to_bytes()
+    .to_vec();
+    for k in 0..2u64 {
+        bytes.extend_from_slice(&apportion::encode(0, k).to_le_bytes());
+    }
+    std::fs::write(&index, &bytes).unwrap();
+    let plan_dir = dir.path().join("samples.plan");
+    std::fs::create_dir(&plan_dir).unwrap();
+    // Sample 0 reads from the start of the stream, sample 1 from token 16 on.
+    sparse_u64s(&plan_dir.join("positions.u64"), 2, 0, &[0, seq_len]);
+    let tails: Vec<u64> = (0..=PAST).map(|p| p * PAST_LEN as u64).collect();
+    sparse_u64s(
+        &plan_dir.join("addresses.u64"),
+        docs + 1,
+        FIRST_READ,
+        &tails,
+    );
+    sparse_u64s(&plan_dir.join("starts.u64"), docs + 1, FIRST_READ, &tails);
+    // The documents in reverse at the places past 2^32.
+    let order: Vec<u64> = (0..PAST).rev().map(|p| FIRST_READ + p).collect();
+    sparse_u64s(&plan_dir.join("order.u64"), docs, FIRST_READ, &order);
+    let plan = ReadPlan {
+        positions: "samples.plan/positions.u64".into(),
+        sources: vec![read_plan::SourcePlan {
+            documents: docs,
+            tokens: PastU32.num_tokens(),
+            samples_per_epoch: (PastU32.num_tokens() - 1) / seq_len,
+            part_tokens: vec![PastU32.num_tokens()],
+            addresses: "samples.plan/addresses.u64".into(),
+            epochs: vec![read_plan::EpochPlan {
+                order: "samples.plan/order.u64".into(),
+                starts: "samples.plan/starts.u64".into(),
+            }],
+        }],
+    };
+    let manifest = MixManifest {
+        spec: spec.clone(),
+        data_digest: String::new(),
+        report: MixReport {
+            sources: vec![],
+            samples: 2,
+            seq_len: seq_len as usize,
+            tokens: 2 * seq_len,
+            fingerprint: "f".into(),
+        },
+        read_plan: plan,
+    };
+    std::fs::write(
+        manifest_path(&index),
+        serde_json::to_vec(&manifest).unwrap(),
+    )
+    .unwrap();
+
+    let reader = MixtureReader::open(&index, vec![Arc::new(PastU32)]).unwrap();
+    let batch = reader.batch(&reader.start("p"), 0, 1, 2).unwrap();
+    // Place 2^32 holds document 2^32 + 7 (token 700 on), the next one 2^32 + 6, and so on.
+    let expected = |from: u64| -> Vec<u32> {
+        (from..from + seq_len + 1)
+            .map(|pos| {
+                let place = pos / PAST_LEN as u64;
+                (PAST - 1 - place) as u32 * 100 + (pos % PAST_LEN as u64) as u32
+            })
+            .collect()
+    };
+    assert_eq!(batch.tokens[..17], expected(0)[..]);
+    assert_eq!(batch.tokens[17..], expected(seq_len)[..]);
+    // Sample 1 (tokens 16..33) takes all ten of place 2: document 2^32 + 5.
+    assert_eq!(reader.main_document(1).unwrap(), (0, FIRST_READ + 5));
 }
