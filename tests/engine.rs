@@ -823,3 +823,45 @@ fn a_new_store_is_private_to_its_owner() {
     sb.ok(&["run", "r.yaml", "--store", "shared"]);
     assert_eq!(mode("shared"), 0o750);
 }
+
+/// A stage's output is hashed by the process that ran it as it ends, so committing it reads
+/// none of its bytes again (the stage log says what the commit read); `zflow verify` hashes it
+/// all again and names a byte changed since.
+#[test]
+fn committing_reads_no_output_byte_and_verify_finds_a_changed_one() {
+    let sb = Sandbox::new();
+    let size: u64 = 64 << 20;
+    sb.write(
+        "r.yaml",
+        &format!(
+            "stages:\n  - name: big\n    kind: shell\n    run: head -c {size} /dev/urandom > \"$ZFLOW_OUT/big.bin\"\n"
+        ),
+    );
+    sb.ok(&["run", "r.yaml"]);
+    let log = sb.ok(&["logs", "r.yaml", "big"]).stdout;
+    let read: u64 = log
+        .split("committing read ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no commit figure in the log:\n{log}"));
+    assert!(read < size / 100, "committing read {read} of {size} bytes");
+
+    let verified = sb.ok(&["verify", "zflow-store", "big"]);
+    assert!(
+        verified.stdout.contains("1 outputs verified, 0 changed"),
+        "{}",
+        verified.stdout
+    );
+    let file = sb.output("big").join("big.bin");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[1000] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let changed = sb.zflow(&["verify", "zflow-store"]);
+    assert_eq!(changed.code, 1, "{}", changed.stdout);
+    assert!(
+        changed.stdout.contains("big.bin: blake3") && changed.stdout.contains("the bytes changed"),
+        "{}",
+        changed.stdout
+    );
+}
