@@ -118,6 +118,17 @@ mod tests {
     use crate::identity::IdentityDoc;
     use crate::store::{Manifest, Store, content_hash, hash_tree, verify};
 
+    /// The identity of a stage of kind `kind` with no config and no inputs.
+    fn doc(kind: &str) -> IdentityDoc {
+        IdentityDoc {
+            kind: kind.into(),
+            version: 1,
+            config: serde_json::json!({}),
+            inputs: Default::default(),
+            external: None,
+        }
+    }
+
     fn commit(store: &Store, work: &Path, id: &str, doc: &IdentityDoc) -> Manifest {
         let m = Manifest {
             stage: "s".into(),
@@ -151,13 +162,7 @@ mod tests {
     fn a_commit_takes_the_seals_hashes_and_verify_finds_what_changed_unseen() {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path()).unwrap();
-        let doc = IdentityDoc {
-            kind: "k".into(),
-            version: 1,
-            config: serde_json::json!({}),
-            inputs: Default::default(),
-            external: None,
-        };
+        let doc = doc("k");
         let id = doc.hash();
         let work = store.attempt_dir("s", &id, "1");
         fs::create_dir_all(work.join("sub")).unwrap();
@@ -192,13 +197,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path()).unwrap();
         for change in ["rewritten", "added", "removed"] {
-            let doc = IdentityDoc {
-                kind: change.into(),
-                version: 1,
-                config: serde_json::json!({}),
-                inputs: Default::default(),
-                external: None,
-            };
+            let doc = doc(change);
             let id = doc.hash();
             let work = store.attempt_dir("s", &id, "1");
             fs::create_dir_all(&work).unwrap();
