@@ -531,6 +531,7 @@ fn spawn_attempt(
                 cwd: engine.cwd.clone(),
                 cache_dir: engine.store.cache_dir(),
                 threads,
+                memory_gb: node.resources.memory_gb,
                 cancel: cancel.clone(),
                 progress: stage_progress.clone(),
                 log: log.clone(),
@@ -560,6 +561,7 @@ fn spawn_attempt(
                             cwd: ctx.cwd.clone(),
                             cache_dir: ctx.cache_dir.clone(),
                             threads: node.resources.cpus.max(1) as usize,
+                            memory_gb: node.resources.memory_gb,
                             log: log_path.clone(),
                         };
                         let (report, result) = slurm::run_stage(

@@ -148,6 +148,9 @@ pub struct ExecSpec {
     pub cache_dir: PathBuf,
     /// Threads the stage may use.
     pub threads: usize,
+    /// The memory it declared (`--mem`), in GiB; 0: none.
+    #[serde(default)]
+    pub memory_gb: f64,
     /// The stage's log file.
     pub log: PathBuf,
 }
@@ -672,6 +675,15 @@ pub fn exec_stage(spec_path: &Path, registry: &crate::Registry, cancel: CancelTo
         spec.stage
     ));
     std::fs::create_dir_all(&spec.out_dir)?;
+    // The job is this process: what it holds before the stage runs (its code, its runtime)
+    // counts against `--mem`, so the stage's own allocations get the rest.
+    let before = proc_status_bytes("VmRSS:");
+    let own_memory_gb = match before {
+        Some(held) if spec.memory_gb > 0.0 => {
+            (spec.memory_gb - held as f64 / (1u64 << 30) as f64).max(spec.memory_gb / 16.0)
+        }
+        _ => spec.memory_gb,
+    };
     let ctx = crate::StageContext {
         name: spec.stage.clone(),
         out_dir: spec.out_dir.clone(),
@@ -679,6 +691,7 @@ pub fn exec_stage(spec_path: &Path, registry: &crate::Registry, cancel: CancelTo
         cwd: spec.cwd.clone(),
         cache_dir: spec.cache_dir.clone(),
         threads: spec.threads,
+        memory_gb: own_memory_gb,
         cancel,
         progress: StageProgress::hidden(&spec.stage),
         log: log.clone(),
@@ -693,6 +706,19 @@ pub fn exec_stage(spec_path: &Path, registry: &crate::Registry, cancel: CancelTo
             .and_then(|()| crate::seal::seal(&spec.out_dir, &ctx.cancel))
     };
     crate::logging::detach_stage_log(&spec.stage);
+    // What the job used against what it declared (`--mem`): the stage's whole process.
+    if let Some(peak) = proc_status_bytes("VmHWM:") {
+        log.line(&format!(
+            "=== peak RSS {} MiB ({} MiB before the stage ran) of {} MiB declared",
+            peak >> 20,
+            before.unwrap_or(0) >> 20,
+            if spec.memory_gb > 0.0 {
+                ((spec.memory_gb * 1024.0).ceil() as u64).to_string()
+            } else {
+                "no".into()
+            }
+        ));
+    }
     if let Err(e) = &result {
         log.line(&format!(
             "=== failed in slurm job {}: {e:#}",
@@ -700,6 +726,21 @@ pub fn exec_stage(spec_path: &Path, registry: &crate::Registry, cancel: CancelTo
         ));
     }
     result
+}
+
+/// A memory figure of this process (`VmHWM:`, its peak resident memory, or `VmRSS:`), in
+/// bytes.
+fn proc_status_bytes(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kib << 10)
 }
 
 fn finished(report: &mut JobReport, exit_code: &str, exit_file: &Path) -> Result<()> {

@@ -327,6 +327,9 @@ pub struct StageContext {
     pub(crate) cwd: PathBuf,
     pub(crate) cache_dir: PathBuf,
     pub(crate) threads: usize,
+    /// The memory its own allocations may use, in GiB (0: none declared): its `memory_gb`
+    /// resource, less what its process held before it ran where the process is the job's.
+    pub(crate) memory_gb: f64,
     pub(crate) cancel: CancelToken,
     pub(crate) progress: StageProgress,
     pub(crate) log: StageLog,
@@ -367,6 +370,12 @@ impl StageContext {
     /// How many threads the stage may use (its `cpus` resource).
     pub fn threads(&self) -> usize {
         self.threads
+    }
+    /// The memory the stage's own allocations may use, in bytes; `None` when it declared none.
+    /// It is the `memory_gb` it declared to the executor, less, under Slurm (where the job is
+    /// the stage's process), what the process held before the stage ran.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        (self.memory_gb > 0.0).then_some((self.memory_gb * (1u64 << 30) as f64) as u64)
     }
     /// Progress reporting for this stage's line in the progress display.
     pub fn progress(&self) -> &StageProgress {
