@@ -62,6 +62,16 @@ fn a_bad_shard_count_is_named() {
         "r.yaml:4",
         "must be from 1 to 1024, got 0",
     );
+    check(
+        "sources:\n  a:\n    url: x.txt\n    dedup_tasks: {count: 0}\n",
+        "r.yaml:4:26",
+        "expected a whole number from 1 to 100000, got 0",
+    );
+    check(
+        "sources:\n  a:\n    url: x.txt\n    dedup_tasks: {memory_gb: -1}\n",
+        "r.yaml:4",
+        "expected a positive number of GiB, got -1",
+    );
 }
 
 #[test]
@@ -83,7 +93,7 @@ fn unknown_kind_lists_the_kinds() {
     check(
         "stages:\n  - name: a\n    kind: shel\n    run: x\n",
         "r.yaml:3:11",
-        "unknown stage kind `shel`, expected one of: contamination, dedup, eval, export, fetch, ingest, megatron, mix, preflight, report, shell, tokenize, tokenizer, train",
+        "unknown stage kind `shel`, expected one of: contamination, dedup, dedup_keys, eval, export, fetch, ingest, megatron, mix, preflight, report, shell, tokenize, tokenizer, train",
     );
 }
 

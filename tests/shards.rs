@@ -190,12 +190,13 @@ fn a_changed_or_added_file_reruns_only_its_shard_and_dedup_across_shards_matches
 
     // Dedup over the shards keeps exactly the documents the dedup of one unsharded ingest keeps,
     // and so it does when that ingest's records go to disk in runs of 16 (the boilerplate and
-    // the repeated paragraphs then repeat in other runs, which only the merge finds).
+    // the repeated paragraphs then repeat in other runs, which only the merge finds), and its
+    // dedup cuts the keys into 3 ranges where the sharded one has a task per shard.
     let whole = Sandbox::new();
     write_corpus(&whole, files);
     let small_runs = recipe(None).replace(
         "near_dedup: {}",
-        "near_dedup: {}\n    dedup_run_records: 16",
+        "near_dedup: {}\n    dedup_run_records: 16\n    dedup_tasks: {count: 3}",
     );
     whole.write("r.yaml", &small_runs);
     whole.ok(&["run", "r.yaml", "--until", "dedup.corpus"]);
@@ -259,13 +260,19 @@ fn a_changed_or_added_file_reruns_only_its_shard_and_dedup_across_shards_matches
     sb.write(&path, &text);
     let rerun = sb.ok(&["run", "r.yaml"]);
     let expected = |shard: usize| {
-        sorted(vec![
-            "fetch.corpus".into(),
-            format!("ingest.corpus.s{shard}"),
-            "dedup.corpus".into(),
-            format!("tokenize.corpus.s{shard}"),
-            "mix.p1".into(),
-        ])
+        let keys = (0..SHARDS).map(|k| format!("dedup_keys.corpus.k{k}"));
+        sorted(
+            [
+                "fetch.corpus".into(),
+                format!("ingest.corpus.s{shard}"),
+                "dedup.corpus".into(),
+                format!("tokenize.corpus.s{shard}"),
+                "mix.p1".into(),
+            ]
+            .into_iter()
+            .chain(keys)
+            .collect(),
+        )
     };
     assert_eq!(sorted(rerun.ran()), expected(shard), "{}", rerun.stderr);
 
@@ -353,6 +360,15 @@ fn sharded_stages_run_as_slurm_job_arrays_and_end_as_the_local_run() {
     assert!(
         tasks == SHARDS && in_array,
         "the ingest shards were not one job array:\n{stderr}"
+    );
+    // So were the dedup's key-range tasks, each declaring its memory.
+    let keys: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("[dedup_keys.corpus.k") && l.contains("submitted slurm job"))
+        .collect();
+    assert!(
+        keys.len() == SHARDS && keys.iter().any(|l| l.contains("_1 (")),
+        "the dedup_keys tasks were not one job array:\n{stderr}"
     );
     assert_eq!(
         outputs(&sb.path().join("zflow-store")),

@@ -1,48 +1,55 @@
 //! `dedup.<source>`: exact and near-duplicate removal over the whole of a deduplicated source
-//! (every shard of a sharded one), in memory bounded by the number of runs, not the corpus.
+//! (every shard of a sharded one), the join of its `dedup_keys` tasks ([`crate::dedup_keys`]),
+//! in memory bounded by what it declares, not by the corpus.
 //!
 //! An ingest stage never holds a set of every document it has seen. It writes its kept
 //! documents' records in sorted runs ([`crate::sorted_runs`]): `hashes/` (the first 16 bytes of
 //! the blake3 of each normalised text) and, with `near_dedup`, `bands/` (a record per LSH band)
 //! and `signatures.bin` ([`crate::minhash`]). It drops a repeat of a text already in the run
-//! it is filling, and leaves the rest to this stage. This stage merges every input's runs of a
-//! kind, a k-way merge that holds one record per run in memory: of equal texts, the first in
-//! (input, document) order stays. Documents sharing a band are candidate pairs; a pair whose
-//! signatures (`signatures.bin`, read per pair) agree on at least `jaccard` of their values
-//! joins a cluster (union-find over the documents in some verified pair), and each cluster
-//! keeps its first document ([`crate::minhash`]). Every other document goes into its input's
-//! drop list, `drops/<source>/<index>.bin` (document indices, u64 little-endian, ascending; a
-//! file for every input, empty when it drops nothing), which that input's tokenize stage leaves
-//! out. A tokenize stage's identity hashes its own drop list only
-//! ([`crate::tokenize::SkipList`]), so a changed shard re-runs this stage (cheap: it reads 32
-//! bytes per document) but only the tokenize stages whose drop lists changed.
+//! it is filling, and leaves the rest to the source's dedup, two sharded stages:
+//! - `dedup_keys.<source>.k<i>`, a task per range of the key space (`dedup_tasks.count`, by
+//!   default one per shard): the exact repeats and the verified near-duplicate pairs among the
+//!   records whose keys fall in its range;
+//! - this stage, which joins them. The pairs are edges of a graph whose connected components
+//!   are the clusters; [`crate::components`] finds, by external sorts within the declared
+//!   memory, the members that are not the first document of their cluster. With the exact
+//!   repeats (both ascending, merged as they stream) they go into each input's drop list,
+//!   `drops/<source>/<index>.bin` (document indices, u64 little-endian, ascending; a file for
+//!   every input, empty when it drops nothing), which that input's tokenize stage leaves out.
+//!
+//! Of equal texts, the first in (input, document) order stays; each near-duplicate cluster
+//! keeps its first document. A tokenize stage's identity hashes its own drop list only
+//! ([`crate::tokenize::SkipList`]), so a changed shard re-runs the dedup (cheap: it reads 32
+//! bytes per document and band) but only the tokenize stages whose drop lists changed.
 //!
 //! The exact result equals deduplicating the concatenation of the inputs in order: what stays
-//! is the same set of texts whatever the shards and the runs.
+//! is the same set of texts whatever the shards, the runs and the number of key ranges.
 //!
 //! `stats.json` and `stats.parquet` (`source`, `shard`, `rule`, `documents`, `bytes`): per
 //! input, the documents it holds, those dropped as exact duplicates of an earlier document (of
 //! another run or shard) and as near duplicates, and those kept.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::path::Path;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
 use arrow::array::{ArrayRef, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
-use zflow_pipeline::{ConfigError, Stage, StageContext};
+use zflow_pipeline::{ConfigError, Resources, Stage, StageContext};
 
+use crate::dedup_keys::{EDGES, EXACT_DROPS};
+use crate::external_sort::Merge;
 use crate::names;
 use crate::shard::Shard;
-use crate::sorted_runs::{DocHash, Run, open_runs};
+use crate::sorted_runs::{Run, open_runs, read_buffer};
 
 /// The `dedup` stage kind.
 pub struct Dedup;
 
-/// `dedup` settings (what a deduplicated source, or `cross_dedup`, writes).
+/// `dedup` settings (what a deduplicated source, or `cross_dedup`, writes); its `dedup_keys`
+/// tasks carry the same.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DedupConfig {
@@ -57,6 +64,12 @@ pub struct DedupConfig {
     /// `near_dedup.jaccard`).
     #[serde(default = "default_jaccard")]
     pub jaccard: f64,
+    /// The `dedup_keys` tasks: ranges the key space is cut into (`dedup_tasks.count`).
+    #[serde(default = "default_tasks")]
+    pub tasks: usize,
+    /// The memory each task and the join declare, in GiB (`dedup_tasks.memory_gb`).
+    #[serde(default = "default_memory_gb")]
+    pub memory_gb: f64,
 }
 
 /// One source of a `dedup` stage.
@@ -75,6 +88,15 @@ fn default_jaccard() -> f64 {
     crate::minhash::NearDedup::default().jaccard
 }
 
+fn default_tasks() -> usize {
+    1
+}
+
+/// The memory a dedup task declares unless the source says otherwise (`dedup_tasks.memory_gb`).
+pub fn default_memory_gb() -> f64 {
+    1.0
+}
+
 impl DedupConfig {
     /// Its inputs: each source's ingest shards, in source then shard order, with the source
     /// and the shard's index in it.
@@ -88,6 +110,22 @@ impl DedupConfig {
                     .map(move |(i, stage)| (stage, src, i))
             })
             .collect()
+    }
+
+    /// Its ingest stages, in order.
+    pub fn input_stages(&self) -> Vec<String> {
+        self.inputs()
+            .into_iter()
+            .map(|(stage, _, _)| stage)
+            .collect()
+    }
+
+    /// What each task (and the join) declares: one core and `memory_gb`.
+    pub fn task_resources(&self) -> Resources {
+        Resources {
+            memory_gb: self.memory_gb,
+            ..Resources::default()
+        }
     }
 }
 
@@ -120,98 +158,295 @@ pub fn read_drops(path: &Path) -> Result<Vec<u64>> {
         .collect())
 }
 
+/// Each ingest input's kept documents and their bytes (its `stats.json`).
+pub fn documents_per_input(dirs: &[PathBuf]) -> Result<Vec<(u64, u64)>> {
+    dirs.iter()
+        .map(|dir| {
+            let path = dir.join("stats.json");
+            let stats: crate::ingest_stats::IngestStats =
+                serde_json::from_slice(&std::fs::read(&path)?)
+                    .with_context(|| format!("reading {}", path.display()))?;
+            Ok((stats.docs_out, stats.bytes_out))
+        })
+        .collect()
+}
+
+/// Where each input's documents start in the numbering across the inputs.
+pub fn offsets(docs: &[(u64, u64)]) -> Vec<u64> {
+    docs.iter()
+        .scan(0u64, |acc, &(d, _)| {
+            let start = *acc;
+            *acc += d;
+            Some(start)
+        })
+        .collect()
+}
+
+/// The number of runs in `dir`.
+pub fn count_runs(dir: &Path) -> Result<usize> {
+    Ok(std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .count())
+}
+
 impl Stage for Dedup {
     type Config = DedupConfig;
     const KIND: &'static str = "dedup";
     // 2: near duplicates are verified pairs joined into clusters, each keeping one document.
-    const VERSION: u32 = 2;
+    // 3: the pairs come from `dedup_keys` tasks; clusters are found by external sorts.
+    const VERSION: u32 = 3;
 
     fn validate(&self, c: &DedupConfig, needs: &[String]) -> Result<(), ConfigError> {
-        let want: Vec<String> = c.inputs().into_iter().map(|(stage, _, _)| stage).collect();
-        if needs != want.as_slice() {
+        let want = c.input_stages();
+        let keys = &needs[want.len().min(needs.len())..];
+        if !needs.starts_with(&want)
+            || keys.len() != c.tasks
+            || !keys.iter().all(|k| k.starts_with(names::DEDUP_KEYS))
+        {
             return Err(ConfigError::new(
                 "needs",
                 format!(
-                    "a dedup stage reads the ingest shards of its sources in order ({} ...)",
-                    want.first().map(String::as_str).unwrap_or("")
+                    "a dedup stage reads the ingest shards of its sources in order ({} ...), then its {} dedup_keys tasks",
+                    want.first().map(String::as_str).unwrap_or(""),
+                    c.tasks
                 ),
+            ));
+        }
+        if c.tasks == 0 || c.memory_gb <= 0.0 {
+            return Err(ConfigError::new(
+                "tasks",
+                "a dedup needs at least one task and some memory",
             ));
         }
         Ok(())
     }
 
+    fn resources(&self, c: &DedupConfig) -> Resources {
+        c.task_resources()
+    }
+
     fn run(&self, c: &DedupConfig, ctx: &StageContext) -> Result<()> {
-        let inputs = c.inputs();
-        // The merges hold every run of every input open at once.
         raise_open_files_limit();
-        let dirs: Vec<std::path::PathBuf> = inputs
+        let input_stages = c.input_stages();
+        let dirs: Vec<PathBuf> = input_stages
             .iter()
-            .map(|(stage, _, _)| ctx.input(stage).map(Path::to_path_buf))
+            .map(|stage| ctx.input(stage).map(Path::to_path_buf))
             .collect::<Result<_>>()?;
-        let mut shards = Vec::with_capacity(inputs.len());
-        for dir in &dirs {
-            let stats: crate::ingest_stats::IngestStats =
-                serde_json::from_slice(&std::fs::read(dir.join("stats.json"))?)
-                    .with_context(|| format!("reading {}", dir.join("stats.json").display()))?;
-            shards.push(ShardTally {
-                documents: (stats.docs_out, stats.bytes_out),
-                ..Default::default()
-            });
-        }
-        let mut dropped: Vec<std::collections::BTreeSet<u64>> =
-            vec![Default::default(); inputs.len()];
-        if c.exact {
-            ctx.progress()
-                .set_message(format!("merging the inputs' {EXACT} runs"));
-            let records = Merged::open(&dirs, EXACT, true)?;
-            merge(records, &|| ctx.check_cancelled(), |shard, h| {
-                if dropped[shard].insert(h.doc) {
-                    let t = &mut shards[shard];
-                    t.exact.0 += 1;
-                    t.exact.1 += h.bytes;
-                }
-            })?;
-        }
-        if c.near {
-            // After the exact rule: a document both rules drop counts as an exact duplicate.
-            ctx.progress()
-                .set_message(format!("clustering the inputs' {NEAR} runs"));
-            let docs: Vec<u64> = shards.iter().map(|t| t.documents.0).collect();
-            for (shard, doc, bytes) in
-                near_clusters(&dirs, &docs, c.jaccard, &|| ctx.check_cancelled())?
-            {
-                if dropped[shard].insert(doc) {
-                    let t = &mut shards[shard];
-                    t.near.0 += 1;
-                    t.near.1 += bytes;
-                }
+        let tasks: Vec<PathBuf> = ctx
+            .inputs()
+            .iter()
+            .filter(|(name, _)| !input_stages.contains(name))
+            .map(|(_, dir)| dir.clone())
+            .collect();
+        ctx.progress().set_message(format!(
+            "joining the duplicates of {} key ranges",
+            tasks.len()
+        ));
+        let memory = crate::dedup_keys::working_memory(ctx, c);
+        join(c, &dirs, &tasks, memory, ctx.out_dir(), &|| {
+            ctx.check_cancelled()
+        })
+    }
+}
+
+/// Dedup `c`'s join of its tasks' outputs `tasks` over the ingest outputs `dirs`, within
+/// `memory` bytes of buffers: writes the drop lists and stats into `out`.
+pub fn join(
+    c: &DedupConfig,
+    dirs: &[PathBuf],
+    tasks: &[PathBuf],
+    memory: usize,
+    out: &Path,
+    check: &dyn Fn() -> Result<()>,
+) -> Result<()> {
+    let inputs = c.inputs();
+    ensure!(
+        tasks.len() == c.tasks,
+        "{} dedup_keys tasks among the inputs, not {}",
+        tasks.len(),
+        c.tasks
+    );
+    let docs = documents_per_input(dirs)?;
+    let mut tally: Vec<ShardTally> = docs
+        .iter()
+        .map(|&documents| ShardTally {
+            documents,
+            ..Default::default()
+        })
+        .collect();
+    let mut files = Vec::with_capacity(inputs.len());
+    for (_, src, i) in &inputs {
+        let path = out.join(drops_file(&src.name, *i, src.shards.unwrap_or(1)));
+        std::fs::create_dir_all(path.parent().expect("drops/<source>"))?;
+        std::fs::File::create(&path)?;
+        files.push(path);
+    }
+    let mut drops = DropWriter::new(files, offsets(&docs), &mut tally);
+    // The exact repeats, ascending (a document repeats at most once: its text has one hash).
+    let mut exact = match c.exact {
+        true => Some(Merge::new(runs_of::<[u64; 2]>(
+            tasks,
+            EXACT_DROPS,
+            memory / 4,
+        )?)?),
+        false => None,
+    };
+    let mut next_exact = match &mut exact {
+        Some(m) => m.next_record()?,
+        None => None,
+    };
+    // Each near duplicate, ascending, after the exact repeats before it; one that is also an
+    // exact repeat counts as exact. `END` flushes the exact repeats after the last.
+    const END: u64 = u64::MAX;
+    let mut near = |[doc, bytes]: [u64; 2]| -> Result<()> {
+        while let Some([e, eb]) = next_exact
+            && e <= doc
+        {
+            drops.push(e, eb, Rule::Exact)?;
+            next_exact = exact.as_mut().expect("exact repeats").next_record()?;
+            if e == doc {
+                return Ok(());
             }
         }
-        for (src, _) in inputs.iter().map(|(_, src, i)| (src, i)) {
-            std::fs::create_dir_all(ctx.out_dir().join("drops").join(&src.name))?;
+        match doc {
+            END => Ok(()),
+            _ => drops.push(doc, bytes, Rule::Near),
         }
-        for ((_, src, i), list) in inputs.iter().zip(&dropped) {
-            let bytes: Vec<u8> = list.iter().flat_map(|d| d.to_le_bytes()).collect();
-            std::fs::write(
-                ctx.out_dir()
-                    .join(drops_file(&src.name, *i, src.shards.unwrap_or(1))),
-                bytes,
-            )?;
+    };
+    if c.near {
+        let mut edges = runs_of::<[u64; 4]>(tasks, EDGES, memory / 4)?.into_iter();
+        let mut current = edges.next();
+        let stream = std::iter::from_fn(|| {
+            loop {
+                let run = current.as_mut()?;
+                match run.next_record() {
+                    Ok(Some(e)) => return Some(Ok(e)),
+                    Ok(None) => current = edges.next(),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        });
+        crate::components::for_each_non_least_vertex(
+            stream,
+            &out.join(".clusters"),
+            memory / 2,
+            check,
+            &mut near,
+        )?;
+    }
+    near([END, 0])?;
+    drops.finish()?;
+    let (exact, near): (u64, u64) = tally
+        .iter()
+        .fold((0, 0), |(e, n), t| (e + t.exact.0, n + t.near.0));
+    let names: Vec<&str> = c.sources.iter().map(|s| s.name.as_str()).collect();
+    tracing::info!(
+        "{}: {} inputs, {} key ranges; dropped {exact} exact duplicates of an earlier document and {near} near duplicates",
+        names.join(", "),
+        inputs.len(),
+        c.tasks
+    );
+    let labels: Vec<(&str, u64)> = inputs
+        .iter()
+        .map(|(_, src, i)| (src.name.as_str(), *i as u64))
+        .collect();
+    write_stats(out, &labels, &tally)
+}
+
+/// The runs in `<task>/<kind>` of every task, each read through its share of `memory`.
+fn runs_of<R: crate::sorted_runs::Record>(
+    tasks: &[PathBuf],
+    kind: &str,
+    memory: usize,
+) -> Result<Vec<Run<R>>> {
+    let mut count = 0;
+    for t in tasks {
+        count += count_runs(&t.join(kind))?;
+    }
+    let buffer = read_buffer(memory, count);
+    let mut runs = Vec::new();
+    for t in tasks {
+        runs.extend(open_runs::<R>(&t.join(kind), false, buffer)?);
+    }
+    Ok(runs)
+}
+
+/// Which rule dropped a document.
+#[derive(Clone, Copy)]
+enum Rule {
+    Exact,
+    Near,
+}
+
+/// Writes drops, ascending across the inputs, into each input's drop list.
+struct DropWriter<'a> {
+    files: Vec<PathBuf>,
+    offsets: Vec<u64>,
+    tally: &'a mut [ShardTally],
+    /// The input being written, and its open list.
+    current: Option<(usize, BufWriter<std::fs::File>)>,
+    last: Option<u64>,
+}
+
+impl<'a> DropWriter<'a> {
+    fn new(files: Vec<PathBuf>, offsets: Vec<u64>, tally: &'a mut [ShardTally]) -> Self {
+        DropWriter {
+            files,
+            offsets,
+            tally,
+            current: None,
+            last: None,
         }
-        let (exact, near): (u64, u64) = shards
-            .iter()
-            .fold((0, 0), |(e, n), t| (e + t.exact.0, n + t.near.0));
-        let names: Vec<&str> = c.sources.iter().map(|s| s.name.as_str()).collect();
-        tracing::info!(
-            "{}: {} inputs; dropped {exact} exact duplicates of an earlier document and {near} near duplicates",
-            names.join(", "),
-            inputs.len()
+    }
+
+    /// Drops document `doc` (numbered across the inputs) of `bytes` bytes.
+    fn push(&mut self, doc: u64, bytes: u64, rule: Rule) -> Result<()> {
+        if doc == u64::MAX {
+            return Ok(());
+        }
+        ensure!(
+            self.last.is_none_or(|l| l < doc),
+            "drops out of order ({doc} after {:?}): damaged dedup_keys output?",
+            self.last
         );
-        let labels: Vec<(&str, u64)> = inputs
-            .iter()
-            .map(|(_, src, i)| (src.name.as_str(), *i as u64))
-            .collect();
-        write_stats(ctx.out_dir(), &labels, &shards)
+        self.last = Some(doc);
+        let input = self.offsets.partition_point(|&o| o <= doc) - 1;
+        let t = &mut self.tally[input];
+        ensure!(
+            doc - self.offsets[input] < t.documents.0,
+            "document {doc} is past the inputs' documents"
+        );
+        match rule {
+            Rule::Exact => {
+                t.exact.0 += 1;
+                t.exact.1 += bytes;
+            }
+            Rule::Near => {
+                t.near.0 += 1;
+                t.near.1 += bytes;
+            }
+        }
+        if self.current.as_ref().is_none_or(|(i, _)| *i != input) {
+            self.finish_current()?;
+            let file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&self.files[input])?;
+            self.current = Some((input, BufWriter::new(file)));
+        }
+        let (_, w) = self.current.as_mut().expect("open");
+        w.write_all(&(doc - self.offsets[input]).to_le_bytes())?;
+        Ok(())
+    }
+
+    fn finish_current(&mut self) -> Result<()> {
+        if let Some((_, w)) = self.current.take() {
+            w.into_inner()?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.finish_current()
     }
 }
 
@@ -221,222 +456,6 @@ struct ShardTally {
     documents: (u64, u64),
     exact: (u64, u64),
     near: (u64, u64),
-}
-
-/// Every input's runs of one kind, merged: their records in (hash, input, document) order, a
-/// k-way merge that holds one record per run.
-struct Merged {
-    /// Each run, with the input it belongs to.
-    runs: Vec<(usize, Run)>,
-    /// The next record of each run that has one, least first.
-    heap: BinaryHeap<Reverse<Pending>>,
-}
-
-/// A run's next record in the merge: (hash, input, document, bytes, run), ordered as merged.
-type Pending = ([u8; 16], usize, u64, u64, usize);
-
-impl Merged {
-    /// The runs in `<dir>/<kind>` of every input dir; `unique` when no run repeats a hash.
-    fn open(dirs: &[std::path::PathBuf], kind: &str, unique: bool) -> Result<Merged> {
-        let mut runs = Vec::new();
-        for (input, dir) in dirs.iter().enumerate() {
-            runs.extend(
-                open_runs(&dir.join(kind), unique)?
-                    .into_iter()
-                    .map(|r| (input, r)),
-            );
-        }
-        let mut merged = Merged {
-            runs,
-            heap: BinaryHeap::new(),
-        };
-        for run in 0..merged.runs.len() {
-            merged.refill(run)?;
-        }
-        Ok(merged)
-    }
-
-    /// Puts run `run`'s next record, if any, in the heap.
-    fn refill(&mut self, run: usize) -> Result<()> {
-        let (input, r) = &mut self.runs[run];
-        if let Some(h) = r.next_record()? {
-            self.heap
-                .push(Reverse((h.hash, *input, h.doc, h.bytes, run)));
-        }
-        Ok(())
-    }
-
-    /// The next record in order, with its input.
-    fn next(&mut self) -> Result<Option<(usize, DocHash)>> {
-        let Some(Reverse((hash, input, doc, bytes, run))) = self.heap.pop() else {
-            return Ok(None);
-        };
-        self.refill(run)?;
-        Ok(Some((input, DocHash { hash, doc, bytes })))
-    }
-}
-
-/// Calls `later` with every record, in [`Merged`]'s order, whose hash an earlier one had.
-fn merge(
-    mut records: Merged,
-    check: &dyn Fn() -> Result<()>,
-    mut later: impl FnMut(usize, DocHash),
-) -> Result<()> {
-    let (mut last, mut merged) = (None, 0u64);
-    while let Some((input, h)) = records.next()? {
-        if last == Some(h.hash) {
-            later(input, h);
-        }
-        last = Some(h.hash);
-        merged += 1;
-        if merged.is_multiple_of(1 << 20) {
-            check()?;
-        }
-    }
-    Ok(())
-}
-
-/// A shard's signatures, read by document.
-struct Signatures {
-    file: std::fs::File,
-    path: std::path::PathBuf,
-    /// Values per signature.
-    len: usize,
-}
-
-impl Signatures {
-    fn open(dir: &Path, docs: u64) -> Result<Signatures> {
-        let path = dir.join(SIGNATURES);
-        let file = std::fs::File::open(&path).with_context(|| {
-            format!(
-                "opening {} (an ingest shard of a source with `near_dedup` writes it)",
-                path.display()
-            )
-        })?;
-        let size = file.metadata()?.len();
-        ensure!(
-            docs == 0 || size % (docs * 8) == 0,
-            "{}: {size} bytes is not {docs} signatures",
-            path.display()
-        );
-        let len = size.checked_div(docs * 8).unwrap_or(0) as usize;
-        Ok(Signatures { file, path, len })
-    }
-
-    fn get(&self, doc: u64) -> Result<Vec<u64>> {
-        use std::os::unix::fs::FileExt;
-        let mut bytes = vec![0u8; self.len * 8];
-        self.file
-            .read_exact_at(&mut bytes, doc * self.len as u64 * 8)
-            .with_context(|| format!("reading signature {doc} of {}", self.path.display()))?;
-        Ok(bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect())
-    }
-}
-
-/// Union-find over global document numbers; a set's root is its smallest member.
-#[derive(Default)]
-struct Clusters {
-    parent: std::collections::HashMap<u64, u64>,
-}
-
-impl Clusters {
-    fn root(&mut self, mut x: u64) -> u64 {
-        while let Some(&p) = self.parent.get(&x) {
-            if p == x {
-                break;
-            }
-            // Path halving.
-            let grand = self.parent.get(&p).copied().unwrap_or(p);
-            self.parent.insert(x, grand);
-            x = p;
-        }
-        x
-    }
-
-    fn join(&mut self, a: u64, b: u64) {
-        let (ra, rb) = (self.root(a), self.root(b));
-        let (keep, child) = (ra.min(rb), ra.max(rb));
-        self.parent.entry(keep).or_insert(keep);
-        self.parent.insert(child, keep);
-    }
-}
-
-/// The near duplicates across the shards in `dirs` (holding `docs` documents each): documents
-/// sharing a band are candidates; a candidate pair (each record and the one before it among
-/// the records with its band, in (shard, document) order) whose signatures agree on at least
-/// `jaccard` of their values joins a cluster; every cluster keeps its first document, in
-/// shard order. Returns the others as (shard, document, bytes).
-fn near_clusters(
-    dirs: &[std::path::PathBuf],
-    docs: &[u64],
-    jaccard: f64,
-    check: &dyn Fn() -> Result<()>,
-) -> Result<Vec<(usize, u64, u64)>> {
-    let offsets: Vec<u64> = docs
-        .iter()
-        .scan(0u64, |acc, d| {
-            let start = *acc;
-            *acc += d;
-            Some(start)
-        })
-        .collect();
-    let signatures = dirs
-        .iter()
-        .zip(docs)
-        .map(|(d, &n)| Signatures::open(d, n))
-        .collect::<Result<Vec<_>>>()?;
-    let mut records = Merged::open(dirs, NEAR, false)?;
-    let mut clusters = Clusters::default();
-    let mut bytes_of = std::collections::HashMap::new();
-    let (mut previous, mut merged): (Option<([u8; 16], usize, u64)>, u64) = (None, 0);
-    while let Some((shard, DocHash { hash, doc, bytes })) = records.next()? {
-        if let Some((h, s, d)) = previous
-            && h == hash
-            && (s, d) != (shard, doc)
-        {
-            let (a, b) = (signatures[s].get(d)?, signatures[shard].get(doc)?);
-            if crate::minhash::similarity(&a, &b) >= jaccard {
-                clusters.join(offsets[s] + d, offsets[shard] + doc);
-                bytes_of.insert(offsets[shard] + doc, (shard, doc, bytes));
-            }
-        }
-        previous = Some((hash, shard, doc));
-        merged += 1;
-        if merged.is_multiple_of(1 << 20) {
-            check()?;
-        }
-    }
-    // Every member but a cluster's root (its first document) goes. A member whose bytes were
-    // not noted (it was only ever the earlier of a pair) is read back from its shard's records.
-    let members: Vec<u64> = clusters.parent.keys().copied().collect();
-    let mut out = Vec::new();
-    let mut unknown = std::collections::BTreeSet::new();
-    for m in members {
-        if clusters.root(m) != m {
-            match bytes_of.get(&m) {
-                Some(&rec) => out.push(rec),
-                None => {
-                    unknown.insert(m);
-                }
-            }
-        }
-    }
-    if !unknown.is_empty() {
-        for (i, dir) in dirs.iter().enumerate() {
-            for mut run in open_runs(&dir.join(NEAR), false)? {
-                while let Some(h) = run.next_record()? {
-                    if unknown.remove(&(offsets[i] + h.doc)) {
-                        out.push((i, h.doc, h.bytes));
-                    }
-                }
-            }
-        }
-    }
-    out.sort_unstable();
-    Ok(out)
 }
 
 /// `stats.json` and `stats.parquet`; `labels` are each input's (source, shard).
@@ -479,7 +498,7 @@ fn write_stats(out: &Path, labels: &[(&str, u64)], shards: &[ShardTally]) -> Res
 
 /// Raises this process's soft limit on open files to the hard limit: a merge holds every run
 /// of every input open at once.
-fn raise_open_files_limit() {
+pub fn raise_open_files_limit() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -496,31 +515,83 @@ fn raise_open_files_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sorted_runs::{DocHash, RunWriter};
 
-    fn record(text: &str, doc: u64) -> DocHash {
-        DocHash::of(&blake3::hash(text.as_bytes()), doc, text.len() as u64)
-    }
+    /// A test document: its text, its signature and its band keys.
+    type Doc = (String, Vec<u64>, Vec<[u8; 16]>);
 
-    /// Writes a shard's `bands/` (in runs of 7 records) and `signatures.bin` for `docs` (each:
-    /// its signature and its band keys, which a test may forge).
-    fn write_shard(dir: &Path, docs: &[(Vec<u64>, Vec<[u8; 16]>)]) {
+    /// Writes an ingest shard's `stats.json`, `hashes/` and `bands/` (in runs of 7 records)
+    /// and `signatures.bin` for `docs` (each: its text, its signature and its band keys, which
+    /// a test may forge).
+    fn write_shard(dir: &Path, docs: &[Doc]) {
         std::fs::create_dir_all(dir).unwrap();
-        let mut bands = Vec::new();
+        let mut bands = RunWriter::<DocHash>::create(dir.join(NEAR), 7).unwrap();
+        let mut hashes = RunWriter::<DocHash>::create(dir.join(EXACT), 7).unwrap();
         let mut sigs = Vec::new();
-        for (doc, (sig, keys)) in docs.iter().enumerate() {
-            bands.extend(keys.iter().map(|&hash| DocHash {
-                hash,
-                doc: doc as u64,
-                bytes: 100 + doc as u64,
-            }));
+        let mut seen = std::collections::HashSet::new();
+        for (doc, (text, sig, keys)) in docs.iter().enumerate() {
+            let bytes = 100 + doc as u64;
+            for &hash in keys {
+                bands
+                    .push(DocHash {
+                        hash,
+                        doc: doc as u64,
+                        bytes,
+                    })
+                    .unwrap();
+            }
+            // An ingest drops a repeat within its run; these runs are short, so within the shard.
+            if seen.insert(text.clone()) {
+                hashes
+                    .push(DocHash::of(
+                        &blake3::hash(text.as_bytes()),
+                        doc as u64,
+                        bytes,
+                    ))
+                    .unwrap();
+            }
             sigs.extend(sig.iter().flat_map(|v| v.to_le_bytes()));
         }
-        let mut runs = crate::sorted_runs::RunWriter::create(dir.join(NEAR), 7).unwrap();
-        for b in bands {
-            runs.push(b).unwrap();
-        }
-        assert!(runs.finish().unwrap() > 1, "several runs");
+        bands.finish().unwrap();
+        hashes.finish().unwrap();
         std::fs::write(dir.join(SIGNATURES), sigs).unwrap();
+        let stats = crate::ingest_stats::IngestStats {
+            docs_out: docs.len() as u64,
+            bytes_out: (0..docs.len() as u64).map(|d| 100 + d).sum(),
+            ..Default::default()
+        };
+        std::fs::write(dir.join("stats.json"), serde_json::to_vec(&stats).unwrap()).unwrap();
+    }
+
+    /// Runs `tasks` key-range tasks and the join over `dirs`; returns each input's drops.
+    fn dedup(dirs: &[PathBuf], tasks: usize, jaccard: f64, memory: usize) -> Vec<Vec<u64>> {
+        let c = DedupConfig {
+            sources: vec![DedupSource {
+                name: "web".into(),
+                shards: Some(dirs.len()),
+            }],
+            exact: true,
+            near: true,
+            jaccard,
+            tasks,
+            // The tasks' output runs hold an eighth of it.
+            memory_gb: memory as f64 / (1u64 << 30) as f64,
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let outs: Vec<PathBuf> = (0..tasks)
+            .map(|t| {
+                let out = tmp.path().join(format!("k{t}"));
+                std::fs::create_dir_all(&out).unwrap();
+                crate::dedup_keys::run_task(&c, t, dirs, memory, &out, &|| Ok(())).unwrap();
+                out
+            })
+            .collect();
+        let out = tmp.path().join("join");
+        join(&c, dirs, &outs, memory, &out, &|| Ok(())).unwrap();
+        assert!(!out.join(".clusters").exists(), "the scratch sorts go");
+        (0..dirs.len())
+            .map(|i| read_drops(&out.join(drops_file("web", i, dirs.len()))).unwrap())
+            .collect()
     }
 
     #[test]
@@ -540,44 +611,72 @@ mod tests {
         let doc = |t: String| {
             let sig = h.signature(&t);
             let keys = h.bands_of(&sig);
-            (sig, keys)
+            (t, sig, keys)
         };
         // A chain: a ~ b ~ c (each a few words off the one before), one per shard, and two
         // unrelated texts d, e made to share a band (a forged key): a candidate pair that the
-        // signatures refuse.
+        // signatures refuse. Shard 2 also repeats d's text exactly (an exact repeat of shard
+        // 0's document 1, and a near one).
         let (d, mut e) = (doc(text(7, &[])), doc(text(8, &[])));
-        e.1[3] = d.1[3];
+        e.2[3] = d.2[3];
         let tmp = tempfile::tempdir().unwrap();
-        let dirs: Vec<std::path::PathBuf> =
-            (0..3).map(|i| tmp.path().join(format!("s{i}"))).collect();
-        write_shard(&dirs[0], &[doc(text(1, &[])), d]);
+        let dirs: Vec<PathBuf> = (0..3).map(|i| tmp.path().join(format!("s{i}"))).collect();
+        write_shard(&dirs[0], &[doc(text(1, &[])), d.clone()]);
         write_shard(&dirs[1], &[e, doc(text(1, &[10, 200]))]);
-        write_shard(&dirs[2], &[doc(text(1, &[10, 200, 40, 250]))]);
-        let drops = near_clusters(&dirs, &[2, 2, 1], 0.7, &|| Ok(())).unwrap();
-        assert_eq!(drops, vec![(1, 1, 101), (2, 0, 100)]);
+        write_shard(&dirs[2], &[doc(text(1, &[10, 200, 40, 250])), d]);
+        let want = vec![vec![], vec![1], vec![0, 1]];
+        // One task or many, a memory that holds everything or one that spills every sort.
+        for (tasks, memory) in [(1, 1 << 24), (3, 1 << 24), (5, 2048)] {
+            assert_eq!(dedup(&dirs, tasks, 0.7, memory), want, "{tasks} tasks");
+        }
         // Without the check every candidate counts, as datatrove does: e goes too.
-        let drops = near_clusters(&dirs, &[2, 2, 1], 0.0, &|| Ok(())).unwrap();
-        assert_eq!(drops, vec![(1, 0, 100), (1, 1, 101), (2, 0, 100)]);
+        assert_eq!(
+            dedup(&dirs, 2, 0.0, 1 << 20),
+            vec![vec![], vec![0, 1], vec![0, 1]]
+        );
     }
 
     #[test]
     fn exact_repeats_in_other_runs_and_other_inputs_go_and_the_first_stays() {
         let tmp = tempfile::tempdir().unwrap();
-        let dirs: Vec<std::path::PathBuf> =
-            (0..2).map(|i| tmp.path().join(format!("s{i}"))).collect();
+        let dirs: Vec<PathBuf> = (0..2).map(|i| tmp.path().join(format!("s{i}"))).collect();
         // Input 0: a, b | c, a (runs of 2: the second a is in another run); input 1: b, d.
         for (dir, texts) in dirs.iter().zip([&["a", "b", "c", "a"][..], &["b", "d"]]) {
-            let mut w = crate::sorted_runs::RunWriter::create(dir.join(EXACT), 2).unwrap();
+            let mut w = RunWriter::<DocHash>::create(dir.join(EXACT), 2).unwrap();
             for (doc, t) in texts.iter().enumerate() {
-                w.push(record(t, doc as u64)).unwrap();
+                w.push(DocHash::of(&blake3::hash(t.as_bytes()), doc as u64, 1))
+                    .unwrap();
             }
             w.finish().unwrap();
+            let stats = crate::ingest_stats::IngestStats {
+                docs_out: texts.len() as u64,
+                bytes_out: texts.len() as u64,
+                ..Default::default()
+            };
+            std::fs::write(dir.join("stats.json"), serde_json::to_vec(&stats).unwrap()).unwrap();
         }
-        let mut later = Vec::new();
-        let records = Merged::open(&dirs, EXACT, true).unwrap();
-        merge(records, &|| Ok(()), |input, h| later.push((input, h.doc))).unwrap();
-        later.sort();
-        assert_eq!(later, vec![(0, 3), (1, 0)]);
+        let c = DedupConfig {
+            sources: vec![DedupSource {
+                name: "web".into(),
+                shards: Some(2),
+            }],
+            exact: true,
+            near: false,
+            jaccard: 0.7,
+            tasks: 3,
+            memory_gb: 1.0,
+        };
+        let outs: Vec<PathBuf> = (0..3)
+            .map(|t| {
+                let out = tmp.path().join(format!("k{t}"));
+                std::fs::create_dir_all(&out).unwrap();
+                crate::dedup_keys::run_task(&c, t, &dirs, 4096, &out, &|| Ok(())).unwrap();
+                out
+            })
+            .collect();
+        join(&c, &dirs, &outs, 4096, &tmp.path().join("join"), &|| Ok(())).unwrap();
+        let drops = |i| read_drops(&tmp.path().join("join").join(drops_file("web", i, 2)));
+        assert_eq!((drops(0).unwrap(), drops(1).unwrap()), (vec![3], vec![0]));
         assert_eq!(drops_file("web", 3, 12), "drops/web/03.bin");
         assert_eq!(drops_file("web", 0, 1), "drops/web/0.bin");
     }

@@ -6,13 +6,16 @@
 
 #![warn(missing_docs)]
 
+pub mod components;
 pub mod decontaminate;
 pub mod dedup;
+pub mod dedup_keys;
 pub mod docs;
 pub mod encoder;
 pub mod engine;
 pub mod eval;
 pub mod export;
+pub mod external_sort;
 pub mod fetch;
 pub mod filters;
 pub mod forkserver;
@@ -48,6 +51,7 @@ pub fn registry() -> Registry {
         .register(tokenizer::TokenizerStage)
         .register(tokenize::Tokenize)
         .register(dedup::Dedup)
+        .register(dedup_keys::DedupKeys)
         .register(decontaminate::Contamination)
         .register(mix::Mix)
         .register(megatron_source::MegatronSource)

@@ -23,6 +23,16 @@ pub fn dedup(source: &str) -> String {
     format!("dedup.{source}")
 }
 
+/// The prefix of a dedup's key-range tasks ([`dedup_keys`]).
+pub const DEDUP_KEYS: &str = "dedup_keys";
+
+/// Task `task` of `tasks` of the dedup stage `dedup` (`dedup.<source>` or [`CROSS_DEDUP`]):
+/// `dedup_keys.<source>.k<label>`, or `dedup_keys.k<label>` ([`Shard::label`]).
+pub fn dedup_keys(dedup: &str, task: usize, tasks: usize) -> String {
+    let source = dedup.strip_prefix(CROSS_DEDUP).unwrap_or(dedup);
+    format!("{DEDUP_KEYS}{source}.k{}", Shard::label(task, tasks))
+}
+
 /// The stage that deduplicates the `cross_dedup` sources against each other.
 pub const CROSS_DEDUP: &str = "dedup";
 

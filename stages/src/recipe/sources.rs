@@ -19,6 +19,11 @@
 //! earlier shard already holds, or nearly. The tokenizer trains on the first shard's documents; mixing and training read the
 //! shards' tokens as one source, in shard order.
 //!
+//! A deduplicated source's dedup fans out over `dedup_tasks: {count: N, memory_gb: G}`
+//! `dedup_keys.<name>.k<i>` tasks, one range of the record keys each ([`crate::dedup_keys`]),
+//! then joins them in `dedup.<name>`; each declares `G` GiB to the executor (Slurm's `--mem`)
+//! and stays within it. By default a task per shard and 1 GiB.
+//!
 //! `cross_dedup: true` on sharded sources deduplicates them against each other, in recipe
 //! order, in one stage ([`CROSS_DEDUP`]) in place of each one's own: a later source's copy of
 //! an earlier source's document is dropped. They must share `dedup` and `near_dedup`.
@@ -53,6 +58,9 @@ pub struct Source {
     /// `cross_dedup: true`: deduplicated with every other such source, in recipe order, by
     /// the one stage [`CROSS_DEDUP`].
     pub cross_dedup: bool,
+    /// `dedup_tasks: {count, memory_gb}`: its dedup's key-range tasks (`None`: a task per
+    /// shard) and the memory each declares.
+    pub dedup_tasks: (Option<usize>, f64),
 }
 
 pub use crate::names::CROSS_DEDUP;
@@ -113,9 +121,13 @@ pub fn parse(
                 ));
             }
         };
+        let dedup_tasks = match entry.get("dedup_tasks") {
+            None => (None, crate::dedup::default_memory_gb()),
+            Some(v) => dedup_tasks(v, &format!("{path}.dedup_tasks"))?,
+        };
         let (mut fetch, mut settings) = (Map::new(), Map::new());
         for (k, v) in entry {
-            if k == "shards" || k == "cross_dedup" {
+            if k == "shards" || k == "cross_dedup" || k == "dedup_tasks" {
                 continue;
             }
             if FETCH_KEYS.contains(&k.as_str()) {
@@ -150,6 +162,7 @@ pub fn parse(
             tokenize,
             shards,
             cross_dedup,
+            dedup_tasks,
         });
     }
     // One stage deduplicates the cross_dedup sources, with one rule set.
@@ -173,6 +186,46 @@ pub fn parse(
         ));
     }
     Ok(sources)
+}
+
+/// A `dedup_tasks:` value: `{count: N, memory_gb: G}`, both optional.
+fn dedup_tasks(v: &Value, path: &str) -> Result<(Option<usize>, f64), ConfigError> {
+    let Some(map) = v.as_object() else {
+        return Err(ConfigError::new(
+            path,
+            format!("expected a mapping `{{count: N, memory_gb: G}}`, got {v}"),
+        ));
+    };
+    let mut out = (None, crate::dedup::default_memory_gb());
+    for (k, v) in map {
+        match k.as_str() {
+            "count" => match v.as_u64() {
+                Some(n) if (1..=MAX_SHARDS as u64).contains(&n) => out.0 = Some(n as usize),
+                _ => {
+                    return Err(ConfigError::new(
+                        format!("{path}.count"),
+                        format!("expected a whole number from 1 to {MAX_SHARDS}, got {v}"),
+                    ));
+                }
+            },
+            "memory_gb" => match v.as_f64() {
+                Some(g) if g > 0.0 && g.is_finite() => out.1 = g,
+                _ => {
+                    return Err(ConfigError::new(
+                        format!("{path}.memory_gb"),
+                        format!("expected a positive number of GiB, got {v}"),
+                    ));
+                }
+            },
+            other => {
+                return Err(ConfigError::new(
+                    format!("{path}.{other}"),
+                    "unknown key: `dedup_tasks` takes `count` and `memory_gb`",
+                ));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// A `shards:` value: a whole number from 1 to [`MAX_SHARDS`], or `{target: SIZE}` (bytes per
@@ -397,7 +450,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
         if let Some(dedup) = &dedup
             && !source.cross_dedup
         {
-            nodes.push(dedup_node(dedup, &[source], path.clone()));
+            nodes.extend(dedup_nodes(dedup, &[source], path.clone()));
         }
         if doc.tokenizer.is_some() {
             for (index, (tokenize, ingest)) in
@@ -413,7 +466,7 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
     }
     let cross: Vec<&Source> = doc.sources.iter().filter(|s| s.cross_dedup).collect();
     if let Some(first) = cross.first() {
-        nodes.push(dedup_node(
+        nodes.extend(dedup_nodes(
             CROSS_DEDUP,
             &cross,
             format!("sources.{}.cross_dedup", first.name),
@@ -423,21 +476,48 @@ pub fn expand(doc: &RecipeDoc) -> Vec<NodeSpec> {
 }
 
 /// The `dedup` stage `name` over `sources`' ingest shards, in order (one rule set: the first
-/// source's, which `parse` checked the others share).
-fn dedup_node(name: &str, sources: &[&Source], path: String) -> NodeSpec {
+/// source's, which `parse` checked the others share), after its `dedup_keys` tasks.
+fn dedup_nodes(name: &str, sources: &[&Source], path: String) -> Vec<NodeSpec> {
     let first = sources[0];
     let list: Vec<Value> = sources
         .iter()
         .map(|s| json!({"name": s.name, "shards": s.shards}))
         .collect();
-    NodeSpec {
+    let (count, memory_gb) = first.dedup_tasks;
+    let tasks = count.unwrap_or_else(|| sources.iter().map(|s| s.shards.unwrap_or(1)).sum());
+    let config = json!({
+        "sources": list,
+        "exact": first.exact_dedup(),
+        "near": first.near_dedup(),
+        "jaccard": first.near_jaccard(),
+        "tasks": tasks,
+        "memory_gb": memory_gb,
+    });
+    let ingests: Vec<String> = sources.iter().flat_map(|s| s.ingest_stages()).collect();
+    let keys: Vec<String> = (0..tasks)
+        .map(|t| names::dedup_keys(name, t, tasks))
+        .collect();
+    let mut nodes: Vec<NodeSpec> = keys
+        .iter()
+        .enumerate()
+        .map(|(task, key)| NodeSpec {
+            name: key.clone(),
+            kind: "dedup_keys".into(),
+            config: json!({"dedup": config, "task": task}),
+            needs: ingests.clone(),
+            resources: None,
+            path: path.clone(),
+        })
+        .collect();
+    nodes.push(NodeSpec {
         name: name.to_string(),
         kind: "dedup".into(),
-        config: json!({"sources": list, "exact": first.exact_dedup(), "near": first.near_dedup(), "jaccard": first.near_jaccard()}),
-        needs: sources.iter().flat_map(|s| s.ingest_stages()).collect(),
+        config,
+        needs: ingests.into_iter().chain(keys).collect(),
         resources: None,
         path,
-    }
+    });
+    nodes
 }
 
 /// A `tokenize` stage of `source` named `name`, reading ingest stage `ingest` (and, for a
