@@ -71,10 +71,37 @@ pub fn run(docs: &[u64], dir: Option<&std::path::Path>) -> Result<ExitCode> {
             r.rank_anonymous as f64 / 1e6
         );
     }
+    println!();
     println!(
-        "near-dedup: not measured; its sharded pipeline (issue 58, item 4) is not built, and the \
-         single-process one holds every band record of the corpus"
+        "near-dedup on a text corpus of N documents ({} ingest shards, {} dedup_keys tasks and the join, each declaring {} MiB):",
+        super::near_dedup_scale::SHARDS,
+        super::near_dedup_scale::SHARDS,
+        super::near_dedup_scale::MEMORY_MIB
     );
+    println!(
+        "| documents | zflow run s (ingest + dedup) | dedup tasks + join s | near duplicates dropped | largest task | its peak RSS MB |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for &n in docs {
+        let here = scratch.join(format!("near{n}"));
+        std::fs::create_dir_all(&here).with_context(|| format!("creating {}", here.display()))?;
+        if let Err(why) = super::near_dedup_scale::fits(n, &here) {
+            println!("| {n:.0e} | {why} | | | | |");
+            continue;
+        }
+        eprintln!("data-scale: near-dedup of {n} documents");
+        let result = super::near_dedup_scale::measure(n, &here);
+        let _ = std::fs::remove_dir_all(&here);
+        let r = result?;
+        println!(
+            "| {n:.0e} | {:.1} | {:.1} | {} | {} | {:.0} |",
+            r.run_s,
+            r.dedup_s,
+            r.dropped,
+            r.largest_task.0,
+            r.largest_task.1 as f64 / 1e6
+        );
+    }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(ExitCode::SUCCESS)
 }

@@ -6,6 +6,7 @@ mod data_scale;
 mod experts;
 mod hw;
 mod memory;
+mod near_dedup_scale;
 mod step;
 mod tokenize;
 mod train;
