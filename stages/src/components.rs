@@ -80,19 +80,19 @@ pub fn for_each_non_least_vertex(
         let mut fingerprint = blake3::Hasher::new();
         let mut small = sorter(round, "small")?;
         let mut leaves = BufWriter::new(File::create(&leaves_path)?);
-        for_each_group(&mut sorted, |u, bu, neighbours| {
-            let (m, bm) = least(u, bu, neighbours);
-            for &(v, bv) in neighbours {
-                if v > u {
+        for_each_group(&mut sorted, |visit| {
+            match visit {
+                Visit::Edge(u, [m, bm], v, bv) if v > u => {
                     fingerprint.update(&u.to_le_bytes());
                     fingerprint.update(&v.to_le_bytes());
                     // Small-star groups each edge under its larger vertex.
                     small.push([v, m, bv, bm])?;
                 }
-            }
-            if m < u {
-                leaves.write_all(&u.to_le_bytes())?;
-                leaves.write_all(&bu.to_le_bytes())?;
+                Visit::Done(u, bu, [m, _]) if m < u => {
+                    leaves.write_all(&u.to_le_bytes())?;
+                    leaves.write_all(&bu.to_le_bytes())?;
+                }
+                _ => {}
             }
             Ok(())
         })?;
@@ -119,13 +119,12 @@ pub fn for_each_non_least_vertex(
         // Small-star: `u` with its neighbours below it, all linked to their least.
         let mut sorted = small.finish()?;
         both = sorter(round, "large")?;
-        for_each_group(&mut sorted, |u, bu, below| {
-            let (m, bm) = least(u, bu, below);
-            for &(v, bv) in below.iter().chain(std::iter::once(&(u, bu))) {
-                if v != m {
-                    both.push([v, m, bv, bm])?;
-                    both.push([m, v, bm, bv])?;
-                }
+        // Every neighbour is below `u` here, so the least is the first.
+        for_each_group(&mut sorted, |visit| {
+            let (Visit::Edge(_, [m, bm], v, bv) | Visit::Done(v, bv, [m, bm])) = visit;
+            if v != m {
+                both.push([v, m, bv, bm])?;
+                both.push([m, v, bm, bv])?;
             }
             Ok(())
         })?;
@@ -133,36 +132,45 @@ pub fn for_each_non_least_vertex(
     unreachable!("the rounds end when the edges stop changing")
 }
 
-/// The least of `u` and its (ascending) neighbours, with its bytes.
-fn least(u: u64, bu: u64, neighbours: &[(u64, u64)]) -> (u64, u64) {
-    match neighbours.first() {
-        Some(&(v, bv)) if v < u => (v, bv),
-        _ => (u, bu),
-    }
+/// What [`for_each_group`] sees of a group of edges out of vertex `u`, whose `least` is
+/// `[vertex, bytes]` of the least of `u` and its neighbours.
+enum Visit {
+    /// `(u, least, v, bytes of v)`: a distinct neighbour `v` of `u`.
+    Edge(u64, [u64; 2], u64, u64),
+    /// `(u, bytes of u, least)`: after the group's last neighbour.
+    Done(u64, u64, [u64; 2]),
 }
 
-/// Calls `f(u, bytes of u, neighbours)` for each vertex `u` of sorted directed edges `[u, v,
-/// bu, bv]`, its distinct neighbours ascending. Holds one vertex's neighbours at a time.
+/// Streams sorted directed edges `[u, v, bu, bv]` grouped by vertex `u`, holding one edge at
+/// a time (a group may be a whole cluster): a [`Visit::Edge`] for each distinct neighbour, then
+/// a [`Visit::Done`]. The least of a group is known at its first edge: neighbours come
+/// ascending.
 fn for_each_group(
     sorted: &mut Sorted<Edge>,
-    mut f: impl FnMut(u64, u64, &[(u64, u64)]) -> Result<()>,
+    mut visit: impl FnMut(Visit) -> Result<()>,
 ) -> Result<()> {
-    let mut group: Option<(u64, u64)> = None;
-    let mut neighbours: Vec<(u64, u64)> = Vec::new();
+    // The current group: its vertex and bytes, its least, and its last neighbour.
+    let mut group: Option<(u64, u64, [u64; 2], u64)> = None;
     while let Some([u, v, bu, bv]) = sorted.next_record()? {
-        if let Some((g, bg)) = group
-            && g != u
-        {
-            f(g, bg, &neighbours)?;
-            neighbours.clear();
-        }
-        group = Some((u, bu));
-        if neighbours.last().is_none_or(|&(w, _)| w != v) {
-            neighbours.push((v, bv));
+        match &mut group {
+            Some((g, _, least, last)) if *g == u => {
+                if *last != v {
+                    *last = v;
+                    visit(Visit::Edge(u, *least, v, bv))?;
+                }
+            }
+            _ => {
+                if let Some((g, bg, least, _)) = group {
+                    visit(Visit::Done(g, bg, least))?;
+                }
+                let least = if v < u { [v, bv] } else { [u, bu] };
+                group = Some((u, bu, least, v));
+                visit(Visit::Edge(u, least, v, bv))?;
+            }
         }
     }
-    if let Some((g, bg)) = group {
-        f(g, bg, &neighbours)?;
+    if let Some((g, bg, least, _)) = group {
+        visit(Visit::Done(g, bg, least))?;
     }
     Ok(())
 }
