@@ -532,7 +532,8 @@ sources:
 }
 
 /// `zflow bench data-scale` runs end to end at small counts (its figures are for the note and
-/// the reader, never asserted): a source is made, mixed, and a rank reads its first batch.
+/// the reader, never asserted): a source is made, mixed, and a rank reads its first batch; a
+/// text corpus is deduplicated and each dedup task's peak memory read.
 #[test]
 #[cfg_attr(
     not(zflow_torch),
@@ -553,7 +554,12 @@ fn the_data_scale_bench_measures_each_count() {
         .lines()
         .filter(|l| l.starts_with("| 1e"))
         .collect();
-    assert_eq!(rows.len(), 2, "{}", out.stdout);
+    // Two rows of the mix and rank table, then two of the near-dedup table (its largest task
+    // named, with a peak).
+    assert_eq!(rows.len(), 4, "{}", out.stdout);
+    for near in &rows[2..] {
+        assert!(near.contains("dedup"), "{}", out.stdout);
+    }
     assert!(
         !sb.path().join("scratch").exists(),
         "the scratch files stay"
