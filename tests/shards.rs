@@ -65,7 +65,9 @@ fn write_corpus(sb: &Sandbox, files: usize) {
 /// Data stages only: the corpus (sharded `shards` ways, or not), this repository's pipeline
 /// sources as a second source, a trained tokenizer and one mixed phase.
 fn recipe(shards: Option<usize>) -> String {
-    let shards = shards.map_or(String::new(), |n| format!("\n    shards: {n}"));
+    let shards = shards.map_or(String::new(), |n| {
+        format!("\n    shards: {n}\n    dedup_tasks: {{count: {n}}}")
+    });
     format!(
         r#"
 name: shards-test

@@ -8,7 +8,7 @@
 //! and `signatures.bin` ([`crate::minhash`]). It drops a repeat of a text already in the run
 //! it is filling, and leaves the rest to the source's dedup, two sharded stages:
 //! - `dedup_keys.<source>.k<i>`, a task per range of the key space (`dedup_tasks.count`, by
-//!   default one per shard): the exact repeats and the verified near-duplicate pairs among the
+//!   default one per 64 shards): the exact repeats and the verified near-duplicate pairs among the
 //!   records whose keys fall in its range;
 //! - this stage, which joins them. The pairs are edges of a graph whose connected components
 //!   are the clusters; [`crate::components`] finds, by external sorts within the declared

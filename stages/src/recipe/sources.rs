@@ -22,7 +22,8 @@
 //! A deduplicated source's dedup fans out over `dedup_tasks: {count: N, memory_gb: G}`
 //! `dedup_keys.<name>.k<i>` tasks, one range of the record keys each ([`crate::dedup_keys`]),
 //! then joins them in `dedup.<name>`; each declares `G` GiB to the executor (Slurm's `--mem`)
-//! and stays within it. By default a task per shard and 1 GiB.
+//! and stays within it. By default a task per 64 shards ([`SHARDS_PER_DEDUP_TASK`]: every task
+//! reads every shard, so a task per shard would make the plan quadratic) and 1 GiB.
 //!
 //! `cross_dedup: true` on sharded sources deduplicates them against each other, in recipe
 //! order, in one stage ([`CROSS_DEDUP`]) in place of each one's own: a later source's copy of
@@ -58,12 +59,16 @@ pub struct Source {
     /// `cross_dedup: true`: deduplicated with every other such source, in recipe order, by
     /// the one stage [`CROSS_DEDUP`].
     pub cross_dedup: bool,
-    /// `dedup_tasks: {count, memory_gb}`: its dedup's key-range tasks (`None`: a task per
-    /// shard) and the memory each declares.
+    /// `dedup_tasks: {count, memory_gb}`: its dedup's key-range tasks (`None`: one per
+    /// [`SHARDS_PER_DEDUP_TASK`] shards) and the memory each declares.
     pub dedup_tasks: (Option<usize>, f64),
 }
 
 pub use crate::names::CROSS_DEDUP;
+
+/// A dedup's default number of key-range tasks is one per this many shards of its sources
+/// (`dedup_tasks.count` overrides it).
+pub const SHARDS_PER_DEDUP_TASK: usize = 64;
 
 /// The most shards a source may have (a stage per shard and step, so bounded by what a plan
 /// can hold).
@@ -484,7 +489,9 @@ fn dedup_nodes(name: &str, sources: &[&Source], path: String) -> Vec<NodeSpec> {
         .map(|s| json!({"name": s.name, "shards": s.shards}))
         .collect();
     let (count, memory_gb) = first.dedup_tasks;
-    let tasks = count.unwrap_or_else(|| sources.iter().map(|s| s.shards.unwrap_or(1)).sum());
+    // Every task reads every shard: tasks x shards edges in the plan, so not a task per shard.
+    let shards: usize = sources.iter().map(|s| s.shards.unwrap_or(1)).sum();
+    let tasks = count.unwrap_or_else(|| shards.div_ceil(SHARDS_PER_DEDUP_TASK));
     let config = json!({
         "sources": list,
         "exact": first.exact_dedup(),
