@@ -188,12 +188,13 @@ fn a_recipe_runs_on_slurm_and_scancel_then_rerun_resumes_to_the_same_weights() {
         logs.display()
     );
 
-    // The rerun submits the train stage again; it resumes from its newest checkpoint. The 10
-    // others (each source's fetch, ingest and dedup, the tokenizer, tokenize, mix) are cached.
+    // The rerun submits the train stage again; it resumes from its newest checkpoint. The 12
+    // others (each source's fetch, ingest, dedup_keys and dedup, the tokenizer, tokenize, mix)
+    // are cached.
     let out = run(&sb, &conf);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("1 ran, 10 cached"), "{stderr}");
+    assert!(stderr.contains("1 ran, 12 cached"), "{stderr}");
     let log = sb.ok(&["logs", "r.yaml", "train.p1"]).stdout;
     assert!(log.contains("resum"), "the rerun did not resume:\n{log}");
     assert!(
