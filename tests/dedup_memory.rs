@@ -10,6 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use common::Sandbox;
+use zflow_runtime::rng::SplitMix64;
 
 const SHARDS: usize = 4;
 const TASKS: usize = 4;
@@ -22,15 +23,6 @@ const RECORDS: u64 = 2 * (MEMORY_MIB << 20) / 32;
 const RUN: u64 = 1 << 19;
 /// Documents per shard.
 const DOCS: u64 = 1 << 16;
-
-/// SplitMix64.
-fn next(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// Writes run `k` of `dir` holding `records` (key prefix, doc), which must be sorted:
 /// `[key (16 bytes), doc, bytes]` each.
@@ -49,12 +41,12 @@ fn write_run(dir: &Path, k: usize, records: impl Iterator<Item = (u64, u64)>) {
 
 /// `n` records with random keys in ascending order (random gaps over the key space) and random
 /// documents.
-fn ascending(rng: &mut u64, n: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+fn ascending(rng: &mut SplitMix64, n: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
     let mean_gap = u64::MAX / n;
     let mut key = 0u64;
     (0..n).map(move |_| {
-        key += next(rng) % mean_gap;
-        (key, next(rng) % DOCS)
+        key += rng.next_u64() % mean_gap;
+        (key, rng.next_u64() % DOCS)
     })
 }
 
@@ -65,7 +57,7 @@ fn ascending(rng: &mut u64, n: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
 /// values: its document's number, or its original's, and 7. Returns the planted (exact, near)
 /// duplicates.
 fn write_shard(dir: &Path, s: u64) -> (Vec<u64>, Vec<u64>) {
-    let mut rng = 1000 + s;
+    let mut rng = SplitMix64(1000 + s);
     let planted_band = |orig: u64, d: u64| (orig << 32 | d).wrapping_mul(0x1000_0000_0001);
     let planted_text = |orig: u64| (orig + 1).wrapping_mul(0x0700_0000_0000_0003);
     let global = |shard: u64, d: u64| shard * DOCS + d;

@@ -55,21 +55,12 @@ fn free_bytes(dir: &Path) -> Option<u64> {
     (unsafe { libc::statvfs(path.as_ptr(), &mut s) } == 0).then(|| s.f_bavail * s.f_frsize)
 }
 
-/// SplitMix64.
-fn next(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// Measures the pipeline on `n` documents in `dir`.
 pub fn measure(n: u64, dir: &Path) -> Result<NearDedupFigures> {
     use std::io::Write;
     let corpus = dir.join("corpus");
     std::fs::create_dir_all(&corpus)?;
-    let mut rng = n;
+    let mut rng = zflow_runtime::rng::SplitMix64(n);
     let per_file = n.div_ceil(SHARDS as u64);
     let mut recent: std::collections::VecDeque<Vec<u64>> = Default::default();
     for f in 0..SHARDS as u64 {
@@ -78,10 +69,10 @@ pub fn measure(n: u64, dir: &Path) -> Result<NearDedupFigures> {
         for d in f * per_file..((f + 1) * per_file).min(n) {
             let words: Vec<u64> = if d % 50 == 49 && recent.len() >= 25 {
                 let mut copy = recent[recent.len() - 25].clone();
-                copy[11] = next(&mut rng) % 1_000_000;
+                copy[11] = rng.next_u64() % 1_000_000;
                 copy
             } else {
-                (0..12).map(|_| next(&mut rng) % 1_000_000).collect()
+                (0..12).map(|_| rng.next_u64() % 1_000_000).collect()
             };
             let line: Vec<String> = words.iter().map(|x| format!("w{x}")).collect();
             writeln!(w, "{}", line.join(" "))?;

@@ -29,24 +29,9 @@ use crate::sorted_runs::Record;
 /// An edge's record: `[u, v, bytes of u, bytes of v]`.
 pub type Edge = [u64; 4];
 
-/// The vertices of the graph of `edges` that are not the least vertex of their component, in
-/// ascending order, each with its bytes: `[vertex, bytes]`. Sorts in `scratch` (created and
-/// removed) within `memory` bytes; `check` is called between passes.
-pub fn non_least_vertices(
-    edges: impl IntoIterator<Item = Result<Edge>>,
-    scratch: &Path,
-    memory: usize,
-    check: &dyn Fn() -> Result<()>,
-) -> Result<Vec<[u64; 2]>> {
-    let mut out = Vec::new();
-    for_each_non_least_vertex(edges, scratch, memory, check, |v| {
-        out.push(v);
-        Ok(())
-    })?;
-    Ok(out)
-}
-
-/// [`non_least_vertices`], each given to `emit` in ascending order rather than collected.
+/// Calls `emit` with each vertex of the graph of `edges` that is not the least vertex of its
+/// component, in ascending order, with its bytes: `[vertex, bytes]`. Sorts in `scratch`
+/// (created and removed) within `memory` bytes; `check` is called between rounds.
 pub fn for_each_non_least_vertex(
     edges: impl IntoIterator<Item = Result<Edge>>,
     scratch: &Path,
@@ -178,6 +163,23 @@ fn for_each_group(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The vertices of the graph of `edges` that are not the least vertex of their component, in
+    /// ascending order, each with its bytes: `[vertex, bytes]`. Sorts in `scratch` (created and
+    /// removed) within `memory` bytes; `check` is called between passes.
+    fn non_least_vertices(
+        edges: impl IntoIterator<Item = Result<Edge>>,
+        scratch: &Path,
+        memory: usize,
+        check: &dyn Fn() -> Result<()>,
+    ) -> Result<Vec<[u64; 2]>> {
+        let mut out = Vec::new();
+        for_each_non_least_vertex(edges, scratch, memory, check, |v| {
+            out.push(v);
+            Ok(())
+        })?;
+        Ok(out)
+    }
 
     /// Union-find's answer: the vertices that are not the least of their component.
     fn naive(edges: &[(u64, u64)]) -> Vec<u64> {

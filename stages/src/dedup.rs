@@ -120,6 +120,14 @@ impl DedupConfig {
             .collect()
     }
 
+    /// Its ingest stages' output folders, in order.
+    pub fn input_dirs(&self, ctx: &StageContext) -> Result<Vec<PathBuf>> {
+        self.input_stages()
+            .iter()
+            .map(|stage| ctx.input(stage).map(Path::to_path_buf))
+            .collect()
+    }
+
     /// What each task (and the join) declares: one core and `memory_gb`.
     pub fn task_resources(&self) -> Resources {
         Resources {
@@ -228,10 +236,7 @@ impl Stage for Dedup {
     fn run(&self, c: &DedupConfig, ctx: &StageContext) -> Result<()> {
         raise_open_files_limit();
         let input_stages = c.input_stages();
-        let dirs: Vec<PathBuf> = input_stages
-            .iter()
-            .map(|stage| ctx.input(stage).map(Path::to_path_buf))
-            .collect::<Result<_>>()?;
+        let dirs = c.input_dirs(ctx)?;
         let tasks: Vec<PathBuf> = ctx
             .inputs()
             .iter()
@@ -401,9 +406,6 @@ impl<'a> DropWriter<'a> {
 
     /// Drops document `doc` (numbered across the inputs) of `bytes` bytes.
     fn push(&mut self, doc: u64, bytes: u64, rule: Rule) -> Result<()> {
-        if doc == u64::MAX {
-            return Ok(());
-        }
         ensure!(
             self.last.is_none_or(|l| l < doc),
             "drops out of order ({doc} after {:?}): damaged dedup_keys output?",

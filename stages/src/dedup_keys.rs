@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 
 use crate::dedup::{DedupConfig, EXACT, NEAR, SIGNATURES};
-use crate::sorted_runs::{DocHash, Record, Run, RunWriter, open_runs, read_buffer};
+use crate::sorted_runs::{DocHash, Run, RunWriter, open_runs, read_buffer};
 
 /// The `dedup_keys` stage kind.
 pub struct DedupKeys;
@@ -91,12 +91,7 @@ impl Stage for DedupKeys {
 
     fn run(&self, c: &DedupKeysConfig, ctx: &StageContext) -> Result<()> {
         crate::dedup::raise_open_files_limit();
-        let dirs: Vec<PathBuf> = c
-            .dedup
-            .input_stages()
-            .iter()
-            .map(|stage| ctx.input(stage).map(Path::to_path_buf))
-            .collect::<Result<_>>()?;
+        let dirs = c.dedup.input_dirs(ctx)?;
         ctx.progress().set_message(format!(
             "duplicates in key range {} of {}",
             c.task, c.dedup.tasks
@@ -295,8 +290,7 @@ impl Signatures {
             .with_context(|| format!("reading signature {doc} of {}", self.path.display()))?;
         Ok(bytes
             .chunks_exact(8)
-            .map(<[u64; 1]>::decode)
-            .map(|[v]| v)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
             .collect())
     }
 }

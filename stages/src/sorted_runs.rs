@@ -200,6 +200,8 @@ pub struct Run<R: Record = DocHash> {
 impl<R: Record> Run<R> {
     /// The next record, or `None` at the end.
     pub fn next_record(&mut self) -> Result<Option<R>> {
+        // Records are at most 64 bytes ([u64; 8]), read into the stack.
+        const { assert!(R::LEN <= 64) };
         let mut b = [0u8; 64];
         let b = &mut b[..R::LEN];
         match self.reader.read_exact(b) {
