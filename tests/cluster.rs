@@ -206,6 +206,7 @@ fn two_nodes_train_as_one_node_survive_a_frozen_node_and_leave_nothing_behind() 
     let record = events(&sb);
     assert!(
         record.contains("4 rank(s) on 2 node(s)")
+            && record.contains("store timeout 301 s, collective timeout 302 s")
             && record.contains("GLOO_SOCKET_IFNAME=zeth0")
             && record.contains("rank 0: n0 (")
             && record.contains("rank 3: n1 (")

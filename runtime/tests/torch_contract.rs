@@ -22,6 +22,8 @@ fn the_python_contract_has_the_rust_names_numbers_and_messages() {
         env::RENDEZVOUS,
         env::SECRET,
         env::HEARTBEAT_S,
+        env::STORE_TIMEOUT_S,
+        env::COLLECTIVE_TIMEOUT_S,
         env::PREFLIGHT,
         env::FAULTS,
         env::ATTEMPT,

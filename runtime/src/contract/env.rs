@@ -18,6 +18,13 @@ pub const SECRET: &str = "ZFLOW_GROUP_SECRET";
 /// Seconds between heartbeats (a step can take longer than the supervisor's hang timeout
 /// would like to wait for a sign of life); set from the hang timeout.
 pub const HEARTBEAT_S: &str = "ZFLOW_HEARTBEAT_S";
+/// Seconds a rank waits on the launch's store (rank 0's `TCPStore`) for a key another rank
+/// has yet to set: at the rendezvous, the wait for the slowest rank to start.
+pub const STORE_TIMEOUT_S: &str = "ZFLOW_STORE_TIMEOUT_S";
+/// Seconds one collective may take before the process group gives up on it (NCCL's watchdog,
+/// gloo's operation timeout): the longest a rank waits on the others, as at resume, while
+/// rank 0 reads the checkpoint.
+pub const COLLECTIVE_TIMEOUT_S: &str = "ZFLOW_COLLECTIVE_TIMEOUT_S";
 /// Set (to `1`) when the ranks are to probe their devices before training and send a
 /// `preflight` message.
 pub const PREFLIGHT: &str = "ZFLOW_PREFLIGHT";

@@ -5,9 +5,9 @@
 //! ([`crate::contract::env::SECRET`]; a process's environment is readable only by its own user,
 //! unlike its command line). Before any collective runs, the ranks prove to each other that they
 //! hold it, both ways, without sending it: rank 0 posts a nonce at the rendezvous, each rank
-//! answers with a BLAKE3 keyed hash of it, its own nonce and its rank, and rank 0 answers each
-//! rank with its own hash over the same values (`workers/torch/zflow_torch/trainer.py`,
-//! `join_group`; SECURITY.md).
+//! posts a BLAKE3 keyed hash of it, its own nonce and its rank, and each rank checks the rank
+//! after it in the ring and answers it with its own hash over the same values
+//! (`workers/torch/zflow_torch/distributed.py`, `prove_secret`; SECURITY.md).
 
 use std::io::Read;
 

@@ -44,6 +44,12 @@ pub struct LaunchSettings {
     /// Seconds without a message from a rank before it is declared hung. Workers send a
     /// heartbeat every quarter of this.
     pub hang_timeout_s: u64,
+    /// Seconds a rank waits at the launch's store for a key another rank has yet to set: at
+    /// the rendezvous, for the slowest rank to start. Default: [`LaunchSettings::store_timeout_s`].
+    pub store_timeout_s: Option<u64>,
+    /// Seconds one collective may take before the ranks give up on it (NCCL's watchdog,
+    /// gloo's timeout). Default: [`LaunchSettings::collective_timeout_s`].
+    pub collective_timeout_s: Option<u64>,
     /// The preflight health check of every rank's device before training.
     pub preflight: PreflightSettings,
 }
@@ -106,6 +112,8 @@ impl Default for LaunchSettings {
             max_restarts: 3,
             backoff_s: 1.0,
             hang_timeout_s: 600,
+            store_timeout_s: None,
+            collective_timeout_s: None,
             preflight: PreflightSettings::default(),
         }
     }
@@ -144,6 +152,22 @@ impl LaunchSettings {
     /// Data-parallel groups: ranks that read different sequences.
     pub fn data_parallel_groups(&self) -> usize {
         self.world() / self.context_parallel()
+    }
+
+    /// The store timeout of a launch of `world` ranks: `store_timeout_s`, else 300 s plus a
+    /// quarter of a second per rank. The slowest of more ranks starts later (each imports
+    /// torch from a shared filesystem, each connects to rank 0's one store), so the default
+    /// grows with the world: 556 s at 1024 ranks.
+    pub fn store_timeout_s(&self, world: usize) -> u64 {
+        self.store_timeout_s.unwrap_or(300 + world as u64 / 4)
+    }
+
+    /// The collective timeout of a launch of `world` ranks: `collective_timeout_s`, else 300 s
+    /// plus half a second per rank. A ring's latency grows with its ranks, and at resume every
+    /// rank waits in one collective while rank 0 reads the checkpoint, so the default grows
+    /// with the world: 812 s at 1024 ranks.
+    pub fn collective_timeout_s(&self, world: usize) -> u64 {
+        self.collective_timeout_s.unwrap_or(300 + world as u64 / 2)
     }
 
     /// Ranks on each node.
@@ -212,6 +236,17 @@ impl LaunchSettings {
             }
             _ => {}
         }
+        for (name, value) in [
+            ("store_timeout_s", self.store_timeout_s),
+            ("collective_timeout_s", self.collective_timeout_s),
+        ] {
+            if value == Some(0) {
+                return Err(ConfigError::new(
+                    name,
+                    format!("`{name}` must be at least 1 second, got 0"),
+                ));
+            }
+        }
         if self.cpus_per_rank == Some(0) {
             return Err(ConfigError::new(
                 "cpus_per_rank",
@@ -277,6 +312,28 @@ mod tests {
             .check()
             .unwrap_err();
         assert!(e.message.contains("multiple of nodes (3)"), "{}", e.message);
+    }
+
+    #[test]
+    fn the_timeouts_grow_with_the_world_unless_given() {
+        let l = LaunchSettings::default();
+        assert_eq!(
+            (l.store_timeout_s(1), l.collective_timeout_s(1)),
+            (300, 300)
+        );
+        assert_eq!(
+            (l.store_timeout_s(1024), l.collective_timeout_s(1024)),
+            (556, 812)
+        );
+        let l = launch(serde_json::json!({"store_timeout_s": 30, "collective_timeout_s": 90}));
+        assert_eq!(
+            (l.store_timeout_s(1024), l.collective_timeout_s(1024)),
+            (30, 90)
+        );
+        let e = launch(serde_json::json!({"collective_timeout_s": 0}))
+            .check()
+            .unwrap_err();
+        assert_eq!(e.path, "collective_timeout_s");
     }
 
     #[test]

@@ -336,19 +336,28 @@ fn launch_spec<'a>(
         world,
         backend: &c.train.backend,
         threads,
-        env: rank_variables(c, attempt),
+        env: rank_variables(c, world, attempt),
         stage,
     }
 }
 
-/// What every rank of launch `attempt` gets besides its place: the attempt, the heartbeat
-/// period, the preflight request, then `train.launch.env`.
-fn rank_variables(c: &TrainConfig, attempt: u32) -> Vec<(String, String)> {
+/// What every rank of launch `attempt` of `world` ranks gets besides its place: the attempt,
+/// the heartbeat period, the store and collective timeouts, the preflight request, then
+/// `train.launch.env`.
+fn rank_variables(c: &TrainConfig, world: usize, attempt: u32) -> Vec<(String, String)> {
     use zflow_runtime::contract::env;
     let heartbeat = (c.launch.hang_timeout_s / 4).max(1);
     let mut vars = vec![
         (env::ATTEMPT.to_string(), attempt.to_string()),
         (env::HEARTBEAT_S.to_string(), heartbeat.to_string()),
+        (
+            env::STORE_TIMEOUT_S.to_string(),
+            c.launch.store_timeout_s(world).to_string(),
+        ),
+        (
+            env::COLLECTIVE_TIMEOUT_S.to_string(),
+            c.launch.collective_timeout_s(world).to_string(),
+        ),
     ];
     if c.launch.preflight.enabled {
         vars.push((env::PREFLIGHT.to_string(), "1".to_string()));
@@ -380,12 +389,15 @@ fn wait_out_lost_nodes(job: &SlurmJob, probe_timeout_s: u64) {
     }
 }
 
-/// A launch of `world` ranks as the run record keeps it: the topology and every variable of
-/// `train.launch.env`.
+/// A launch of `world` ranks as the run record keeps it: the topology, the store and
+/// collective timeouts, and every variable of `train.launch.env`.
 fn describe_launch(c: &TrainConfig, world: usize) -> String {
     let mut text = format!(
-        "{world} rank(s) on {} node(s), backend {}",
-        c.launch.nodes, c.train.backend
+        "{world} rank(s) on {} node(s), backend {}, store timeout {} s, collective timeout {} s",
+        c.launch.nodes,
+        c.train.backend,
+        c.launch.store_timeout_s(world),
+        c.launch.collective_timeout_s(world),
     );
     if !c.launch.env.is_empty() {
         let vars: Vec<String> = c

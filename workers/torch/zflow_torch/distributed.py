@@ -18,7 +18,17 @@ import blake3
 import torch
 import torch.distributed as dist
 
-from zflow_torch.contract import DEVICE, LOCAL_WORLD, RENDEZVOUS, SECRET, Fatal, Probe
+from zflow_torch.contract import (
+    COLLECTIVE_TIMEOUT_S,
+    DEVICE,
+    LOCAL_RANK,
+    LOCAL_WORLD,
+    RENDEZVOUS,
+    SECRET,
+    STORE_TIMEOUT_S,
+    Fatal,
+    Probe,
+)
 
 
 def device_for(backend: str, index: int) -> torch.device:
@@ -62,11 +72,11 @@ def device_identity(device: torch.device) -> str:
     return str(torch.cuda.get_device_properties(device).uuid)
 
 
-def shared_devices(places: list[tuple[str, str]]) -> str | None:
-    """The first (host, device) that two ranks of ``places`` (one per rank, in rank order)
-    share, described, or None when every rank has its own."""
+def shared_devices(places: list[tuple[str, str]], first_rank: int = 0) -> str | None:
+    """The first (host, device) that two ranks of ``places`` (one per rank, in rank order from
+    ``first_rank``) share, described, or None when every rank has its own."""
     first: dict[tuple[str, str], int] = {}
-    for rank, place in enumerate(places):
+    for rank, place in enumerate(places, start=first_rank):
         if place in first:
             host, device = place
             return f"ranks {first[place]} and {rank} both bound device {device} on host {host}"
@@ -74,17 +84,24 @@ def shared_devices(places: list[tuple[str, str]]) -> str | None:
     return None
 
 
-def check_own_device(store: KeyValues, rank: int, world: int, device: torch.device) -> None:
-    """Every rank on a GPU of its own: the ranks exchange (host, device) through the launch's
-    store, before any collective (NCCL would stop on a shared GPU with its own, less telling
-    error), and stop with a fatal error naming both when two share one (a wrong
-    ``CUDA_VISIBLE_DEVICES``, a Slurm step without its own GPU)."""
-    store.set(f"zflow/device/{rank}", f"{socket.gethostname()}\n{device_identity(device)}")
+def check_own_device(
+    store: KeyValues, rank: int, local_rank: int, local_world: int, device: str
+) -> None:
+    """Every rank of a node on a GPU of its own: each rank posts (host, ``device``, its
+    ``device_identity``) to the launch's store, before any collective (NCCL would stop on a
+    shared GPU with its own, less telling error), and the node's first rank reads its node's
+    ``local_world`` ranks and stops with a fatal error naming two that share one (a wrong
+    ``CUDA_VISIBLE_DEVICES``, a Slurm step without its own GPU). A GPU belongs to one host, so
+    the check is per node: one store operation per rank, ``local_world + 1`` for the node's
+    first, whatever the world."""
+    store.set(f"zflow/device/{rank}", f"{socket.gethostname()}\n{device}")
+    if local_rank != 0:
+        return
     places = []
-    for r in range(world):
+    for r in range(rank, rank + local_world):
         host, _, ident = store.get(f"zflow/device/{r}").decode().partition("\n")
         places.append((host, ident))
-    shared = shared_devices(places)
+    shared = shared_devices(places, rank)
     if shared:
         raise Fatal(f"{shared}: every rank needs a device of its own")
 
@@ -110,56 +127,79 @@ def _mac(key: bytes, *parts: str) -> str:
     return blake3.blake3("\n".join(parts).encode(), key=key).hexdigest()
 
 
+def timeout(variable: str) -> timedelta:
+    """A timeout the supervisor sets for every rank (``train.launch``'s store and collective
+    timeouts, resolved for the launch's world); 300 s for a worker started alone."""
+    return timedelta(seconds=float(os.environ.get(variable, "300")))
+
+
+def prove_secret(store: KeyValues, rank: int, world: int, key: bytes) -> None:
+    """Proves, both ways, that every rank holds the launch secret, with O(1) store operations
+    per rank: rank 0 posts a fresh challenge; each rank posts its nonce with a keyed BLAKE3 MAC
+    of the challenge, checks the MAC of the rank after it in the ring and answers that rank's
+    nonce; then it checks the answer to its own. So every rank is checked by a rank that
+    holds the secret, and checks one. A rank that fails a check ends with a fatal error, which
+    ends the launch."""
+    if rank == 0:
+        store.set("zflow/challenge", secrets.token_hex(16))
+    challenge = store.get("zflow/challenge").decode()
+    nonce = secrets.token_hex(16)
+    store.set(f"zflow/proof/{rank}", f"{nonce}:{_mac(key, 'rank', challenge, nonce, str(rank))}")
+    if world > 1:
+        peer = (rank + 1) % world
+        their_nonce, _, proof = store.get(f"zflow/proof/{peer}").decode().partition(":")
+        if not hmac.compare_digest(proof, _mac(key, "rank", challenge, their_nonce, str(peer))):
+            raise Fatal(f"rank {peer} did not prove the launch secret; refusing it")
+        store.set(f"zflow/answer/{peer}", _mac(key, "peer", challenge, their_nonce, str(peer)))
+        before = (rank - 1) % world
+        answer = store.get(f"zflow/answer/{rank}").decode()
+        if not hmac.compare_digest(answer, _mac(key, "peer", challenge, nonce, str(rank))):
+            raise Fatal(f"rank {before} did not prove the launch secret; refusing it")
+
+
 def join_group(rank: int, world: int, device: torch.device) -> None:
-    """Joins the launch's process group at zflow's rendezvous (rank 0 serves the store there)
-    and proves, both ways, that every rank holds the launch secret before any collective runs:
-    each rank answers rank 0's nonce with a keyed BLAKE3 MAC, and rank 0 answers each rank's.
-    On GPUs the ranks then check that each has a device of its own (``check_own_device``)."""
+    """Joins the launch's process group at zflow's rendezvous (rank 0 serves the store there),
+    after every rank has proved that it holds the launch secret (``prove_secret``) and, on
+    GPUs, that each rank of a node has a device of its own (``check_own_device``). The store
+    and the process group take the launch's two timeouts (``timeout``)."""
     host, _, port = os.environ[RENDEZVOUS].rpartition(":")
     if host in ("127.0.0.1", "localhost", "::1"):
         # Gloo's own connections stay on loopback, like the store's clients.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.update(MASTER_ADDR=host, MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world))
     key = blake3.blake3(os.environ[SECRET].encode()).digest()
-    timeout = timedelta(seconds=300)
+    store_timeout = timeout(STORE_TIMEOUT_S)
     store_type: Any = dist.TCPStore  # type: ignore[attr-defined]
     if rank == 0:
         # The store listens on the rendezvous address only (loopback for a launch on one
-        # machine), not on every interface as TCPStore's own listener would.
-        listener = socket.create_server((host, int(port)))
+        # machine), not on every interface as TCPStore's own listener would. Its backlog holds
+        # every rank's connection at once: at the default (128), a thousand ranks arriving
+        # together lose SYNs and retry seconds later.
+        listener = socket.create_server((host, int(port)), backlog=min(world, 4096))
         _LISTENERS.append(listener)
         store = store_type(
             host,
             int(port),
             world,
             is_master=True,
-            timeout=timeout,
+            timeout=store_timeout,
             master_listen_fd=listener.fileno(),
             use_libuv=True,
         )
     else:
-        store = store_type(host, int(port), world, is_master=False, timeout=timeout)
-    if rank == 0:
-        challenge = secrets.token_hex(16)
-        store.set("zflow/challenge", challenge)
-        for r in range(1, world):
-            nonce, _, proof = store.get(f"zflow/proof/{r}").decode().partition(":")
-            if not hmac.compare_digest(proof, _mac(key, "rank", challenge, nonce, str(r))):
-                raise Fatal(f"rank {r} did not prove the launch secret; refusing it")
-            store.set(f"zflow/answer/{r}", _mac(key, "root", challenge, nonce, str(r)))
-    else:
-        challenge = store.get("zflow/challenge").decode()
-        nonce = secrets.token_hex(16)
-        store.set(
-            f"zflow/proof/{rank}", f"{nonce}:{_mac(key, 'rank', challenge, nonce, str(rank))}"
-        )
-        answer = store.get(f"zflow/answer/{rank}").decode()
-        if not hmac.compare_digest(answer, _mac(key, "root", challenge, nonce, str(rank))):
-            raise Fatal("rank 0 did not prove the launch secret; refusing it")
+        store = store_type(host, int(port), world, is_master=False, timeout=store_timeout)
+    prove_secret(store, rank, world, key)
     if device.type != "cpu":
-        check_own_device(store, rank, world, device)
+        local_rank = int(os.environ.get(LOCAL_RANK, "0"))
+        check_own_device(store, rank, local_rank, ranks_per_node(world), device_identity(device))
     dist_backend = "gloo" if device.type == "cpu" else "nccl"
-    dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(
+        dist_backend,
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=timeout(COLLECTIVE_TIMEOUT_S),
+    )
 
 
 # The GEMM a GPU probe times when the caller names none: ZAYA1's expert up-projection over a
