@@ -278,6 +278,20 @@ enum Command {
         /// The attempt's spec (`<stage log>.spec.json`).
         spec: PathBuf,
     },
+    /// Run one node's ranks of a Slurm launch and relay them (a train stage's `srun` steps
+    /// call it, one per node).
+    #[command(hide = true)]
+    NodeAgent {
+        /// The node's first rank.
+        first_rank: usize,
+        /// Ranks on the node.
+        local_world: usize,
+        /// `gpu`: each rank binds the GPU at its local rank; `cpu`: none.
+        devices: String,
+        /// The engine's command, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -452,6 +466,28 @@ fn main() -> ExitCode {
             ),
             Command::Bench { what } => bench::bench(what).await,
             Command::ExecStage { spec } => commands::exec_stage(&spec).await,
+            Command::NodeAgent {
+                first_rank,
+                local_world,
+                devices,
+                command,
+            } => {
+                anyhow::ensure!(
+                    devices == "gpu" || devices == "cpu",
+                    "node-agent: devices must be `gpu` or `cpu`, got `{devices}`"
+                );
+                let node = zflow_stages::node_agent::NodeRanks {
+                    first_rank,
+                    local_world,
+                    bind_devices: devices == "gpu",
+                    program: command[0].clone(),
+                    args: command[1..].to_vec(),
+                };
+                let code =
+                    tokio::task::spawn_blocking(move || zflow_stages::node_agent::run(&node))
+                        .await??;
+                Ok(ExitCode::from(code as u8))
+            }
             Command::Ckpt {
                 what: CkptCommand::Inspect { path },
             } => {

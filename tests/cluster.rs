@@ -99,13 +99,14 @@ fn node_pids(i: usize) -> Vec<i32> {
         .collect()
 }
 
-/// The torch ranks among `pids`.
+/// The torch ranks among `pids` (not the node agent that started them, whose command line
+/// holds theirs).
 fn ranks_among(pids: &[i32]) -> Vec<i32> {
     pids.iter()
         .copied()
         .filter(|p| {
             std::fs::read_to_string(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| c.contains("zflow_torch.worker"))
+                .is_ok_and(|c| c.contains("zflow_torch.worker") && !c.contains("node-agent"))
         })
         .collect()
 }

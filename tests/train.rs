@@ -460,7 +460,7 @@ fn bad_train_settings_are_named() {
     not(zflow_torch),
     ignore = "needs the torch engine's Python: scripts/setup.sh creates it, scripts/test.sh sets ZFLOW_TORCH_PYTHON"
 )]
-fn plan_launch_shows_the_cluster_submission_of_zaya1_rank_by_rank() {
+fn plan_launch_shows_the_cluster_submission_of_zaya1_node_by_node() {
     let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/zaya1.yaml");
     let sb = Sandbox::new();
     let o = sb.zflow(&["plan", recipe.to_str().unwrap(), "--launch", "train.phase1"]);
@@ -472,24 +472,25 @@ fn plan_launch_shows_the_cluster_submission_of_zaya1_rank_by_rank() {
         "#SBATCH --cpus-per-task=12\n",
         "#SBATCH --partition=mi300x\n",
         "NCCL_CROSS_NIC=0",
+        "store timeout 556 s, collective timeout 812 s",
     ] {
         assert!(o.stdout.contains(want), "{want} missing:\n{}", o.stdout);
     }
-    // 1024 ranks, 8 on each of 128 nodes, each on a device of its own.
-    let ranks: Vec<&str> = o.stdout.lines().filter(|l| l.contains(" srun ")).collect();
-    assert_eq!(ranks.len(), 1024);
-    let mut seen = std::collections::BTreeSet::new();
-    for (rank, line) in ranks.iter().enumerate() {
-        let (node, local) = (rank / 8, rank % 8);
+    // 1024 ranks: one `srun` step per node, whose node agent starts its 8 ranks, each on the
+    // GPU at its local rank among the step's 8.
+    let nodes: Vec<&str> = o.stdout.lines().filter(|l| l.contains(" srun ")).collect();
+    assert_eq!(nodes.len(), 128);
+    for (node, line) in nodes.iter().enumerate() {
         assert!(
-            line.contains(&format!("ZFLOW_RANK={rank} "))
-                && line.contains(&format!(" LOCAL_RANK={local} "))
-                && line.contains(&format!(" --relative={node} "))
-                && line.contains(" --gpus-per-task=1 ")
-                && line.contains(" NCCL_SOCKET_IFNAME="),
+            line.contains(&format!(" --relative={node} "))
+                && line.contains(" --gpus-per-task=8 ")
+                && line.contains(" --cpus-per-task=96 ")
+                && line.contains(&format!(" node-agent {} 8 gpu -- ", node * 8))
+                && line.contains("LOCAL_WORLD_SIZE=8 ")
+                && line.contains(" NCCL_SOCKET_IFNAME=")
+                && !line.contains("ZFLOW_RANK="),
             "{line}"
         );
-        assert!(seen.insert((node, local)));
     }
     // Phase 3 splits each 32K sequence over 2 ranks: all 128 nodes, 512 groups of 2.
     let o = sb.zflow(&["plan", recipe.to_str().unwrap(), "--launch", "train.phase3"]);

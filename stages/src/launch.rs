@@ -1,13 +1,15 @@
 //! How a stage starts its per-rank processes (training workers, device probes): as children
 //! of the stage on this machine, or, inside a Slurm job (the Slurm executor sets
-//! `ZFLOW_EXECUTOR=slurm`), as one `srun` job step per rank on the job's nodes. One step per
-//! rank keeps what the supervisor relies on: a pipe, an exit status and a process group per
-//! rank, so a crash is blamed on the right rank and a hung rank can be stopped alone.
+//! `ZFLOW_EXECUTOR=slurm`), as one `srun` job step per node running `zflow node-agent`
+//! (`crate::node_agent`), which starts the node's ranks and relays each one's lines and exit
+//! status. The supervisor keeps a pipe and an exit status per rank either way
+//! (`crate::running`), so a crash is blamed on the right rank; the batch host runs one `srun`
+//! client per node, not one per rank.
 //!
 //! Ranks fill nodes in blocks ([`Slot`]). Each rank binds exactly one device, named in its
-//! environment ([`RankLaunch::env`]): on this machine device `LOCAL_RANK`; in a Slurm step,
-//! which asks for one GPU (`--gpus-per-task=1`), the one GPU Slurm made visible to it (index
-//! 0). The worker checks at start that no two ranks share a (host, device).
+//! environment: device `LOCAL_RANK` among those visible to it, on this machine as in a Slurm
+//! step, which asks for one GPU per rank of its node (`--gpus-per-task`). The worker checks at
+//! start that no two ranks of a node share a (host, device).
 
 use std::ffi::OsString;
 use std::process::Command;
@@ -211,20 +213,26 @@ pub struct LaunchSpec<'a> {
     pub stage: &'a str,
 }
 
-/// One rank's process: its slot, program, arguments and the environment zflow gives it.
+/// One process of a launch: a rank on this machine, or under Slurm one node's `srun` step
+/// running `zflow node-agent` (`crate::node_agent`), which starts that node's ranks.
 #[derive(Clone, Debug)]
-pub struct RankLaunch {
-    /// Where it runs.
-    pub slot: Slot,
+pub struct ProcessLaunch {
+    /// The ranks it runs: one on this machine, a node's under Slurm.
+    pub ranks: std::ops::Range<usize>,
+    /// Its node, 0-based in the job's order.
+    pub node: usize,
+    /// Whether it is a node agent, which reports its ranks as [`crate::node_agent::AgentLine`]s.
+    pub agent: bool,
     /// The program: the engine's, or `srun` in a Slurm job.
     pub program: OsString,
     /// Its arguments.
     pub args: Vec<OsString>,
-    /// Its environment: the placement, its device and threads, and the launch's `env`.
+    /// Its environment: the placement, the device and threads, and the launch's `env` (under
+    /// Slurm, what all the node's ranks share: the agent adds each rank's own place).
     pub env: Vec<(String, String)>,
 }
 
-impl RankLaunch {
+impl ProcessLaunch {
     /// The process as a [`Command`], with the stage's own variables `stage_env` under the
     /// rank's (its share of the threads wins); stdio and working directory are the caller's.
     pub fn command(&self, stage_env: Vec<(String, String)>) -> Command {
@@ -268,90 +276,129 @@ impl LaunchSpec<'_> {
         self.backend != "cpu"
     }
 
-    /// The processes of every rank, each running `engine` (program, arguments, environment),
-    /// meeting at `placements` (one per rank, in rank order; none for ranks that form no
-    /// group, such as device probes).
-    pub fn ranks(
+    /// The processes of a launch running `engine` (program, arguments, environment) on every
+    /// rank, meeting at `placements` (one per rank, in rank order; none for ranks that form
+    /// no group, such as device probes): one per rank on this machine; under Slurm one
+    /// `srun` step per node, whose node agent starts the node's ranks, so the batch host runs
+    /// one `srun` client per node and slurmctld creates one step per node.
+    pub fn processes(
         &self,
         engine: &crate::engine::EngineCommand,
         placements: &[Placement],
-    ) -> Vec<RankLaunch> {
-        slots(self.world, self.nodes())
-            .into_iter()
-            .map(|slot| {
-                let mut env: Vec<(String, String)> = engine
-                    .env
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.to_string_lossy().into_owned()))
-                    .collect();
-                if self.world > 1 && !placements.is_empty() {
-                    env.extend(
-                        placements[slot.rank]
-                            .to_env()
-                            .into_iter()
-                            .map(|(k, v)| (k.to_string(), v)),
-                    );
-                }
-                env.push((env::LOCAL_RANK.into(), slot.local_rank.to_string()));
-                env.push((env::LOCAL_WORLD.into(), slot.local_world.to_string()));
-                if self.gpus() {
-                    // A Slurm step sees only the GPU it asked for.
-                    let device = match self.target {
-                        Target::Local => slot.local_rank,
-                        Target::Slurm(_) => 0,
-                    };
-                    env.push((env::DEVICE.into(), device.to_string()));
-                }
-                env.push((THREADS.into(), self.threads.to_string()));
-                for (key, value) in &self.env {
-                    // A recipe's PYTHONPATH adds to the engine's: the worker's own package
-                    // must stay importable (without the fork server, which has it, a
-                    // replaced one ended every rank with "No module named 'zflow_torch'").
-                    let ours = engine.env.iter().find(|(k, _)| k == PYTHONPATH && key == k);
-                    let value = match ours {
-                        Some((_, ours)) => format!("{}:{value}", ours.to_string_lossy()),
-                        None => value.clone(),
-                    };
-                    env.push((key.clone(), value));
-                }
-                let (program, args) = match self.target {
-                    Target::Local => (engine.program.clone().into_os_string(), engine.args.clone()),
-                    Target::Slurm(_) => {
-                        let mut args: Vec<OsString> = self
-                            .step_options(slot)
-                            .into_iter()
-                            .map(OsString::from)
-                            .collect();
-                        args.push(engine.program.clone().into_os_string());
-                        args.extend(engine.args.iter().cloned());
-                        ("srun".into(), args)
+    ) -> Result<Vec<ProcessLaunch>> {
+        let slots = slots(self.world, self.nodes());
+        let Target::Slurm(_) = self.target else {
+            return Ok(slots
+                .into_iter()
+                .map(|slot| {
+                    let mut env = self.shared_env(engine, placements, slot);
+                    if self.world > 1 && !placements.is_empty() {
+                        env.push((env::RANK.into(), slot.rank.to_string()));
                     }
+                    env.push((env::LOCAL_RANK.into(), slot.local_rank.to_string()));
+                    if self.gpus() {
+                        env.push((env::DEVICE.into(), slot.local_rank.to_string()));
+                    }
+                    ProcessLaunch {
+                        ranks: slot.rank..slot.rank + 1,
+                        node: 0,
+                        agent: false,
+                        program: engine.program.clone().into_os_string(),
+                        args: engine.args.clone(),
+                        env,
+                    }
+                })
+                .collect());
+        };
+        let zflow = zflow_pipeline::supervise::zflow_exe()?;
+        Ok(slots
+            .iter()
+            .filter(|slot| slot.local_rank == 0)
+            .map(|&first| {
+                let node = crate::node_agent::NodeRanks {
+                    first_rank: first.rank,
+                    local_world: first.local_world,
+                    bind_devices: self.gpus(),
+                    program: engine.program.to_string_lossy().into_owned(),
+                    args: engine
+                        .args
+                        .iter()
+                        .map(|a| a.to_string_lossy().into_owned())
+                        .collect(),
                 };
-                RankLaunch {
-                    slot,
-                    program,
+                let mut args: Vec<OsString> = self
+                    .step_options(first)
+                    .into_iter()
+                    .map(OsString::from)
+                    .collect();
+                args.push(zflow.clone().into_os_string());
+                args.push("node-agent".into());
+                args.extend(node.to_args().into_iter().map(OsString::from));
+                ProcessLaunch {
+                    ranks: first.rank..first.rank + first.local_world,
+                    node: first.node,
+                    agent: true,
+                    program: "srun".into(),
                     args,
-                    env,
+                    env: self.shared_env(engine, placements, first),
                 }
             })
-            .collect()
+            .collect())
     }
 
-    /// `srun` options running `slot`'s rank as its own job step on its node, with its cores
-    /// and (on GPUs) one device of its own.
-    fn step_options(&self, slot: Slot) -> Vec<String> {
+    /// What every rank of `slot`'s node gets: the engine's variables, the launch's placement
+    /// less the rank, the node's rank count, the threads and `train.launch.env`.
+    fn shared_env(
+        &self,
+        engine: &crate::engine::EngineCommand,
+        placements: &[Placement],
+        slot: Slot,
+    ) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = engine
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string_lossy().into_owned()))
+            .collect();
+        if self.world > 1 && !placements.is_empty() {
+            env.extend(
+                placements[slot.rank]
+                    .to_env()
+                    .into_iter()
+                    .filter(|(k, _)| *k != env::RANK)
+                    .map(|(k, v)| (k.to_string(), v)),
+            );
+        }
+        env.push((env::LOCAL_WORLD.into(), slot.local_world.to_string()));
+        env.push((THREADS.into(), self.threads.to_string()));
+        for (key, value) in &self.env {
+            // A recipe's PYTHONPATH adds to the engine's: the worker's own package must stay
+            // importable (without the fork server, which has it, a replaced one ended every
+            // rank with "No module named 'zflow_torch'").
+            let ours = engine.env.iter().find(|(k, _)| k == PYTHONPATH && key == k);
+            let value = match ours {
+                Some((_, ours)) => format!("{}:{value}", ours.to_string_lossy()),
+                None => value.clone(),
+            };
+            env.push((key.clone(), value));
+        }
+        env
+    }
+
+    /// `srun` options running the node agent of `first`'s node as one job step there, with
+    /// the cores of its ranks and (on GPUs) one GPU per rank.
+    fn step_options(&self, first: Slot) -> Vec<String> {
         let mut o = vec![
             "--ntasks=1".to_string(),
             "--nodes=1".to_string(),
             "--exact".to_string(),
             "--kill-on-bad-exit=0".to_string(),
             "--quiet".to_string(),
-            format!("--relative={}", slot.node),
-            format!("--cpus-per-task={}", self.threads),
-            format!("--job-name={}-rank{}", self.stage, slot.rank),
+            format!("--relative={}", first.node),
+            format!("--cpus-per-task={}", self.threads * first.local_world),
+            format!("--job-name={}-node{}", self.stage, first.node),
         ];
         if self.gpus() {
-            o.push("--gpus-per-task=1".to_string());
+            o.push(format!("--gpus-per-task={}", first.local_world));
         }
         o
     }
@@ -405,7 +452,7 @@ mod tests {
         }
     }
 
-    fn var<'a>(r: &'a RankLaunch, name: &str) -> Option<&'a str> {
+    fn var<'a>(r: &'a ProcessLaunch, name: &str) -> Option<&'a str> {
         r.env
             .iter()
             .rev()
@@ -413,15 +460,10 @@ mod tests {
             .map(|(_, v)| v.as_str())
     }
 
-    /// Each rank's (node, LOCAL_RANK, device it binds) for `nodes` x `per_node` ranks.
-    fn binding(target: Target, per_node: usize, backend: &str) -> Vec<(usize, String, String)> {
-        let nodes = match target {
-            Target::Local => 1,
-            Target::Slurm(j) => j.hosts.len(),
-        };
-        let spec = LaunchSpec {
+    fn spec<'a>(target: Target<'a>, world: usize, backend: &'a str) -> LaunchSpec<'a> {
+        LaunchSpec {
             target,
-            world: nodes * per_node,
+            world,
             backend,
             threads: 2,
             env: vec![
@@ -429,98 +471,101 @@ mod tests {
                 (PYTHONPATH.into(), "/recipe/lib".into()),
             ],
             stage: "train.p1",
-        };
-        let placements = Placement::local(spec.world).unwrap();
-        spec.ranks(&engine(), &placements)
-            .iter()
-            .map(|r| {
-                assert_eq!(var(r, "NCCL_DEBUG"), Some("WARN"));
-                // The recipe's path after the engine's: the worker stays importable.
-                assert_eq!(var(r, PYTHONPATH), Some("/w:/recipe/lib"));
-                assert_eq!(var(r, THREADS), Some("2"));
-                assert_eq!(
-                    var(r, env::LOCAL_WORLD),
-                    Some(per_node.to_string().as_str())
-                );
-                (
-                    r.slot.node,
-                    var(r, env::LOCAL_RANK).unwrap().to_string(),
-                    var(r, env::DEVICE).unwrap_or("-").to_string(),
-                )
-            })
-            .collect()
-    }
-
-    #[test]
-    fn every_rank_binds_its_own_device_for_1_2_and_8_ranks_per_node() {
-        for per_node in [1, 2, 8] {
-            // On this machine: device = LOCAL_RANK, all different.
-            let local = binding(Target::Local, per_node, "cuda");
-            let want: Vec<_> = (0..per_node)
-                .map(|i| (0, i.to_string(), i.to_string()))
-                .collect();
-            assert_eq!(local, want);
-
-            // Under Slurm on 2 nodes: LOCAL_RANK counts per node; each step asks for one GPU
-            // and binds the one Slurm made visible (index 0).
-            let job = SlurmJob::on_hosts(7, vec!["n0".into(), "n1".into()]);
-            let slurm = binding(Target::Slurm(&job), per_node, "rocm");
-            let want: Vec<_> = (0..2 * per_node)
-                .map(|r| (r / per_node, (r % per_node).to_string(), "0".to_string()))
-                .collect();
-            assert_eq!(slurm, want);
-
-            // On the CPU no device is bound.
-            assert!(
-                binding(Target::Local, per_node, "cpu")
-                    .iter()
-                    .all(|(_, _, d)| d == "-")
-            );
         }
     }
 
     #[test]
-    fn slurm_steps_run_on_their_node_with_their_cores_and_one_gpu() {
+    fn on_this_machine_every_rank_is_a_process_binding_its_own_device() {
+        for per_node in [1, 2, 8] {
+            let spec = spec(Target::Local, per_node, "cuda");
+            let placements = Placement::local(per_node).unwrap();
+            let processes = spec.processes(&engine(), &placements).unwrap();
+            assert_eq!(processes.len(), per_node);
+            for (rank, p) in processes.iter().enumerate() {
+                assert_eq!((p.ranks.clone(), p.agent), (rank..rank + 1, false));
+                assert_eq!(var(p, "NCCL_DEBUG"), Some("WARN"));
+                // The recipe's path after the engine's: the worker stays importable.
+                assert_eq!(var(p, PYTHONPATH), Some("/w:/recipe/lib"));
+                assert_eq!(var(p, THREADS), Some("2"));
+                let want = rank.to_string();
+                assert_eq!(var(p, env::LOCAL_RANK), Some(want.as_str()));
+                assert_eq!(var(p, env::DEVICE), Some(want.as_str()));
+                if per_node > 1 {
+                    assert_eq!(var(p, env::RANK), Some(want.as_str()));
+                }
+            }
+            // On the CPU no device is bound.
+            let cpu = spec_cpu(per_node);
+            assert!(cpu.iter().all(|p| var(p, env::DEVICE).is_none()));
+        }
+    }
+
+    fn spec_cpu(world: usize) -> Vec<ProcessLaunch> {
+        spec(Target::Local, world, "cpu")
+            .processes(&engine(), &[])
+            .unwrap()
+    }
+
+    #[test]
+    fn under_slurm_each_node_is_one_step_whose_agent_starts_its_ranks() {
         let job = SlurmJob {
             id: 42,
             hosts: vec!["a".into(), "b".into()],
             addresses: vec!["10.0.0.1".into(), "10.0.0.2".into()],
         };
         let spec = LaunchSpec {
-            target: Target::Slurm(&job),
-            world: 4,
-            backend: "cuda",
             threads: 6,
-            env: vec![],
-            stage: "train.p1",
+            ..spec(Target::Slurm(&job), 8, "cuda")
         };
         let p = spec.placements().unwrap();
         assert!(
             p.iter().all(|p| p.rendezvous.starts_with("10.0.0.1:")) && p[3].rank == 3,
             "{p:?}"
         );
-        let ranks = spec.ranks(&engine(), &p);
-        let args: Vec<String> = ranks[3]
+        let nodes = spec.processes(&engine(), &p).unwrap();
+        assert_eq!(nodes.len(), 2);
+        let second = &nodes[1];
+        assert_eq!(
+            (second.ranks.clone(), second.node, second.agent),
+            (4..8, 1, true)
+        );
+        let args: Vec<String> = second
             .args
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        assert_eq!(ranks[3].program, "srun");
+        assert_eq!(second.program, "srun");
         for want in [
             "--relative=1",
-            "--cpus-per-task=6",
-            "--gpus-per-task=1",
-            "--job-name=train.p1-rank3",
+            "--cpus-per-task=24",
+            "--gpus-per-task=4",
+            "--job-name=train.p1-node1",
+            "node-agent",
         ] {
             assert!(args.contains(&want.to_string()), "{want}: {args:?}");
         }
+        let agent = args.iter().position(|a| a == "node-agent").unwrap();
         assert_eq!(
-            &args[args.len() - 3..],
-            ["/venv/bin/python", "-m", "zflow_torch.worker"]
+            &args[agent + 1..],
+            [
+                "4",
+                "4",
+                "gpu",
+                "--",
+                "/venv/bin/python",
+                "-m",
+                "zflow_torch.worker"
+            ]
         );
-        let line = ranks[3].shell_line();
+        // What the node's ranks share; each rank's own place is the agent's to set.
+        assert_eq!(var(second, env::LOCAL_WORLD), Some("4"));
+        assert_eq!(var(second, env::WORLD), Some("8"));
+        for own in [env::RANK, env::LOCAL_RANK, env::DEVICE] {
+            assert_eq!(var(second, own), None, "{own}");
+        }
+        let line = second.shell_line();
         assert!(
-            line.contains("LOCAL_RANK=1 ") && line.contains(" srun --ntasks=1"),
+            line.contains("LOCAL_WORLD_SIZE=4 ") && line.contains(" srun --ntasks=1"),
             "{line}"
         );
     }

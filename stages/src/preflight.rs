@@ -21,7 +21,6 @@
 //! (host name, and the Slurm node list when there is one): moving the recipe to another
 //! machine or allocation measures again.
 
-use std::io::Read;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -30,11 +29,11 @@ use anyhow::{Context, Result, bail};
 use arrow::array::{ArrayRef, BooleanArray, Float64Array, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
-use zflow_pipeline::supervise::spawn_supervised;
 use zflow_pipeline::{ConfigError, Stage, StageContext};
 use zflow_runtime::contract::protocol::WorkerMessage;
 use zflow_runtime::dist::preflight::{Probe, outliers};
 
+use crate::running::{RankOutput, Running};
 use crate::util::write_parquet;
 
 /// The `preflight` stage kind.
@@ -201,29 +200,35 @@ impl Stage for Preflight {
         let engine = crate::engine::probe_command(&c.engine, &c.backend)?;
         // All ranks at once, as in training: a shared memory bus or power cap shows. The
         // probes form no group, so they need no rendezvous.
-        let mut children = Vec::new();
-        for launch in spec.ranks(&engine, &[]) {
-            let rank = launch.slot.rank;
+        let launches = spec.processes(&engine, &[])?;
+        let (mut running, output) = Running::start(&launches, |launch| {
             let mut cmd = launch.command(ctx.child_env());
-            cmd.env(zflow_runtime::contract::env::RANK, rank.to_string())
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(ctx.log().stdio()?);
-            children.push(
-                spawn_supervised(&mut cmd)
-                    .with_context(|| format!("starting the probe of rank {rank}"))?,
-            );
+            // A rank's own process names its rank here; a node agent names each of its own.
+            cmd.env(
+                zflow_runtime::contract::env::RANK,
+                launch.ranks.start.to_string(),
+            )
+            .stdin(Stdio::null())
+            .stderr(ctx.log().stdio()?);
+            Ok(cmd)
+        })
+        .context("starting the probes")?;
+        let mut last_line = vec![String::new(); c.ranks];
+        let mut status = vec![None; c.ranks];
+        for (rank, what) in output {
+            match what {
+                RankOutput::Line(line) => last_line[rank] = line,
+                RankOutput::Ended(reported) => {
+                    status[rank] = Some(match reported {
+                        Some(s) => s,
+                        None => running.wait(rank)?,
+                    })
+                }
+            }
         }
         let mut ranks = Vec::new();
-        for (rank, mut child) in children.into_iter().enumerate() {
-            let mut out = String::new();
-            child
-                .stdout
-                .take()
-                .expect("piped")
-                .read_to_string(&mut out)?;
-            let status = child.wait()?;
-            let line = out.lines().last().unwrap_or_default();
+        for (rank, (line, status)) in last_line.iter().zip(&status).enumerate() {
+            let status = status.expect("every rank ends");
             if !status.success() {
                 let why = match WorkerMessage::parse(line) {
                     Some(WorkerMessage::Error { message, .. }) => message,

@@ -187,9 +187,9 @@ impl Stage for Train {
                 .to_string(),
         ];
         lines.extend(
-            spec.ranks(&engine, &placements)
+            spec.processes(&engine, &placements)?
                 .iter()
-                .map(|r| r.shell_line()),
+                .map(|p| p.shell_line()),
         );
         Ok(lines)
     }

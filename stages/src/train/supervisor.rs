@@ -2,14 +2,12 @@
 //! their JSON lines read, a failed, hung or finished launch told apart, the culprit of a failure
 //! named ([`Train::attempt`]).
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use zflow_pipeline::StageContext;
-use zflow_pipeline::supervise::{spawn_supervised, terminate_group};
 use zflow_runtime::contract::exit::Failure;
 use zflow_runtime::contract::protocol::WorkerMessage;
 use zflow_runtime::contract::settings::Dtype;
@@ -17,6 +15,7 @@ use zflow_runtime::contract::settings::Dtype;
 use super::record::{Event, Events, Metrics, Record, now_ms};
 use super::{Train, TrainConfig};
 use crate::launch::SlurmJob;
+use crate::running::{RankOutput, Running};
 
 /// How one launch of the workers ended.
 pub(super) enum Outcome {
@@ -37,9 +36,8 @@ pub(super) enum Outcome {
 /// itself was paused.
 const SUPERVISOR_PAUSE: Duration = Duration::from_secs(2);
 
-/// One rank's process as the supervisor sees it.
+/// One rank as the supervisor sees it.
 struct Rank {
-    child: zflow_pipeline::supervise::Supervised,
     last_message: Instant,
     step: u64,
     done: bool,
@@ -90,34 +88,19 @@ impl Train {
         if spec.local_cpu() {
             engine = crate::forkserver::wrap(engine);
         }
-        let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
-        let mut ranks = Vec::new();
-        for launch in spec.ranks(&engine, &placements) {
+        let launches = spec.processes(&engine, &placements)?;
+        let (mut running, rx) = Running::start(&launches, |launch| {
             let mut cmd = launch.command(ctx.child_env());
             cmd.current_dir(ctx.out_dir())
                 .stdin(Stdio::null())
-                .stdout(Stdio::piped())
                 .stderr(ctx.log().stdio()?);
-            let p = launch.slot;
-            let mut child = spawn_supervised(&mut cmd).with_context(|| {
-                format!(
-                    "starting training worker rank {}: {}",
-                    p.rank,
-                    cmd.get_program().to_string_lossy()
-                )
-            })?;
-            let stdout = child.stdout.take().expect("piped stdout");
-            let (tx, rank) = (tx.clone(), p.rank);
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                    if tx.send((rank, Some(line))).is_err() {
-                        return;
-                    }
-                }
-                let _ = tx.send((rank, None));
-            });
-            ranks.push(Rank {
-                child,
+            Ok(cmd)
+        })
+        .context("starting the training workers")?;
+        // A node agent's ranks end through its lines, not through a process of their own.
+        let launched_by_agent = launches.iter().any(|l| l.agent);
+        let mut ranks: Vec<Rank> = (0..world)
+            .map(|_| Rank {
                 last_message: Instant::now(),
                 step: 0,
                 done: false,
@@ -128,18 +111,13 @@ impl Train {
                 links: None,
                 place: None,
                 left: None,
-            });
-        }
-        drop(tx);
+            })
+            .collect();
         tracing::info!("attempt {attempt}: {world} worker rank(s) started");
         // Ranks' ends of output counted in the order they came ([`Rank::left`]).
         let mut left = 0usize;
 
-        let stop_all = |ranks: &mut Vec<Rank>| {
-            for r in ranks.iter_mut().filter(|r| r.exited.is_none()) {
-                terminate_group(r.child.id() as i32, Duration::from_secs(5), &mut r.child);
-            }
-        };
+        let stop_all = |running: &mut Running| running.stop_all();
         let hang = Duration::from_secs(c.launch.hang_timeout_s);
         let mut preflight_pending = c.launch.preflight.enabled;
         let mut links_pending = c.launch.preflight.enabled && world > 1;
@@ -196,7 +174,7 @@ impl Train {
                             .global_batch
                             .is_multiple_of(rest / cp * c.train.micro_batch)
                     {
-                        stop_all(&mut ranks);
+                        stop_all(&mut running);
                         return Ok(Outcome::Exclude { slow: slow.len() });
                     }
                     tracing::warn!(
@@ -212,7 +190,7 @@ impl Train {
                 record_links(&ranks, c.launch.preflight.min_ratio, attempt, events)?;
             }
             match rx.recv_timeout(Duration::from_millis(100)) {
-                Ok((rank, Some(line))) => {
+                Ok((rank, RankOutput::Line(line))) => {
                     let r = &mut ranks[rank];
                     r.last_message = Instant::now();
                     match WorkerMessage::parse(&line) {
@@ -226,11 +204,14 @@ impl Train {
                         None => ctx.log().line(&format!("[rank {rank}] {line}")),
                     }
                 }
-                Ok((rank, None)) => {
+                Ok((rank, RankOutput::Ended(reported))) => {
                     left += 1;
                     ranks[rank].left = Some(left);
+                    let status = match reported {
+                        Some(status) => status,
+                        None => running.wait(rank)?,
+                    };
                     let r = &mut ranks[rank];
-                    let status = r.child.wait()?;
                     r.exited = Some(status);
                     if !(status.success() && r.done) {
                         // When one rank leaves, the others fail in their next collective
@@ -238,18 +219,30 @@ impl Train {
                         // said, then blame the rank that left first among those that did not
                         // merely lose a peer.
                         let deadline = Instant::now() + Duration::from_secs(1);
+                        let mut held = Vec::new();
                         while Instant::now() < deadline && ranks.iter().any(|r| r.exited.is_none())
                         {
-                            for r in ranks.iter_mut().filter(|r| r.exited.is_none()) {
-                                r.exited = r.child.try_wait()?;
+                            for (i, r) in ranks.iter_mut().enumerate() {
+                                if r.exited.is_none() && !launched_by_agent {
+                                    r.exited = running.try_wait(i)?;
+                                }
+                            }
+                            while let Ok(queued) = rx.try_recv() {
+                                held.push(queued);
+                            }
+                            for (i, what) in &held {
+                                if let RankOutput::Ended(Some(s)) = what {
+                                    ranks[*i].exited.get_or_insert(*s);
+                                }
                             }
                             std::thread::sleep(Duration::from_millis(20));
                         }
                         // Every line and end of output still queued, in the order they came:
                         // an end of output is when that rank left.
-                        while let Ok((rank, line)) = rx.try_recv() {
-                            match line {
-                                Some(line) => {
+                        held.extend(rx.try_iter());
+                        for (rank, what) in held.drain(..) {
+                            match what {
+                                RankOutput::Line(line) => {
                                     if let Some(WorkerMessage::Error { message, class }) =
                                         WorkerMessage::parse(&line)
                                     {
@@ -257,9 +250,15 @@ impl Train {
                                         ranks[rank].class = Some(class);
                                     }
                                 }
-                                None => {
+                                RankOutput::Ended(status) => {
                                     left += 1;
                                     ranks[rank].left.get_or_insert(left);
+                                    if let Some(status) = status {
+                                        ranks[rank].exited.get_or_insert(status);
+                                    } else if launched_by_agent && ranks[rank].exited.is_none() {
+                                        // Its agent ended first: the node's step was lost.
+                                        ranks[rank].exited = Some(running.wait(rank)?);
+                                    }
                                 }
                             }
                         }
@@ -292,7 +291,7 @@ impl Train {
                         } else {
                             format!("; rank(s) {} failed after it", others.join(", "))
                         };
-                        stop_all(&mut ranks);
+                        stop_all(&mut running);
                         return Ok(Outcome::Failed {
                             cause: format!("rank {culprit} failed after step {step}: {why}{then}"),
                             step,
@@ -309,7 +308,7 @@ impl Train {
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             }
             if ctx.cancel_token().is_cancelled() {
-                stop_all(&mut ranks);
+                stop_all(&mut running);
                 bail!("cancelled");
             }
             // A loop turn takes ~100 ms. A long gap means this process was not running (SIGSTOP,
@@ -332,7 +331,7 @@ impl Train {
                 .find(|(_, r)| r.exited.is_none() && r.last_message.elapsed() > hang)
             {
                 let (step, secs) = (r.step, r.last_message.elapsed().as_secs());
-                stop_all(&mut ranks);
+                stop_all(&mut running);
                 return Ok(Outcome::Failed {
                     cause: format!(
                         "rank {rank} hung after step {step}: no message for {secs} s (hang_timeout_s {})",
