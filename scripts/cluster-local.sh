@@ -133,7 +133,9 @@ start)
     ip -n "$(ns "$i")" link set zeth0 up
     ip -n "$(ns "$i")" link set lo up
   done
-  cpus=$(nproc)
+  # ZFLOW_CLUSTER_CPUS: CPUs each node declares (default this machine's), more to oversubscribe
+  # it, as a rehearsal of many ranks per node does (scripts/rehearsal.sh).
+  cpus=${ZFLOW_CLUSTER_CPUS:-$(nproc)}
   cat > "$CONF" <<CONF
 ClusterName=zflowcluster
 SlurmctldHost=$(hostname -s)($NET.1)

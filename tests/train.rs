@@ -472,6 +472,7 @@ fn plan_launch_shows_the_cluster_submission_of_zaya1_node_by_node() {
         "#SBATCH --cpus-per-task=12\n",
         "#SBATCH --partition=mi300x\n",
         "NCCL_CROSS_NIC=0",
+        "ROCM_ALLOW_GROUP_GEMM_CK=1",
         "store timeout 556 s, collective timeout 812 s",
     ] {
         assert!(o.stdout.contains(want), "{want} missing:\n{}", o.stdout);

@@ -9,8 +9,9 @@
 //! stdio, and then ends as the child ends (exit status or signal). To the supervisor it is the
 //! process it started: same pipes, same group, same way of ending.
 //!
-//! Only for local CPU processes (train ranks on `backend: cpu` without Slurm, CPU scorers): on
-//! GPUs the import is nothing beside the run, and a Slurm step runs on another node.
+//! Only for CPU processes (train ranks on `backend: cpu` without Slurm, CPU scorers, and the
+//! ranks a node agent starts on a CPU node of a Slurm job, `crate::node_agent`, whose server is
+//! its node's): on GPUs the import is nothing beside the run.
 //! `ZFLOW_TORCH_FORK=0` turns it off; a server that fails to start is logged and each process
 //! then starts plainly.
 //!

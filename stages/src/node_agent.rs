@@ -6,7 +6,9 @@
 //!
 //! The ranks inherit the agent's environment (the launch's variables, which `srun` carries),
 //! plus their own place: [`env::RANK`], [`env::LOCAL_RANK`] and, on GPUs, [`env::DEVICE`]
-//! (their local rank among the GPUs the step was given). Their stderr is the agent's, which
+//! (their local rank among the GPUs the step was given). On a CPU node the ranks of a torch
+//! engine are forked from the agent's own fork server (`crate::forkserver`), which imports
+//! torch once per node, not once per rank. Their stderr is the agent's, which
 //! `srun` forwards to the stage's log. When the agent is stopped (`srun` forwards the
 //! supervisor's SIGTERM, or the node's step ends), its ranks die with it (`PR_SET_PDEATHSIG`,
 //! `zflow_pipeline::supervise::spawn_supervised`).
@@ -104,11 +106,20 @@ fn relay<W: Write + Send + 'static>(node: &NodeRanks, out: W) -> Result<i32> {
         let _ = writeln!(out, "{text}");
         let _ = out.flush();
     };
+    let mut engine = crate::engine::EngineCommand {
+        program: node.program.clone().into(),
+        args: node.args.iter().map(Into::into).collect(),
+        env: Vec::new(),
+    };
+    if !node.bind_devices {
+        engine = crate::forkserver::wrap(engine);
+    }
     let mut relays = Vec::new();
     for local in 0..node.local_world {
         let rank = node.first_rank + local;
-        let mut cmd = Command::new(&node.program);
-        cmd.args(&node.args)
+        let mut cmd = Command::new(&engine.program);
+        cmd.args(&engine.args)
+            .envs(engine.env.iter().map(|(k, v)| (k, v)))
             .env(env::RANK, rank.to_string())
             .env(env::LOCAL_RANK, local.to_string())
             .stdin(Stdio::null())

@@ -50,6 +50,11 @@ pub struct LaunchSettings {
     /// Seconds one collective may take before the ranks give up on it (NCCL's watchdog,
     /// gloo's timeout). Default: [`LaunchSettings::collective_timeout_s`].
     pub collective_timeout_s: Option<u64>,
+    /// The phase's wall-clock limit in minutes (Slurm `--time`; none: the executor's default).
+    pub time_min: Option<u32>,
+    /// Memory each node's ranks may use together, GiB (Slurm `--mem`; none: the cluster's
+    /// default).
+    pub memory_gb_per_node: Option<f64>,
     /// The preflight health check of every rank's device before training.
     pub preflight: PreflightSettings,
 }
@@ -114,6 +119,8 @@ impl Default for LaunchSettings {
             hang_timeout_s: 600,
             store_timeout_s: None,
             collective_timeout_s: None,
+            time_min: None,
+            memory_gb_per_node: None,
             preflight: PreflightSettings::default(),
         }
     }
@@ -247,6 +254,20 @@ impl LaunchSettings {
                 ));
             }
         }
+        if self.time_min == Some(0) {
+            return Err(ConfigError::new(
+                "time_min",
+                "`time_min` must be at least 1 minute, got 0",
+            ));
+        }
+        if let Some(gb) = self.memory_gb_per_node
+            && !(gb.is_finite() && gb > 0.0)
+        {
+            return Err(ConfigError::new(
+                "memory_gb_per_node",
+                format!("`memory_gb_per_node` must be a positive number of GiB, got {gb}"),
+            ));
+        }
         if self.cpus_per_rank == Some(0) {
             return Err(ConfigError::new(
                 "cpus_per_rank",
@@ -334,6 +355,25 @@ mod tests {
             .check()
             .unwrap_err();
         assert_eq!(e.path, "collective_timeout_s");
+    }
+
+    #[test]
+    fn a_time_limit_and_node_memory_are_checked() {
+        let l = launch(serde_json::json!({"time_min": 1440, "memory_gb_per_node": 512}));
+        assert!(l.check().is_ok());
+        for (bad, path) in [
+            (serde_json::json!({"time_min": 0}), "time_min"),
+            (
+                serde_json::json!({"memory_gb_per_node": 0}),
+                "memory_gb_per_node",
+            ),
+            (
+                serde_json::json!({"memory_gb_per_node": -1.5}),
+                "memory_gb_per_node",
+            ),
+        ] {
+            assert_eq!(launch(bad).check().unwrap_err().path, path);
+        }
     }
 
     #[test]

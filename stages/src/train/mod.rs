@@ -158,7 +158,8 @@ impl Stage for Train {
             gpus: if c.train.backend == "cpu" { 0 } else { ranks },
             ranks,
             nodes: c.launch.nodes as u32,
-            ..Default::default()
+            memory_gb: c.launch.memory_gb_per_node.unwrap_or(0.0),
+            time_min: c.launch.time_min.unwrap_or(0),
         }
     }
 
