@@ -160,6 +160,8 @@ SchedulerType=sched/backfill
 MpiDefault=none
 ReturnToService=2
 SlurmdTimeout=10
+# The nodes are what this file declares (ZFLOW_CLUSTER_CPUS), not what slurmd detects.
+SlurmdParameters=config_overrides
 KillWait=2
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none

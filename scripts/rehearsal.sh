@@ -28,7 +28,8 @@ for w in "${SIZES[@]}"; do
 done
 nodes_max=$((max / PER_NODE))
 export ZFLOW_TORCH_PYTHON=${ZFLOW_TORCH_PYTHON:-$ROOT/target/torch-venv/bin/python}
-ZFLOW_CLUSTER_CPUS=$PER_NODE eval "$(scripts/cluster-local.sh start "$nodes_max")"
+export ZFLOW_CLUSTER_CPUS=$PER_NODE
+eval "$(scripts/cluster-local.sh start "$nodes_max")"
 trap 'scripts/cluster-local.sh stop >/dev/null 2>&1 || true' EXIT
 
 ms() { date +%s%3N; }
@@ -63,7 +64,7 @@ YAML
   run=$!
   first="" peak=0
   while kill -0 "$run" 2>/dev/null; do
-    m=$(ls -d "$dir"/zflow-store/train.p1-*.partial 2>/dev/null | head -1)
+    m=$(ls -d "$dir"/zflow-store/train.p1-*.partial 2>/dev/null | head -1 || true)
     if [ -z "$first" ] && [ -n "$m" ] && grep -qs '"type":"step"' "$m/metrics.jsonl"; then
       first=$(ms)
       peak=$(($(used_mb) - before))

@@ -17,6 +17,8 @@
 //! `scancel`s the job; a job lost to a node failure or preemption is requeued by Slurm
 //! (`--requeue`) up to `max_requeues` (the script checks `SLURM_RESTART_COUNT`), and a
 //! resumable stage (training) continues from its newest checkpoint in the same partial folder.
+//! A job with a time limit requeues itself a minute before it (`--signal=B:USR1@60`, trapped
+//! by the batch script), and such requeues do not count against `max_requeues`.
 //! A failed job is reported with its id, state, exit code and the log paths.
 
 use std::collections::BTreeMap;
@@ -226,10 +228,23 @@ pub fn sbatch_options(
     if r.memory_gb > 0.0 {
         o.push(format!("--mem={}M", (r.memory_gb * 1024.0).ceil() as u64));
     }
-    match (r.time_min, &cfg.time) {
-        (0, Some(t)) => o.push(format!("--time={t}")),
-        (0, None) => {}
-        (m, _) => o.push(format!("--time={m}")),
+    let limit_min = match (r.time_min, &cfg.time) {
+        (0, Some(t)) => {
+            o.push(format!("--time={t}"));
+            slurm_minutes(t)
+        }
+        (0, None) => None,
+        (m, _) => {
+            o.push(format!("--time={m}"));
+            Some(u64::from(m))
+        }
+    };
+    // Only where the limit leaves the stage most of its time: a signal at the start of a
+    // short job would requeue it forever.
+    if limit_min.is_some_and(|m| m * 60 >= 10 * u64::from(TIME_LIMIT_LEAD_S)) {
+        // The batch script requeues the job this long before its time limit (`script`): a
+        // resumable stage (training) then goes on from its newest checkpoint.
+        o.push(format!("--signal=B:USR1@{TIME_LIMIT_LEAD_S}"));
     }
     for (flag, v) in [
         ("partition", &cfg.partition),
@@ -244,8 +259,37 @@ pub fn sbatch_options(
     o
 }
 
+/// Seconds before a job's time limit at which Slurm signals its batch script, which requeues
+/// it (`--signal=B:USR1@...`), for limits of ten times this or more.
+pub const TIME_LIMIT_LEAD_S: u32 = 60;
+
+/// Minutes in a Slurm time limit (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`,
+/// `D-HH:MM:SS`), rounded down; `None` for anything else (`INFINITE`, say).
+fn slurm_minutes(text: &str) -> Option<u64> {
+    let (days, rest) = match text.split_once('-') {
+        Some((d, rest)) => (d.parse::<u64>().ok()?, rest),
+        None => (0, text),
+    };
+    let parts: Vec<u64> = rest
+        .split(':')
+        .map(|p| p.parse().ok())
+        .collect::<Option<_>>()?;
+    let minutes = match (text.contains('-'), parts.as_slice()) {
+        (false, [m]) => *m,
+        (false, [m, _s]) => *m,
+        (_, [h, m, _s]) => h * 60 + m,
+        (true, [h]) => h * 60,
+        (true, [h, m]) => h * 60 + m,
+        _ => return None,
+    };
+    Some(days * 24 * 60 + minutes)
+}
+
 /// The batch script: options, the requeue limit, `zflow exec-stage`, the exit status recorded
-/// in `<exit prefix><job id>` (so the outcome survives the job leaving Slurm's memory). With
+/// in `<exit prefix><job id>` (so the outcome survives the job leaving Slurm's memory). Near a
+/// time limit (`USR1`, [`TIME_LIMIT_LEAD_S`]) it requeues its job and writes no exit status:
+/// the stage runs again, a resumable one from its newest checkpoint; such requeues are counted
+/// in `<exit file>.time-requeues` and do not count against `max_requeues`. With
 /// more than one task it is a job array: task i runs `tasks[i]` (`--array` is in `options`),
 /// and its job id is `<array id>_<i>`, as `scontrol` and `scancel` take it.
 pub fn script(
@@ -268,14 +312,26 @@ exits=({exits})
 i=${{SLURM_ARRAY_TASK_ID:-0}}
 if [ -n "${{SLURM_ARRAY_JOB_ID:-}}" ]; then id="${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"; else id="$SLURM_JOB_ID"; fi
 exit_file="${{exits[$i]}}$id"
-if [ "${{SLURM_RESTART_COUNT:-0}}" -gt {max} ]; then
+time_requeues=$(cat "$exit_file.time-requeues" 2>/dev/null || echo 0)
+if [ $(( ${{SLURM_RESTART_COUNT:-0}} - time_requeues )) -gt {max} ]; then
   echo "zflow: job $id was requeued $SLURM_RESTART_COUNT times, more than max_requeues {max}" >&2
   echo 75 > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
   exit 75
 fi
+requeued=0
+on_time_limit() {{
+  echo "zflow: job $id is near its time limit: requeued, to resume from its newest checkpoint" >&2
+  echo $((time_requeues + 1)) > "$exit_file.time-requeues"
+  requeued=1
+  scontrol requeue "$id"
+}}
+trap on_time_limit USR1
 export {executor_var}={executor}
-{exe} exec-stage "${{specs[$i]}}"
-rc=$?
+{exe} exec-stage "${{specs[$i]}}" &
+stage=$!
+# A trapped signal ends `wait` early: wait on until the stage itself ends.
+while wait $stage; rc=$?; kill -0 $stage 2>/dev/null; do :; done
+[ $requeued -eq 1 ] && exit 0
 echo $rc > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
 exit $rc
 "#,

@@ -75,6 +75,85 @@ fn maps_resources_to_sbatch_options() {
             && s.contains("-gt 3 ]"),
         "{s}"
     );
+    // A time limit asks for the signal that requeues the job before it; none, or a short one,
+    // none.
+    assert!(o.contains(&format!("--signal=B:USR1@{TIME_LIMIT_LEAD_S}")));
+    let short = Resources {
+        time_min: 5,
+        ..Default::default()
+    };
+    let o = sbatch_options(
+        &SlurmConfig::default(),
+        "s",
+        &short,
+        Path::new("o"),
+        Path::new("."),
+    );
+    assert!(!o.iter().any(|x| x.starts_with("--signal")), "{o:?}");
+    for (text, minutes) in [
+        ("90", Some(90)),
+        ("1:00:00", Some(60)),
+        ("2-00:00:00", Some(2880)),
+        ("1-12", Some(2160)),
+        ("1-00:30", Some(1470)),
+        ("INFINITE", None),
+    ] {
+        assert_eq!(slurm_minutes(text), minutes, "{text}");
+    }
+    let unlimited = sbatch_options(
+        &SlurmConfig::default(),
+        "s",
+        &Resources::default(),
+        Path::new("o"),
+        Path::new("."),
+    );
+    assert!(!unlimited.iter().any(|x| x.starts_with("--signal")));
+}
+
+#[test]
+fn near_its_time_limit_the_script_requeues_its_job_and_records_no_exit() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let executable = |name: &str, body: &str| {
+        let path = d.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    };
+    // The stage outlives the signal; `scontrol` notes what it was asked.
+    let stage = executable("zflow", "sleep 1");
+    executable("scontrol", &format!("echo \"$@\" > {}/asked", d.display()));
+    let exit = d.join("x.exit-");
+    let text = script(
+        &SlurmConfig::default(),
+        &[],
+        &stage,
+        &[(d.join("spec.json"), exit.clone())],
+    );
+    let path = executable("job.sh", "");
+    std::fs::write(&path, text).unwrap();
+    let mut job = Command::new("bash")
+        .arg(&path)
+        .env("SLURM_JOB_ID", "77")
+        .env(
+            "PATH",
+            format!("{}:{}", d.display(), std::env::var("PATH").unwrap()),
+        )
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling the child this test started.
+    unsafe { libc::kill(job.id() as i32, libc::SIGUSR1) };
+    assert!(job.wait().unwrap().success());
+    let asked = std::fs::read_to_string(d.join("asked")).unwrap();
+    assert_eq!(asked.trim(), "requeue 77");
+    let requeues = std::fs::read_to_string(d.join("x.exit-77.time-requeues")).unwrap();
+    assert_eq!(requeues.trim(), "1");
+    assert!(
+        !d.join("x.exit-77").exists(),
+        "a requeued job recorded an exit"
+    );
 }
 
 #[test]
