@@ -99,8 +99,24 @@ fn node_pids(i: usize) -> Vec<i32> {
         .collect()
 }
 
-/// The torch ranks among `pids` (not the node agent that started them, whose command line
-/// holds theirs).
+/// The torch processes among `pids`: each rank's fork-server client (its command line is
+/// the rank's, and the forked rank is in its process group), and the node's fork server with
+/// the ranks it forked (which keep the server's command line). Not the node agent that
+/// started them, whose command line holds the ranks'.
+fn torch_among(pids: &[i32]) -> Vec<i32> {
+    pids.iter()
+        .copied()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                (c.contains("zflow_torch.worker") || c.contains("zflow_torch.forkserver"))
+                    && !c.contains("node-agent")
+            })
+        })
+        .collect()
+}
+
+/// The ranks' fork-server clients among `pids`: one per rank, each leading the process group
+/// its forked rank runs in.
 fn ranks_among(pids: &[i32]) -> Vec<i32> {
     pids.iter()
         .copied()
@@ -228,8 +244,9 @@ fn two_nodes_train_as_one_node_survive_a_frozen_node_and_leave_nothing_behind() 
     assert_eq!(frozen.len(), 2, "node 1 runs {frozen:?}");
     let stopped_at = Instant::now();
     for p in &frozen {
-        // SAFETY: signalling a rank of this test's own job.
-        unsafe { libc::kill(*p, libc::SIGSTOP) };
+        // SAFETY: signalling a rank's process group (its client and the forked rank) of this
+        // test's own job.
+        unsafe { libc::kill(-*p, libc::SIGSTOP) };
     }
     let out = zflow.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -295,7 +312,7 @@ fn two_nodes_train_as_one_node_survive_a_frozen_node_and_leave_nothing_behind() 
     // d) Nothing of either job is left on any node.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let left: Vec<i32> = (0..3).flat_map(|i| ranks_among(&node_pids(i))).collect();
+        let left: Vec<i32> = (0..3).flat_map(|i| torch_among(&node_pids(i))).collect();
         if left.is_empty() {
             break;
         }

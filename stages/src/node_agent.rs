@@ -33,6 +33,13 @@ pub enum AgentLine {
         /// The line, without its newline.
         line: String,
     },
+    /// The agent is still starting the rank (its fork server imports torch): a sign of life,
+    /// sent every heartbeat period ([`env::HEARTBEAT_S`]) until the ranks start, so a slow
+    /// start is not taken for a hang.
+    Starting {
+        /// The rank.
+        rank: usize,
+    },
     /// The rank's output ended and it exited.
     Exit {
         /// The rank.
@@ -54,7 +61,7 @@ impl AgentLine {
         use std::os::unix::process::ExitStatusExt;
         match self {
             AgentLine::Exit { status, .. } => Some(ExitStatus::from_raw(*status)),
-            AgentLine::Line { .. } => None,
+            AgentLine::Line { .. } | AgentLine::Starting { .. } => None,
         }
     }
 }
@@ -76,6 +83,11 @@ pub struct NodeRanks {
 }
 
 impl NodeRanks {
+    /// Its ranks.
+    pub fn ranks(&self) -> std::ops::Range<usize> {
+        self.first_rank..self.first_rank + self.local_world
+    }
+
     /// The agent's arguments after `zflow node-agent` (`src/main.rs` reads them back).
     pub fn to_args(&self) -> Vec<String> {
         let mut a = vec![
@@ -112,7 +124,33 @@ fn relay<W: Write + Send + 'static>(node: &NodeRanks, out: W) -> Result<i32> {
         env: Vec::new(),
     };
     if !node.bind_devices {
+        // The server imports torch first, seconds in which no rank can speak.
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let signs = {
+            let (out, started, ranks) = (out.clone(), started.clone(), node.ranks());
+            let every = std::time::Duration::from_secs_f64(
+                std::env::var(env::HEARTBEAT_S)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(15.0),
+            );
+            std::thread::spawn(move || {
+                while !started.load(std::sync::atomic::Ordering::Relaxed) {
+                    for rank in ranks.clone() {
+                        emit(&out, &AgentLine::Starting { rank });
+                    }
+                    let until = std::time::Instant::now() + every;
+                    while std::time::Instant::now() < until
+                        && !started.load(std::sync::atomic::Ordering::Relaxed)
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                }
+            })
+        };
         engine = crate::forkserver::wrap(engine);
+        started.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = signs.join();
     }
     let mut relays = Vec::new();
     for local in 0..node.local_world {
@@ -225,8 +263,9 @@ mod tests {
         let mut lines: Vec<AgentLine> =
             text.lines().map(|l| AgentLine::parse(l).unwrap()).collect();
         lines.sort_by_key(|l| match l {
-            AgentLine::Line { rank, .. } => (*rank, 0),
-            AgentLine::Exit { rank, .. } => (*rank, 1),
+            AgentLine::Starting { rank } => (*rank, 0),
+            AgentLine::Line { rank, .. } => (*rank, 1),
+            AgentLine::Exit { rank, .. } => (*rank, 2),
         });
         assert_eq!(
             lines[0],

@@ -218,6 +218,7 @@ impl Stage for Preflight {
         for (rank, what) in output {
             match what {
                 RankOutput::Line(line) => last_line[rank] = line,
+                RankOutput::Starting => {}
                 RankOutput::Ended(reported) => {
                     status[rank] = Some(match reported {
                         Some(s) => s,

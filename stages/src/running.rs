@@ -19,6 +19,8 @@ use crate::node_agent::AgentLine;
 pub enum RankOutput {
     /// It wrote a line to its stdout.
     Line(String),
+    /// Its node agent is still starting it: a sign of life, not a line.
+    Starting,
     /// Its output ended: with the exit status its node agent reported, or `None` where
     /// [`Running::wait`] gives it (its own process, or an agent that ended first).
     Ended(Option<ExitStatus>),
@@ -122,6 +124,7 @@ fn relay(
     for line in stdout.lines().map_while(Result::ok) {
         let (rank, what) = match agent.then(|| AgentLine::parse(&line)).flatten() {
             Some(AgentLine::Line { rank, line }) => (rank, RankOutput::Line(line)),
+            Some(AgentLine::Starting { rank }) => (rank, RankOutput::Starting),
             Some(exit @ AgentLine::Exit { rank, .. }) => {
                 (rank, RankOutput::Ended(exit.exit_status()))
             }
@@ -154,6 +157,7 @@ mod tests {
         rx.iter()
             .map(|(rank, what)| match what {
                 RankOutput::Line(l) => format!("{rank}: {l}"),
+                RankOutput::Starting => format!("{rank} starting"),
                 RankOutput::Ended(s) => format!("{rank} ended {:?}", s.and_then(|s| s.code())),
             })
             .collect()
@@ -162,6 +166,7 @@ mod tests {
     #[test]
     fn an_agents_lines_become_its_ranks_and_a_lost_agent_ends_them_all() {
         let text = [
+            r#"{"agent":"starting","rank":6}"#,
             r#"{"agent":"line","rank":4,"line":"{\"type\":\"heartbeat\",\"step\":1}"}"#,
             "srun: a line of its own",
             r#"{"agent":"exit","rank":5,"status":256}"#,
@@ -171,6 +176,7 @@ mod tests {
         assert_eq!(
             collect(&text, 4..7, true),
             [
+                "6 starting",
                 r#"4: {"type":"heartbeat","step":1}"#,
                 "4: srun: a line of its own",
                 "5 ended Some(1)",

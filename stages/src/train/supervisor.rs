@@ -190,6 +190,7 @@ impl Train {
                 record_links(&ranks, c.launch.preflight.min_ratio, attempt, events)?;
             }
             match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok((rank, RankOutput::Starting)) => ranks[rank].last_message = Instant::now(),
                 Ok((rank, RankOutput::Line(line))) => {
                     let r = &mut ranks[rank];
                     r.last_message = Instant::now();
@@ -250,6 +251,7 @@ impl Train {
                                         ranks[rank].class = Some(class);
                                     }
                                 }
+                                RankOutput::Starting => {}
                                 RankOutput::Ended(status) => {
                                     left += 1;
                                     ranks[rank].left.get_or_insert(left);
