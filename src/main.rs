@@ -287,6 +287,7 @@ enum Command {
         /// Ranks on the node.
         local_world: usize,
         /// `gpu`: each rank binds the GPU at its local rank; `cpu`: none.
+        #[arg(value_parser = ["gpu", "cpu"])]
         devices: String,
         /// The engine's command, after `--`.
         #[arg(last = true, required = true)]
@@ -472,10 +473,6 @@ fn main() -> ExitCode {
                 devices,
                 command,
             } => {
-                anyhow::ensure!(
-                    devices == "gpu" || devices == "cpu",
-                    "node-agent: devices must be `gpu` or `cpu`, got `{devices}`"
-                );
                 let node = zflow_stages::node_agent::NodeRanks {
                     first_rank,
                     local_world,

@@ -219,8 +219,6 @@ pub struct LaunchSpec<'a> {
 pub struct ProcessLaunch {
     /// The ranks it runs: one on this machine, a node's under Slurm.
     pub ranks: std::ops::Range<usize>,
-    /// Its node, 0-based in the job's order.
-    pub node: usize,
     /// Whether it is a node agent, which reports its ranks as [`crate::node_agent::AgentLine`]s.
     pub agent: bool,
     /// The program: the engine's, or `srun` in a Slurm job.
@@ -301,7 +299,6 @@ impl LaunchSpec<'_> {
                     }
                     ProcessLaunch {
                         ranks: slot.rank..slot.rank + 1,
-                        node: 0,
                         agent: false,
                         program: engine.program.clone().into_os_string(),
                         args: engine.args.clone(),
@@ -336,7 +333,6 @@ impl LaunchSpec<'_> {
                 args.extend(node.to_args().into_iter().map(OsString::from));
                 ProcessLaunch {
                     ranks: first.rank..first.rank + first.local_world,
-                    node: first.node,
                     agent: true,
                     program: "srun".into(),
                     args,
@@ -525,10 +521,7 @@ mod tests {
         let nodes = spec.processes(&engine(), &p).unwrap();
         assert_eq!(nodes.len(), 2);
         let second = &nodes[1];
-        assert_eq!(
-            (second.ranks.clone(), second.node, second.agent),
-            (4..8, 1, true)
-        );
+        assert_eq!((second.ranks.clone(), second.agent), (4..8, true));
         let args: Vec<String> = second
             .args
             .iter()

@@ -124,10 +124,11 @@ fn relay<W: Write + Send + 'static>(node: &NodeRanks, out: W) -> Result<i32> {
         env: Vec::new(),
     };
     if !node.bind_devices {
-        // The server imports torch first, seconds in which no rank can speak.
-        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // The server imports torch first, seconds in which no rank can speak: a sign of life
+        // for each rank every heartbeat period until it is up (the sender dropped).
+        let (started, waiting) = std::sync::mpsc::channel::<()>();
         let signs = {
-            let (out, started, ranks) = (out.clone(), started.clone(), node.ranks());
+            let (out, ranks) = (out.clone(), node.ranks());
             let every = std::time::Duration::from_secs_f64(
                 std::env::var(env::HEARTBEAT_S)
                     .ok()
@@ -135,21 +136,20 @@ fn relay<W: Write + Send + 'static>(node: &NodeRanks, out: W) -> Result<i32> {
                     .unwrap_or(15.0),
             );
             std::thread::spawn(move || {
-                while !started.load(std::sync::atomic::Ordering::Relaxed) {
+                loop {
                     for rank in ranks.clone() {
                         emit(&out, &AgentLine::Starting { rank });
                     }
-                    let until = std::time::Instant::now() + every;
-                    while std::time::Instant::now() < until
-                        && !started.load(std::sync::atomic::Ordering::Relaxed)
+                    if waiting.recv_timeout(every)
+                        != Err(std::sync::mpsc::RecvTimeoutError::Timeout)
                     {
-                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        return;
                     }
                 }
             })
         };
         engine = crate::forkserver::wrap(engine);
-        started.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(started);
         let _ = signs.join();
     }
     let mut relays = Vec::new();
@@ -174,7 +174,8 @@ fn relay<W: Write + Send + 'static>(node: &NodeRanks, out: W) -> Result<i32> {
                 emit(&out, &AgentLine::Line { rank, line });
             }
             use std::os::unix::process::ExitStatusExt;
-            let status = child.wait().map(|s| s.into_raw()).unwrap_or(9);
+            // A rank that cannot be waited for is reported as killed (SIGKILL's status).
+            let status = child.wait().map(|s| s.into_raw()).unwrap_or(libc::SIGKILL);
             emit(&out, &AgentLine::Exit { rank, status });
             status == 0
         }));

@@ -117,7 +117,6 @@ impl Train {
         // Ranks' ends of output counted in the order they came ([`Rank::left`]).
         let mut left = 0usize;
 
-        let stop_all = |running: &mut Running| running.stop_all();
         let hang = Duration::from_secs(c.launch.hang_timeout_s);
         let mut preflight_pending = c.launch.preflight.enabled;
         let mut links_pending = c.launch.preflight.enabled && world > 1;
@@ -174,7 +173,7 @@ impl Train {
                             .global_batch
                             .is_multiple_of(rest / cp * c.train.micro_batch)
                     {
-                        stop_all(&mut running);
+                        running.stop_all();
                         return Ok(Outcome::Exclude { slow: slow.len() });
                     }
                     tracing::warn!(
@@ -228,13 +227,11 @@ impl Train {
                                     r.exited = running.try_wait(i)?;
                                 }
                             }
-                            while let Ok(queued) = rx.try_recv() {
-                                held.push(queued);
-                            }
-                            for (i, what) in &held {
+                            for (i, what) in rx.try_iter() {
                                 if let RankOutput::Ended(Some(s)) = what {
-                                    ranks[*i].exited.get_or_insert(*s);
+                                    ranks[i].exited.get_or_insert(s);
                                 }
+                                held.push((i, what));
                             }
                             std::thread::sleep(Duration::from_millis(20));
                         }
@@ -293,7 +290,7 @@ impl Train {
                         } else {
                             format!("; rank(s) {} failed after it", others.join(", "))
                         };
-                        stop_all(&mut running);
+                        running.stop_all();
                         return Ok(Outcome::Failed {
                             cause: format!("rank {culprit} failed after step {step}: {why}{then}"),
                             step,
@@ -310,7 +307,7 @@ impl Train {
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             }
             if ctx.cancel_token().is_cancelled() {
-                stop_all(&mut running);
+                running.stop_all();
                 bail!("cancelled");
             }
             // A loop turn takes ~100 ms. A long gap means this process was not running (SIGSTOP,
@@ -333,7 +330,7 @@ impl Train {
                 .find(|(_, r)| r.exited.is_none() && r.last_message.elapsed() > hang)
             {
                 let (step, secs) = (r.step, r.last_message.elapsed().as_secs());
-                stop_all(&mut running);
+                running.stop_all();
                 return Ok(Outcome::Failed {
                     cause: format!(
                         "rank {rank} hung after step {step}: no message for {secs} s (hang_timeout_s {})",

@@ -87,7 +87,7 @@ def shared_devices(places: list[tuple[str, str]], first_rank: int = 0) -> str | 
 def check_own_device(
     store: KeyValues, rank: int, local_rank: int, local_world: int, device: str
 ) -> None:
-    """Every rank of a node on a GPU of its own: each rank posts (host, ``device``, its
+    """Every rank of a node on a GPU of its own: each rank posts its host and ``device`` (its
     ``device_identity``) to the launch's store, before any collective (NCCL would stop on a
     shared GPU with its own, less telling error), and the node's first rank reads its node's
     ``local_world`` ranks and stops with a fatal error naming two that share one (a wrong
